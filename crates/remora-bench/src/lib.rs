@@ -1,0 +1,5 @@
+//! remora's benchmarks and demo applications. Each benchmark starts its own
+//! local cluster and prints what it measured next to a baseline measured in
+//! the same run, as ratios.
+
+pub mod net;

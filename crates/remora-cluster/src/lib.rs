@@ -1,0 +1,480 @@
+//! A local remora cluster: one manager and N memory nodes started as child
+//! processes of the `remora` binary on loopback with ephemeral ports.
+//!
+//! Used by integration tests, `remora bench` and `remora demo`. A child that
+//! dies is reported on [`LocalCluster::events`], never a reason to tear the
+//! cluster down. Every child is killed when the cluster is dropped (also
+//! during a panic), and each child also watches a lifeline pipe from this
+//! process and exits when it closes, so nothing outlives a parent that was
+//! killed outright or interrupted with Ctrl-C.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use remora_proto::{
+    AdminKey, ClusterStatus, ConnOptions, Fault, ManagerConn, MemNodeClient, NodeState, RpcError, Token,
+};
+
+/// Why the cluster could not be started or changed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// A child could not be spawned.
+    #[error("cannot start {what}: {source}")]
+    Spawn {
+        /// Which child.
+        what: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A child did not report readiness in time (its log is named).
+    #[error("{what} did not become ready within {after:?}; see {log}")]
+    NotReady {
+        /// Which child.
+        what: String,
+        /// How long we waited.
+        after: Duration,
+        /// Its log file.
+        log: String,
+    },
+    /// Talking to the manager failed.
+    #[error(transparent)]
+    Rpc(#[from] RpcError),
+    /// No such memory node index.
+    #[error("no memory node #{0}")]
+    NoSuchNode(usize),
+    /// A wait for a cluster condition timed out.
+    #[error("timed out after {0:?} waiting for {1}")]
+    Timeout(Duration, String),
+    /// Filesystem trouble with the cluster's directory.
+    #[error("cluster directory: {0}")]
+    Dir(std::io::Error),
+}
+
+/// Parameters of a local cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// The `remora` binary to run.
+    pub binary: PathBuf,
+    /// Number of memory nodes.
+    pub memnodes: usize,
+    /// Capacity of each memory node.
+    pub capacity: u64,
+    /// Region size.
+    pub region_size: u64,
+    /// The manager's heartbeat timeout.
+    pub heartbeat_timeout: Duration,
+    /// Log level of the children (`RUST_LOG` syntax).
+    pub log_level: String,
+    /// How long to wait for a child to become ready.
+    pub ready_timeout: Duration,
+}
+
+impl ClusterConfig {
+    /// Defaults: 3 memory nodes of 256 MiB with 64 MiB regions, 1 s heartbeat timeout.
+    pub fn new(binary: impl Into<PathBuf>) -> Self {
+        Self {
+            binary: binary.into(),
+            memnodes: 3,
+            capacity: 256 << 20,
+            region_size: 64 << 20,
+            heartbeat_timeout: Duration::from_secs(1),
+            log_level: "info".into(),
+            ready_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Something that happened to a child.
+#[derive(Debug, Clone)]
+pub enum ClusterEvent {
+    /// A child exited. `expected` is true if the cluster itself killed it.
+    Exited {
+        /// "manager" or "memnode#i".
+        name: String,
+        /// Its exit status.
+        status: ExitStatus,
+        /// Whether the cluster asked for it.
+        expected: bool,
+    },
+}
+
+struct ChildSlot {
+    name: String,
+    child: Child,
+    /// Dropping it closes the child's lifeline.
+    _lifeline: Option<ChildStdin>,
+    expected_exit: bool,
+    exited: bool,
+}
+
+/// A memory node of the cluster.
+#[derive(Debug, Clone)]
+pub struct MemNodeInfo {
+    /// Its data address.
+    pub addr: String,
+    /// Its admin key (for fault injection).
+    pub admin: AdminKey,
+    /// Its process id.
+    pub pid: u32,
+    /// Index into the cluster's child table.
+    slot: usize,
+}
+
+/// A running local cluster; see the crate docs.
+pub struct LocalCluster {
+    cfg: ClusterConfig,
+    dir: tempfile::TempDir,
+    manager_addr: String,
+    manager_slot: usize,
+    memnodes: Vec<MemNodeInfo>,
+    children: Arc<Mutex<Vec<ChildSlot>>>,
+    stop: Arc<AtomicBool>,
+    events: Mutex<Option<Receiver<ClusterEvent>>>,
+    monitor: Option<thread::JoinHandle<()>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl LocalCluster {
+    /// Starts the manager, then the memory nodes, and waits until all are
+    /// registered.
+    pub fn start(cfg: ClusterConfig) -> Result<Self, ClusterError> {
+        let dir = tempfile::Builder::new()
+            .prefix("remora-cluster-")
+            .tempdir()
+            .map_err(ClusterError::Dir)?;
+        let children = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = mpsc::channel();
+        let monitor = {
+            let (c, s) = (Arc::clone(&children), Arc::clone(&stop));
+            thread::Builder::new()
+                .name("cluster-monitor".into())
+                .spawn(move || monitor(&c, &s, &tx))
+                .map_err(|source| ClusterError::Spawn {
+                    what: "monitor thread".into(),
+                    source,
+                })?
+        };
+        let mut me = Self {
+            cfg,
+            dir,
+            manager_addr: String::new(),
+            manager_slot: 0,
+            memnodes: Vec::new(),
+            children,
+            stop,
+            events: Mutex::new(Some(rx)),
+            monitor: Some(monitor),
+        };
+        me.start_manager("127.0.0.1:0")?;
+        for _ in 0..me.cfg.memnodes {
+            me.add_memnode()?;
+        }
+        let n = me.cfg.memnodes;
+        me.wait_until(Duration::from_secs(10), "all memory nodes registered", |s| {
+            s.memory_nodes.iter().filter(|m| m.state == NodeState::Alive).count() >= n
+        })?;
+        Ok(me)
+    }
+
+    /// The manager's address.
+    pub fn manager_addr(&self) -> &str {
+        &self.manager_addr
+    }
+
+    /// The memory nodes started so far (including dead ones), by index.
+    pub fn memnodes(&self) -> &[MemNodeInfo] {
+        &self.memnodes
+    }
+
+    /// The directory holding the children's logs and the manager's store.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Takes the receiver of child events (once).
+    pub fn events(&self) -> Option<Receiver<ClusterEvent>> {
+        lock(&self.events).take()
+    }
+
+    /// A fresh connection to the manager.
+    pub fn manager(&self) -> Result<ManagerConn, ClusterError> {
+        Ok(ManagerConn::connect(&self.manager_addr, ConnOptions::default())?)
+    }
+
+    /// The manager's view of the cluster.
+    pub fn status(&self) -> Result<ClusterStatus, ClusterError> {
+        Ok(self.manager()?.status()?)
+    }
+
+    /// Polls the manager's status until `pred` holds.
+    pub fn wait_until(
+        &self,
+        timeout: Duration,
+        what: &str,
+        pred: impl Fn(&ClusterStatus) -> bool,
+    ) -> Result<ClusterStatus, ClusterError> {
+        let start = Instant::now();
+        loop {
+            if let Ok(s) = self.status() {
+                if pred(&s) {
+                    return Ok(s);
+                }
+            }
+            if start.elapsed() > timeout {
+                return Err(ClusterError::Timeout(timeout, what.to_string()));
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn start_manager(&mut self, listen: &str) -> Result<(), ClusterError> {
+        let data = self.dir.path().join("manager-data");
+        let timeout = format!("{}ms", self.cfg.heartbeat_timeout.as_millis());
+        let args = [
+            "manager",
+            "--listen",
+            listen,
+            "--data-dir",
+            data.to_str().unwrap_or("manager-data"),
+            "--heartbeat-timeout",
+            &timeout,
+        ];
+        let (slot, addr) = self.spawn("manager", &args)?;
+        self.manager_slot = slot;
+        self.manager_addr = addr;
+        Ok(())
+    }
+
+    /// Starts one more memory node and returns its index.
+    pub fn add_memnode(&mut self) -> Result<usize, ClusterError> {
+        let i = self.memnodes.len();
+        let admin = Token::random();
+        let cap = self.cfg.capacity.to_string();
+        let rs = self.cfg.region_size.to_string();
+        let key = admin.to_hex();
+        let args = [
+            "memnode",
+            "--manager",
+            &self.manager_addr.clone(),
+            "--listen",
+            "127.0.0.1:0",
+            "--capacity",
+            &cap,
+            "--region-size",
+            &rs,
+            "--admin-key",
+            &key,
+        ];
+        let (slot, addr) = self.spawn(&format!("memnode#{i}"), &args)?;
+        let pid = lock(&self.children)[slot].child.id();
+        self.memnodes.push(MemNodeInfo { addr, admin, pid, slot });
+        Ok(i)
+    }
+
+    fn spawn(&self, name: &str, args: &[&str]) -> Result<(usize, String), ClusterError> {
+        let log_path = self.dir.path().join(format!("{}.log", name.replace('#', "")));
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(ClusterError::Dir)?;
+        let mut child = Command::new(&self.cfg.binary)
+            .args(args)
+            .arg("--exit-with-parent")
+            .env("RUST_LOG", &self.cfg.log_level)
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .map_err(|source| ClusterError::Spawn {
+                what: format!("{name} ({})", self.cfg.binary.display()),
+                source,
+            })?;
+        let lifeline = child.stdin.take();
+        let stdout = child.stdout.take().expect("piped");
+        let (tx, rx) = mpsc::channel();
+        let n2 = name.to_string();
+        // Reads the readiness line, then keeps draining stdout so the child never blocks on it.
+        let _ = thread::Builder::new().name(format!("{name}-stdout")).spawn(move || {
+            let mut tx = Some(tx);
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(addr) = line.split("listening on ").nth(1) {
+                    if let Some(t) = tx.take() {
+                        let _ = t.send(addr.trim().to_string());
+                    }
+                }
+                tracing::trace!("{n2}: {line}");
+            }
+        });
+        let mut children = lock(&self.children);
+        children.push(ChildSlot {
+            name: name.to_string(),
+            child,
+            _lifeline: lifeline,
+            expected_exit: false,
+            exited: false,
+        });
+        let slot = children.len() - 1;
+        drop(children);
+        match rx.recv_timeout(self.cfg.ready_timeout) {
+            Ok(addr) => Ok((slot, addr)),
+            Err(_) => {
+                self.kill_slot(slot);
+                Err(ClusterError::NotReady {
+                    what: name.to_string(),
+                    after: self.cfg.ready_timeout,
+                    log: log_path.display().to_string(),
+                })
+            }
+        }
+    }
+
+    fn kill_slot(&self, slot: usize) {
+        let mut c = lock(&self.children);
+        if let Some(s) = c.get_mut(slot) {
+            s.expected_exit = true;
+            let _ = s.child.kill();
+            let _ = s.child.wait();
+        }
+    }
+
+    fn signal_slot(&self, slot: usize, sig: i32) {
+        let mut c = lock(&self.children);
+        if let Some(s) = c.get_mut(slot) {
+            s.expected_exit = true;
+            if let Ok(pid) = i32::try_from(s.child.id()) {
+                // SAFETY: kill(2) takes plain integers; the pid is our own
+                // child, not yet reaped (we hold its `Child` and the lock that
+                // the monitor needs to reap it), so it cannot name another process.
+                unsafe {
+                    libc::kill(pid, sig);
+                }
+            }
+        }
+    }
+
+    fn memnode_slot(&self, i: usize) -> Result<usize, ClusterError> {
+        self.memnodes.get(i).map(|m| m.slot).ok_or(ClusterError::NoSuchNode(i))
+    }
+
+    /// `kill -9` memory node `i`.
+    pub fn kill_memnode(&self, i: usize) -> Result<(), ClusterError> {
+        let slot = self.memnode_slot(i)?;
+        self.kill_slot(slot);
+        Ok(())
+    }
+
+    /// Sends SIGTERM to memory node `i` (planned departure: it drains).
+    pub fn terminate_memnode(&self, i: usize) -> Result<(), ClusterError> {
+        let slot = self.memnode_slot(i)?;
+        self.signal_slot(slot, libc::SIGTERM);
+        Ok(())
+    }
+
+    /// Waits for memory node `i`'s process to exit.
+    pub fn wait_memnode_exit(&self, i: usize, timeout: Duration) -> Result<ExitStatus, ClusterError> {
+        let slot = self.memnode_slot(i)?;
+        let start = Instant::now();
+        loop {
+            {
+                let mut c = lock(&self.children);
+                if let Ok(Some(st)) = c[slot].child.try_wait() {
+                    return Ok(st);
+                }
+            }
+            if start.elapsed() > timeout {
+                return Err(ClusterError::Timeout(timeout, format!("memnode#{i} to exit")));
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills the manager (`kill -9`) and starts it again on the same port
+    /// with the same data directory.
+    pub fn restart_manager(&mut self) -> Result<(), ClusterError> {
+        self.kill_slot(self.manager_slot);
+        let addr = self.manager_addr.clone();
+        let start = Instant::now();
+        // The port may take a moment to be free again.
+        loop {
+            match self.start_manager(&addr) {
+                Ok(()) => return Ok(()),
+                Err(e) if start.elapsed() < Duration::from_secs(10) => {
+                    tracing::debug!("manager restart: {e}");
+                    thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// A data-path client for memory node `i`.
+    pub fn memnode_client(&self, i: usize) -> Result<MemNodeClient, ClusterError> {
+        let m = self.memnodes.get(i).ok_or(ClusterError::NoSuchNode(i))?;
+        Ok(MemNodeClient::connect(&m.addr, ConnOptions::default())?)
+    }
+
+    /// Injects a fault into memory node `i` (needs a binary built with the
+    /// `fault-injection` feature).
+    pub fn fault(&self, i: usize, fault: Fault) -> Result<(), ClusterError> {
+        let m = self.memnodes.get(i).ok_or(ClusterError::NoSuchNode(i))?;
+        self.memnode_client(i)?.fault(m.admin, fault)?;
+        Ok(())
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        {
+            let mut c = lock(&self.children);
+            for s in c.iter_mut() {
+                s.expected_exit = true;
+                let _ = s.child.kill();
+            }
+            for s in c.iter_mut() {
+                let _ = s.child.wait();
+            }
+        }
+        if let Some(m) = self.monitor.take() {
+            let _ = m.join();
+        }
+        if std::env::var_os("REMORA_KEEP_CLUSTER_DIR").is_some() {
+            let kept = std::mem::replace(&mut self.dir, tempfile::TempDir::new().expect("temp dir")).keep();
+            eprintln!("remora cluster logs kept in {}", kept.display());
+        }
+    }
+}
+
+fn monitor(children: &Mutex<Vec<ChildSlot>>, stop: &AtomicBool, tx: &Sender<ClusterEvent>) {
+    while !stop.load(Ordering::Acquire) {
+        {
+            let mut c = lock(children);
+            for s in c.iter_mut().filter(|s| !s.exited) {
+                if let Ok(Some(status)) = s.child.try_wait() {
+                    s.exited = true;
+                    if !s.expected_exit {
+                        tracing::warn!("{} exited unexpectedly: {status}", s.name);
+                    }
+                    let _ = tx.send(ClusterEvent::Exited {
+                        name: s.name.clone(),
+                        status,
+                        expected: s.expected_exit,
+                    });
+                }
+            }
+        }
+        thread::sleep(Duration::from_millis(25));
+    }
+}

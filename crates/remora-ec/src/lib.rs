@@ -1,0 +1,1 @@
+//! Reed-Solomon erasure codec for remora spansets (being written).

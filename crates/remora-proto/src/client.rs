@@ -1,0 +1,428 @@
+//! Typed clients: the memory node's data path and the manager's control path.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::cap::{AdminKey, Cap, ComputeId, NodeId, RegionId, Session, Token};
+use crate::msg::{
+    ClusterStatus, Event, Fault, MemRequest, MemResponse, MgrRequest, MgrResponse, Range, RegionGrant, RemoteError,
+};
+use crate::rpc::{ConnOptions, RpcConn, RpcError, Ticket};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn unexpected<T: std::fmt::Debug>(what: T) -> RpcError {
+    RpcError::Unexpected(format!("{what:?}"))
+}
+
+/// A connection to one memory node's data path.
+#[derive(Clone)]
+pub struct MemNodeClient {
+    conn: Arc<RpcConn>,
+}
+
+impl MemNodeClient {
+    /// Connects to the memory node at `addr`.
+    pub fn connect(addr: &str, opts: ConnOptions) -> Result<Self, RpcError> {
+        Ok(Self {
+            conn: RpcConn::connect(addr, opts)?,
+        })
+    }
+
+    /// The underlying connection.
+    pub fn conn(&self) -> &Arc<RpcConn> {
+        &self.conn
+    }
+
+    /// Reads `buf.len()` bytes at `offset` of the capability's region.
+    pub fn read(&self, cap: Cap, offset: u64, buf: &mut [u8]) -> Result<(), RpcError> {
+        let t = self.send_read(cap, offset, buf.len())?;
+        self.wait_read(t, buf)
+    }
+
+    /// Starts a read; finish it with [`MemNodeClient::wait_read`].
+    pub fn send_read(&self, cap: Cap, offset: u64, len: usize) -> Result<Ticket, RpcError> {
+        let len = u32::try_from(len).map_err(|_| RpcError::Unexpected("read too large".into()))?;
+        self.conn.send(&MemRequest::Read { cap, offset, len }, &[])
+    }
+
+    /// Waits for a read started with [`MemNodeClient::send_read`].
+    pub fn wait_read(&self, t: Ticket, buf: &mut [u8]) -> Result<(), RpcError> {
+        let r = self.conn.wait(t, Some(buf), self.conn.options().call_timeout)?;
+        check_mem(&r.head, MemResponse::Data)
+    }
+
+    /// Writes `data` at `offset` of the capability's region; returns once the
+    /// memory node has it in memory.
+    pub fn write(&self, cap: Cap, offset: u64, data: &[u8]) -> Result<(), RpcError> {
+        let t = self.send_write(cap, offset, data)?;
+        self.wait_write(t)
+    }
+
+    /// Starts a write; finish it with [`MemNodeClient::wait_write`].
+    pub fn send_write(&self, cap: Cap, offset: u64, data: &[u8]) -> Result<Ticket, RpcError> {
+        self.conn.send(&MemRequest::Write { cap, offset }, &[data])
+    }
+
+    /// Waits for a write started with [`MemNodeClient::send_write`].
+    pub fn wait_write(&self, t: Ticket) -> Result<(), RpcError> {
+        let r = self.conn.wait(t, None, self.conn.options().call_timeout)?;
+        check_mem(&r.head, MemResponse::Written)
+    }
+
+    /// Reads several ranges in one request into `buf` (their concatenation).
+    pub fn read_v(&self, ranges: &[Range], buf: &mut [u8]) -> Result<(), RpcError> {
+        let total: u64 = ranges.iter().map(|r| r.len as u64).sum();
+        if total != buf.len() as u64 {
+            return Err(RpcError::Unexpected(
+                "buffer length differs from the ranges' total".into(),
+            ));
+        }
+        let t = self.conn.send(
+            &MemRequest::ReadV {
+                ranges: ranges.to_vec(),
+            },
+            &[],
+        )?;
+        let r = self.conn.wait(t, Some(buf), self.conn.options().call_timeout)?;
+        check_mem(&r.head, MemResponse::Data)
+    }
+
+    /// Writes several ranges in one request; `data[i]` goes to `ranges[i]`.
+    pub fn write_v(&self, ranges: &[Range], data: &[&[u8]]) -> Result<(), RpcError> {
+        if ranges.len() != data.len() || ranges.iter().zip(data).any(|(r, d)| r.len as usize != d.len()) {
+            return Err(RpcError::Unexpected("ranges and data differ in shape".into()));
+        }
+        let t = self.conn.send(
+            &MemRequest::WriteV {
+                ranges: ranges.to_vec(),
+            },
+            data,
+        )?;
+        let r = self.conn.wait(t, None, self.conn.options().call_timeout)?;
+        check_mem(&r.head, MemResponse::Written)
+    }
+
+    /// Liveness probe.
+    pub fn ping(&self) -> Result<(), RpcError> {
+        let (r, _) = self.conn.call::<_, MemResponse>(&MemRequest::Ping, &[], None)?;
+        if r == MemResponse::Pong {
+            Ok(())
+        } else {
+            Err(unexpected(r))
+        }
+    }
+
+    /// Admin: grant `region` to `owner`.
+    pub fn grant(&self, admin: AdminKey, region: RegionId, owner: ComputeId, token: Token) -> Result<(), RpcError> {
+        self.admin(MemRequest::Grant {
+            admin,
+            region,
+            owner,
+            token,
+        })
+    }
+
+    /// Admin: revoke and wipe `region`.
+    pub fn revoke(&self, admin: AdminKey, region: RegionId) -> Result<(), RpcError> {
+        self.admin(MemRequest::Revoke { admin, region })
+    }
+
+    /// Test support: inject a fault (the daemon needs the `fault-injection` feature).
+    pub fn fault(&self, admin: AdminKey, fault: Fault) -> Result<(), RpcError> {
+        self.admin(MemRequest::Fault { admin, fault })
+    }
+
+    fn admin(&self, req: MemRequest) -> Result<(), RpcError> {
+        let (r, _) = self.conn.call::<_, MemResponse>(&req, &[], None)?;
+        if r == MemResponse::Done {
+            Ok(())
+        } else {
+            Err(unexpected(r))
+        }
+    }
+}
+
+fn check_mem(head: &[u8], want: MemResponse) -> Result<(), RpcError> {
+    let r: MemResponse = crate::msg::decode(head).map_err(|e| RpcError::Unexpected(e.to_string()))?;
+    if r == want { Ok(()) } else { Err(unexpected(r)) }
+}
+
+/// A connection to the manager that reconnects after the manager restarts.
+pub struct ManagerConn {
+    addr: String,
+    opts: ConnOptions,
+    conn: Mutex<Option<Arc<RpcConn>>>,
+}
+
+impl ManagerConn {
+    /// Connects to the manager at `addr`.
+    pub fn connect(addr: &str, opts: ConnOptions) -> Result<Self, RpcError> {
+        let conn = RpcConn::connect(addr, opts)?;
+        Ok(Self {
+            addr: addr.to_string(),
+            opts,
+            conn: Mutex::new(Some(conn)),
+        })
+    }
+
+    /// The manager's address.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    fn current(&self) -> Result<Arc<RpcConn>, RpcError> {
+        let mut c = lock(&self.conn);
+        if let Some(conn) = c.as_ref() {
+            if !conn.is_broken() {
+                return Ok(Arc::clone(conn));
+            }
+        }
+        let conn = RpcConn::connect(&self.addr, self.opts)?;
+        *c = Some(Arc::clone(&conn));
+        Ok(conn)
+    }
+
+    /// One attempt, reconnecting first if the last connection broke.
+    pub fn call(&self, req: &MgrRequest) -> Result<MgrResponse, RpcError> {
+        self.call_timeout(req, self.opts.call_timeout)
+    }
+
+    /// One attempt with a specific reply deadline.
+    pub fn call_timeout(&self, req: &MgrRequest, timeout: Duration) -> Result<MgrResponse, RpcError> {
+        let conn = self.current()?;
+        let t = conn.send(req, &[])?;
+        let reply = conn.wait(t, None, timeout)?;
+        crate::msg::decode(&reply.head).map_err(|e| RpcError::Unexpected(e.to_string()))
+    }
+
+    /// Retries transport failures (the manager restarting) until `patience`
+    /// runs out. Only for idempotent requests.
+    pub fn call_retrying(&self, req: &MgrRequest, patience: Duration) -> Result<MgrResponse, RpcError> {
+        let start = Instant::now();
+        loop {
+            match self.call(req) {
+                Err(e) if e.is_transport() && start.elapsed() < patience => {
+                    thread::sleep(Duration::from_millis(50));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// The cluster's state.
+    pub fn status(&self) -> Result<ClusterStatus, RpcError> {
+        match self.call(&MgrRequest::Status)? {
+            MgrResponse::Status(s) => Ok(s),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Marks the memory node registered at `addr` draining.
+    pub fn drain(&self, addr: &str) -> Result<(), RpcError> {
+        match self.call(&MgrRequest::Drain { addr: addr.to_string() })? {
+            MgrResponse::Ok => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+}
+
+/// What a compute session reports to its owner besides manager events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionEvent {
+    /// An event from the manager.
+    Manager(Event),
+    /// The manager restarted (or was unreachable and came back): re-read the
+    /// regions with [`ComputeSession::my_regions`].
+    Resync,
+    /// The manager declared this compute node dead: its regions are gone.
+    Expired,
+}
+
+struct SessionShared {
+    mgr: ManagerConn,
+    session: Session,
+    stop: AtomicBool,
+    heartbeats_suspended: AtomicBool,
+    interval_ms: AtomicU64,
+}
+
+/// A compute node's session with the manager: registration, heartbeats in
+/// the background, region allocation, and a channel of events (memory node
+/// died or is draining, for regions this node holds).
+pub struct ComputeSession {
+    shared: Arc<SessionShared>,
+    events: Mutex<Option<Receiver<SessionEvent>>>,
+    threads: Vec<thread::JoinHandle<()>>,
+}
+
+impl ComputeSession {
+    /// Registers with the manager at `addr` under `name` and starts heartbeating.
+    pub fn open(addr: &str, name: &str, opts: ConnOptions) -> Result<Self, RpcError> {
+        let mgr = ManagerConn::connect(addr, opts)?;
+        let (session, interval, incarnation) =
+            match mgr.call(&MgrRequest::RegisterCompute { name: name.to_string() })? {
+                MgrResponse::ComputeRegistered {
+                    session,
+                    heartbeat_interval_ms,
+                    incarnation,
+                } => (session, heartbeat_interval_ms, incarnation),
+                other => return Err(unexpected(other)),
+            };
+        let shared = Arc::new(SessionShared {
+            mgr,
+            session,
+            stop: AtomicBool::new(false),
+            heartbeats_suspended: AtomicBool::new(false),
+            interval_ms: AtomicU64::new(interval as u64),
+        });
+        let (tx, rx) = mpsc::channel();
+        let mut threads = Vec::new();
+        let s = Arc::clone(&shared);
+        let tx2 = tx.clone();
+        threads.push(
+            thread::Builder::new()
+                .name("remora-heartbeat".into())
+                .spawn(move || heartbeat_loop(&s, &tx2))
+                .map_err(|e| RpcError::Unexpected(e.to_string()))?,
+        );
+        let s = Arc::clone(&shared);
+        threads.push(
+            thread::Builder::new()
+                .name("remora-events".into())
+                .spawn(move || event_loop(&s, &tx, incarnation))
+                .map_err(|e| RpcError::Unexpected(e.to_string()))?,
+        );
+        Ok(Self {
+            shared,
+            events: Mutex::new(Some(rx)),
+            threads,
+        })
+    }
+
+    /// This compute node's id.
+    pub fn id(&self) -> ComputeId {
+        self.shared.session.id
+    }
+
+    /// Takes the event channel (once).
+    pub fn take_events(&self) -> Option<Receiver<SessionEvent>> {
+        lock(&self.events).take()
+    }
+
+    /// Allocates `count` regions, on distinct memory nodes if `distinct`,
+    /// avoiding the nodes in `exclude`.
+    pub fn alloc(&self, count: u32, distinct: bool, exclude: &[NodeId]) -> Result<Vec<RegionGrant>, RpcError> {
+        let req = MgrRequest::Alloc {
+            session: self.shared.session,
+            count,
+            distinct,
+            exclude: exclude.to_vec(),
+        };
+        match self.shared.mgr.call(&req)? {
+            MgrResponse::Regions(r) => Ok(r),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Frees a region.
+    pub fn free(&self, region: RegionId) -> Result<(), RpcError> {
+        let req = MgrRequest::Free {
+            session: self.shared.session,
+            region,
+        };
+        match self.shared.mgr.call_retrying(&req, Duration::from_secs(5))? {
+            MgrResponse::Ok => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The regions this node holds, as the manager records them.
+    pub fn my_regions(&self) -> Result<Vec<RegionGrant>, RpcError> {
+        let req = MgrRequest::MyRegions {
+            session: self.shared.session,
+        };
+        match self.shared.mgr.call_retrying(&req, Duration::from_secs(5))? {
+            MgrResponse::Regions(r) => Ok(r),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The manager connection, for status queries.
+    pub fn manager(&self) -> &ManagerConn {
+        &self.shared.mgr
+    }
+
+    /// Stops sending heartbeats while keeping the session object: lets tests
+    /// show what the manager does with a compute node that went silent.
+    pub fn suspend_heartbeats(&self) {
+        self.shared.heartbeats_suspended.store(true, Ordering::Release);
+    }
+}
+
+impl Drop for ComputeSession {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        for t in self.threads.drain(..) {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+    }
+}
+
+fn heartbeat_loop(s: &SessionShared, tx: &Sender<SessionEvent>) {
+    while !s.stop.load(Ordering::Acquire) {
+        if !s.heartbeats_suspended.load(Ordering::Acquire) {
+            match s.mgr.call(&MgrRequest::ComputeHeartbeat { session: s.session }) {
+                Ok(_) => {}
+                Err(RpcError::Remote(RemoteError::Unknown | RemoteError::Fenced)) => {
+                    let _ = tx.send(SessionEvent::Expired);
+                    return;
+                }
+                Err(e) => tracing::debug!("heartbeat to manager failed: {e}"),
+            }
+        }
+        thread::park_timeout(Duration::from_millis(s.interval_ms.load(Ordering::Relaxed)));
+    }
+}
+
+fn event_loop(s: &SessionShared, tx: &Sender<SessionEvent>, first_incarnation: u64) {
+    let mut after = 0u64;
+    let mut incarnation = Some(first_incarnation);
+    while !s.stop.load(Ordering::Acquire) {
+        let req = MgrRequest::WaitEvents {
+            session: s.session,
+            after,
+            timeout_ms: 200,
+        };
+        match s.mgr.call_timeout(&req, Duration::from_secs(5)) {
+            Ok(MgrResponse::Events {
+                incarnation: inc,
+                events,
+            }) => {
+                if incarnation.is_some_and(|i| i != inc) {
+                    // The manager restarted: sequence numbers start over.
+                    after = 0;
+                    if tx.send(SessionEvent::Resync).is_err() {
+                        return;
+                    }
+                }
+                incarnation = Some(inc);
+                for e in events {
+                    after = after.max(e.seq);
+                    if tx.send(SessionEvent::Manager(e)).is_err() {
+                        return;
+                    }
+                }
+            }
+            Ok(_) => {}
+            Err(RpcError::Remote(RemoteError::Unknown)) => return,
+            Err(_) => thread::park_timeout(Duration::from_millis(100)),
+        }
+    }
+}

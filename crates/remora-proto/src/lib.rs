@@ -1,0 +1,22 @@
+//! remora's wire protocol and the clients that speak it.
+//!
+//! A compute node, the memory manager and memory nodes talk over TCP with
+//! length-prefixed binary frames ([`frame`]): a fixed little-endian header
+//! with a request id, a postcard-encoded message head ([`msg`]) and raw
+//! payload bytes. Many requests may be in flight per connection and replies
+//! may come back in any order ([`rpc`]). Data requests carry capabilities
+//! ([`cap`]) that the manager issues per region and compute node.
+
+pub mod cap;
+pub mod client;
+pub mod frame;
+pub mod msg;
+pub mod rpc;
+pub mod server;
+pub mod size;
+
+pub use cap::{AdminKey, Cap, ComputeId, NodeId, RegionId, Rights, Session, Token};
+pub use client::{ComputeSession, ManagerConn, MemNodeClient, SessionEvent};
+pub use msg::{ClusterStatus, Event, EventKind, Fault, NodeState, Range, RegionGrant, RemoteError};
+pub use rpc::{ConnOptions, RpcConn, RpcError};
+pub use size::{ByteSize, parse_duration};

@@ -1,0 +1,486 @@
+//! Messages of the two services: memory node and manager.
+//!
+//! Message heads are postcard-encoded enums; bulk bytes travel as the frame's
+//! raw payload (see [`crate::frame`]), so a span is never serialized.
+
+use serde::{Deserialize, Serialize};
+
+use crate::cap::{AdminKey, Cap, ComputeId, NodeId, RegionId, Session, Token};
+
+/// One range of a vectored request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Range {
+    /// The region and the right to touch it.
+    pub cap: Cap,
+    /// Byte offset inside the region.
+    pub offset: u64,
+    /// Number of bytes.
+    pub len: u32,
+}
+
+/// Requests a memory node serves.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MemRequest {
+    /// One-sided read of `len` bytes; the response payload holds them.
+    Read {
+        /// Region and right.
+        cap: Cap,
+        /// Offset in the region.
+        offset: u64,
+        /// Bytes to read.
+        len: u32,
+    },
+    /// One-sided write of the request payload at `offset`.
+    Write {
+        /// Region and right.
+        cap: Cap,
+        /// Offset in the region.
+        offset: u64,
+    },
+    /// Several reads in one request; the response payload is their bytes
+    /// concatenated in order.
+    ReadV {
+        /// The ranges.
+        ranges: Vec<Range>,
+    },
+    /// Several writes in one request; the request payload is their bytes
+    /// concatenated in order. Either every range is checked and written, or
+    /// none is (all capabilities and bounds are verified first).
+    WriteV {
+        /// The ranges.
+        ranges: Vec<Range>,
+    },
+    /// Liveness probe.
+    Ping,
+    /// From the manager: `region` now belongs to `owner`, opened by `token`.
+    Grant {
+        /// Proof the request comes from the manager.
+        admin: AdminKey,
+        /// The region.
+        region: RegionId,
+        /// Its new owner.
+        owner: ComputeId,
+        /// The owner's capability token.
+        token: Token,
+    },
+    /// From the manager: `region` is free again; its contents are wiped and its
+    /// token stops working.
+    Revoke {
+        /// Proof the request comes from the manager.
+        admin: AdminKey,
+        /// The region.
+        region: RegionId,
+    },
+    /// Test-only fault injection (refused unless the daemon was built with
+    /// the `fault-injection` feature).
+    Fault {
+        /// Proof the request comes from the manager or the test harness.
+        admin: AdminKey,
+        /// What to do.
+        fault: Fault,
+    },
+}
+
+/// A fault a memory node can be told to inject.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Fault {
+    /// Stop serving data requests and heartbeats (as if SIGSTOPped) until `Resume`.
+    /// Fault requests themselves are still served.
+    Pause,
+    /// Undo `Pause`, `Delay` and `DropReplies`.
+    Resume,
+    /// Delay each data reply by this many microseconds.
+    Delay {
+        /// Delay in microseconds.
+        micros: u64,
+    },
+    /// Execute data requests but send no reply.
+    DropReplies,
+    /// Close every open connection except the one carrying this request.
+    DropConnections,
+    /// Flip every bit of `len` bytes at `offset` of `region`.
+    Corrupt {
+        /// The region.
+        region: RegionId,
+        /// Offset in the region.
+        offset: u64,
+        /// Bytes to corrupt.
+        len: u32,
+    },
+}
+
+/// Successful answers of a memory node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MemResponse {
+    /// Read data follows as payload.
+    Data,
+    /// The write (or vectored write) is in memory.
+    Written,
+    /// Answer to `Ping`.
+    Pong,
+    /// The admin request was applied.
+    Done,
+}
+
+/// Liveness state of a memory node as the manager sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum NodeState {
+    /// Heartbeating; its free regions can be allocated.
+    Alive,
+    /// Leaving: no new allocations; owners were told to move away.
+    Draining,
+    /// Missed heartbeats past the timeout (or deregistered); its regions are
+    /// out of the pool.
+    Dead,
+}
+
+impl NodeState {
+    /// Lower-case name, as printed by `remora status`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Alive => "alive",
+            Self::Draining => "draining",
+            Self::Dead => "dead",
+        }
+    }
+}
+
+/// Liveness state of a compute node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ComputeState {
+    /// Heartbeating.
+    Alive,
+    /// Missed heartbeats past the timeout; its regions were freed.
+    Dead,
+}
+
+impl ComputeState {
+    /// Lower-case name, as printed by `remora status`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Alive => "alive",
+            Self::Dead => "dead",
+        }
+    }
+}
+
+/// A region allocated to a compute node, with what it needs to use it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionGrant {
+    /// The owner capability.
+    pub cap: Cap,
+    /// The memory node holding the region.
+    pub node: NodeId,
+    /// Where that node serves data requests.
+    pub addr: String,
+    /// Region size in bytes.
+    pub size: u64,
+    /// The node's state when this grant was listed.
+    pub node_state: NodeState,
+}
+
+/// Something a compute node is told about asynchronously.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EventKind {
+    /// A memory node holding some of this compute node's regions died; those
+    /// regions are gone.
+    NodeDead {
+        /// The node.
+        node: NodeId,
+        /// Its address.
+        addr: String,
+        /// This compute node's regions on it.
+        regions: Vec<RegionId>,
+    },
+    /// A memory node holding some of this compute node's regions is draining:
+    /// stop placing new data there.
+    NodeDraining {
+        /// The node.
+        node: NodeId,
+        /// Its address.
+        addr: String,
+        /// This compute node's regions on it.
+        regions: Vec<RegionId>,
+    },
+}
+
+/// An event with its sequence number (per compute node, increasing).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// Sequence number; ask for events after the last one seen.
+    pub seq: u64,
+    /// What happened.
+    pub kind: EventKind,
+}
+
+/// One memory node in a status report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemNodeStatus {
+    /// Its id.
+    pub id: NodeId,
+    /// Its data address.
+    pub addr: String,
+    /// Its state.
+    pub state: NodeState,
+    /// Regions it registered.
+    pub regions_total: u64,
+    /// Of those, unallocated ones.
+    pub regions_free: u64,
+    /// Bytes it lends.
+    pub capacity_bytes: u64,
+}
+
+/// One compute node in a status report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ComputeStatus {
+    /// Its id.
+    pub id: ComputeId,
+    /// The name it registered with.
+    pub name: String,
+    /// Its state.
+    pub state: ComputeState,
+    /// Regions it holds.
+    pub regions: u64,
+}
+
+/// The manager's view of the cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    /// Memory nodes, by id.
+    pub memory_nodes: Vec<MemNodeStatus>,
+    /// Compute nodes, by id.
+    pub compute_nodes: Vec<ComputeStatus>,
+}
+
+/// Requests the manager serves.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MgrRequest {
+    /// A memory node offers `capacity / region_size` regions.
+    RegisterMemNode {
+        /// Address compute nodes reach it at.
+        addr: String,
+        /// Bytes offered.
+        capacity: u64,
+        /// Region size.
+        region_size: u64,
+        /// Secret for the manager's admin requests to it.
+        admin: AdminKey,
+    },
+    /// A memory node is alive.
+    MemNodeHeartbeat {
+        /// The node.
+        node: NodeId,
+        /// Proof of identity.
+        admin: AdminKey,
+    },
+    /// A drained memory node leaves: its regions are withdrawn from the pool.
+    Deregister {
+        /// The node.
+        node: NodeId,
+        /// Proof of identity.
+        admin: AdminKey,
+    },
+    /// Operator or node: mark the node at `addr` draining.
+    Drain {
+        /// The node's data address as registered.
+        addr: String,
+    },
+    /// A compute node opens a session.
+    RegisterCompute {
+        /// A name for status output.
+        name: String,
+    },
+    /// A compute node is alive.
+    ComputeHeartbeat {
+        /// Its session.
+        session: Session,
+    },
+    /// Allocate `count` regions; with `distinct`, each on a different memory node.
+    Alloc {
+        /// The compute node.
+        session: Session,
+        /// How many regions.
+        count: u32,
+        /// Place them on `count` distinct memory nodes.
+        distinct: bool,
+        /// Memory nodes not to use (e.g. ones already in a stripe).
+        exclude: Vec<NodeId>,
+    },
+    /// Give a region back.
+    Free {
+        /// The compute node.
+        session: Session,
+        /// The region.
+        region: RegionId,
+    },
+    /// List the regions this compute node holds (after a reconnect).
+    MyRegions {
+        /// The compute node.
+        session: Session,
+    },
+    /// Long poll: answer when there are events with `seq > after`, or after
+    /// `timeout_ms` with none.
+    WaitEvents {
+        /// The compute node.
+        session: Session,
+        /// Last sequence number seen.
+        after: u64,
+        /// Longest wait.
+        timeout_ms: u32,
+    },
+    /// The whole cluster's state.
+    Status,
+}
+
+/// Successful answers of the manager.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MgrResponse {
+    /// Answer to `RegisterMemNode`.
+    MemNodeRegistered {
+        /// The node's id.
+        node: NodeId,
+        /// Ids of its regions, in offset order.
+        regions: Vec<RegionId>,
+        /// How often to heartbeat.
+        heartbeat_interval_ms: u32,
+    },
+    /// Answer to a heartbeat.
+    HeartbeatAck {
+        /// The node's state.
+        state: NodeState,
+    },
+    /// Answer to `RegisterCompute`.
+    ComputeRegistered {
+        /// The session.
+        session: Session,
+        /// How often to heartbeat.
+        heartbeat_interval_ms: u32,
+        /// The manager's incarnation (see [`MgrResponse::Events`]).
+        incarnation: u64,
+    },
+    /// Answer to `Alloc` and `MyRegions`.
+    Regions(Vec<RegionGrant>),
+    /// Answer to `WaitEvents`.
+    Events {
+        /// Changes whenever the manager restarts; a client that sees it change
+        /// re-reads its regions with `MyRegions`.
+        incarnation: u64,
+        /// Events after the requested sequence number.
+        events: Vec<Event>,
+    },
+    /// Answer to `Status`.
+    Status(ClusterStatus),
+    /// Done.
+    Ok,
+}
+
+/// A typed error sent back in an error frame.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum RemoteError {
+    /// The capability does not open the region (wrong, missing, revoked token,
+    /// or a read-only capability used to write).
+    #[error("capability refused for region {region}")]
+    BadCapability {
+        /// The region.
+        region: RegionId,
+    },
+    /// No such region on this node.
+    #[error("no region {region} here")]
+    NoSuchRegion {
+        /// The region.
+        region: RegionId,
+    },
+    /// The range falls outside the region.
+    #[error("range {offset}+{len} outside region {region} of {size} bytes")]
+    OutOfBounds {
+        /// The region.
+        region: RegionId,
+        /// Requested offset.
+        offset: u64,
+        /// Requested length.
+        len: u64,
+        /// Region size.
+        size: u64,
+    },
+    /// The request was well-framed but makes no sense.
+    #[error("bad request: {0}")]
+    BadRequest(String),
+    /// Admin key or session secret did not match.
+    #[error("not authorized")]
+    Unauthorized,
+    /// The manager no longer considers this node alive: it must wipe its
+    /// regions and register again.
+    #[error("node fenced: declared dead by the manager")]
+    Fenced,
+    /// The manager does not know this node or session.
+    #[error("unknown node or session")]
+    Unknown,
+    /// Not enough free regions (on enough distinct nodes).
+    #[error("out of far memory: wanted {wanted} regions, {available} available")]
+    NoCapacity {
+        /// Requested.
+        wanted: u32,
+        /// Could be given.
+        available: u32,
+    },
+    /// The daemon was built without this feature.
+    #[error("not supported by this daemon: {0}")]
+    Unsupported(String),
+    /// The node is paused by fault injection.
+    #[error("node unavailable")]
+    Unavailable,
+    /// Something failed inside the server.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// Encodes a message head.
+pub fn encode<T: Serialize>(msg: &T) -> Vec<u8> {
+    postcard::to_allocvec(msg).expect("in-memory serialization of a plain message cannot fail")
+}
+
+/// Decodes a message head from untrusted bytes.
+pub fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, crate::frame::FrameError> {
+    postcard::from_bytes(bytes).map_err(|e| crate::frame::FrameError::BadHead(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cap::Rights;
+    use proptest::prelude::*;
+
+    #[test]
+    fn messages_round_trip() {
+        let cap = Cap {
+            region: RegionId(3),
+            rights: Rights::ReadWrite,
+            token: Token::random(),
+        };
+        let m = MemRequest::ReadV {
+            ranges: vec![Range {
+                cap,
+                offset: 8192,
+                len: 4096,
+            }],
+        };
+        assert_eq!(decode::<MemRequest>(&encode(&m)).unwrap(), m);
+        let e = RemoteError::OutOfBounds {
+            region: RegionId(1),
+            offset: 2,
+            len: 3,
+            size: 4,
+        };
+        assert_eq!(decode::<RemoteError>(&encode(&e)).unwrap(), e);
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_heads_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = decode::<MemRequest>(&bytes);
+            let _ = decode::<MgrRequest>(&bytes);
+            let _ = decode::<MgrResponse>(&bytes);
+            let _ = decode::<RemoteError>(&bytes);
+        }
+    }
+}

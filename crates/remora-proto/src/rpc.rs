@@ -1,0 +1,411 @@
+//! A blocking, multiplexed request/response connection.
+//!
+//! Many threads share one [`RpcConn`]; each request gets an id and replies may
+//! arrive in any order. There is no dedicated reader thread: whichever waiting
+//! caller finds nobody reading becomes the *leader* and reads frames off the
+//! socket, handing other callers' replies to them and waking them, until its
+//! own reply arrives; then it passes leadership on to a waiting caller. An
+//! uncontended call therefore costs one kernel wake-up, like a plain
+//! blocking ping-pong, and the leader reads its own reply payload straight
+//! into the caller's buffer without a copy.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::{self, Thread};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::frame::{FrameKind, FrameReader, ReadError, write_frame};
+use crate::msg::{RemoteError, decode, encode};
+
+/// Why a call failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum RpcError {
+    /// Could not connect.
+    #[error("cannot connect to {addr}: {reason}")]
+    Connect {
+        /// Where.
+        addr: String,
+        /// Why.
+        reason: String,
+    },
+    /// The connection broke (closed, reset, malformed frame from the peer);
+    /// every call in flight on it fails with this.
+    #[error("connection to {addr} broken: {reason}")]
+    Broken {
+        /// Peer.
+        addr: String,
+        /// Why.
+        reason: String,
+    },
+    /// No reply before the deadline.
+    #[error("no reply from {addr} within {after:?}")]
+    Timeout {
+        /// Peer.
+        addr: String,
+        /// How long we waited.
+        after: Duration,
+    },
+    /// The peer answered with a typed error.
+    #[error(transparent)]
+    Remote(#[from] RemoteError),
+    /// The reply did not fit the request (wrong message or payload length).
+    #[error("unexpected reply: {0}")]
+    Unexpected(String),
+}
+
+impl RpcError {
+    /// True if the peer is unreachable or unresponsive (as opposed to having
+    /// answered with an error): the signal a failure detector wants.
+    pub fn is_transport(&self) -> bool {
+        matches!(self, Self::Connect { .. } | Self::Broken { .. } | Self::Timeout { .. })
+    }
+}
+
+/// Tunables of a connection.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnOptions {
+    /// Connect timeout.
+    pub connect_timeout: Duration,
+    /// Default deadline of a call.
+    pub call_timeout: Duration,
+    /// A peer that stalls inside a frame (or a blocked write) for longer than
+    /// this breaks the connection.
+    pub stall_limit: Duration,
+}
+
+impl Default for ConnOptions {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(2),
+            call_timeout: Duration::from_secs(10),
+            stall_limit: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A received reply: its head and, unless it went to the caller's buffer, its payload.
+#[derive(Debug)]
+pub struct Reply {
+    /// The postcard head.
+    pub head: Vec<u8>,
+    /// The payload, if it was not placed in the caller's buffer.
+    pub payload: Vec<u8>,
+}
+
+struct Slot {
+    waiter: Option<Thread>,
+    done: Option<Result<(FrameKind, Reply), RpcError>>,
+}
+
+#[derive(Default)]
+struct State {
+    pending: HashMap<u64, Slot>,
+    leader: bool,
+    broken: Option<RpcError>,
+}
+
+/// Shared state of a connection; see the module docs.
+pub struct RpcConn {
+    peer: String,
+    opts: ConnOptions,
+    writer: Mutex<TcpStream>,
+    reader: Mutex<FrameReader>,
+    state: Mutex<State>,
+    next_id: AtomicU64,
+}
+
+/// A request sent but not yet waited for.
+#[derive(Debug)]
+#[must_use = "a ticket must be waited for, or its reply is dropped"]
+pub struct Ticket(u64);
+
+/// How often a reading leader wakes to check its own deadline.
+const LEADER_POLL: Duration = Duration::from_millis(20);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding one of these locks leaves no broken invariant
+    // that a later caller could observe (state is replaced wholesale), so
+    // poisoning is ignored.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl RpcConn {
+    /// Connects to `addr`.
+    pub fn connect(addr: &str, opts: ConnOptions) -> Result<Arc<Self>, RpcError> {
+        let fail = |reason: String| RpcError::Connect {
+            addr: addr.to_string(),
+            reason,
+        };
+        let sa: SocketAddr = addr
+            .to_socket_addrs()
+            .map_err(|e| fail(e.to_string()))?
+            .next()
+            .ok_or_else(|| fail("address resolves to nothing".into()))?;
+        let sock = TcpStream::connect_timeout(&sa, opts.connect_timeout).map_err(|e| fail(e.to_string()))?;
+        Self::from_stream(sock, addr.to_string(), opts).map_err(|e| fail(e.to_string()))
+    }
+
+    fn from_stream(sock: TcpStream, peer: String, opts: ConnOptions) -> io::Result<Arc<Self>> {
+        sock.set_nodelay(true)?;
+        sock.set_read_timeout(Some(LEADER_POLL))?;
+        sock.set_write_timeout(Some(opts.stall_limit))?;
+        let rd = sock.try_clone()?;
+        Ok(Arc::new(Self {
+            peer,
+            opts,
+            writer: Mutex::new(sock),
+            reader: Mutex::new(FrameReader::new(rd, opts.stall_limit)),
+            state: Mutex::new(State::default()),
+            next_id: AtomicU64::new(1),
+        }))
+    }
+
+    /// The peer's address as given to `connect`.
+    pub fn peer(&self) -> &str {
+        &self.peer
+    }
+
+    /// The connection's options.
+    pub fn options(&self) -> &ConnOptions {
+        &self.opts
+    }
+
+    /// True once the connection has failed; every later call fails at once.
+    pub fn is_broken(&self) -> bool {
+        lock(&self.state).broken.is_some()
+    }
+
+    /// Sends a request without waiting for its reply.
+    pub fn send<M: Serialize>(&self, msg: &M, payload: &[&[u8]]) -> Result<Ticket, RpcError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut st = lock(&self.state);
+            if let Some(e) = &st.broken {
+                return Err(e.clone());
+            }
+            st.pending.insert(
+                id,
+                Slot {
+                    waiter: None,
+                    done: None,
+                },
+            );
+        }
+        let head = encode(msg);
+        let res = {
+            let mut w = lock(&self.writer);
+            write_frame(&mut *w, FrameKind::Request, id, &head, payload)
+        };
+        if let Err(e) = res {
+            let err = self.break_conn(format!("send failed: {e}"));
+            lock(&self.state).pending.remove(&id);
+            return Err(err);
+        }
+        Ok(Ticket(id))
+    }
+
+    /// Waits for the reply to `ticket`. If `dest` is given, the reply payload
+    /// must be exactly `dest.len()` bytes and lands there (the returned
+    /// [`Reply::payload`] is then empty).
+    pub fn wait(&self, ticket: Ticket, mut dest: Option<&mut [u8]>, timeout: Duration) -> Result<Reply, RpcError> {
+        let id = ticket.0;
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut st = lock(&self.state);
+            let done = st.pending.get_mut(&id).and_then(|s| s.done.take());
+            if let Some(res) = done {
+                st.pending.remove(&id);
+                drop(st);
+                return finish(res, dest);
+            }
+            if let Some(e) = &st.broken {
+                let e = e.clone();
+                st.pending.remove(&id);
+                return Err(e);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                st.pending.remove(&id);
+                return Err(RpcError::Timeout {
+                    addr: self.peer.clone(),
+                    after: timeout,
+                });
+            }
+            if !st.leader {
+                st.leader = true;
+                drop(st);
+                if let Some(res) = self.lead(id, dest.as_deref_mut(), deadline) {
+                    return res;
+                }
+            } else {
+                if let Some(slot) = st.pending.get_mut(&id) {
+                    slot.waiter = Some(thread::current());
+                }
+                drop(st);
+                thread::park_timeout(deadline - now);
+            }
+        }
+    }
+
+    /// Sends and waits: the common case.
+    pub fn call<M: Serialize, R: DeserializeOwned>(
+        &self,
+        msg: &M,
+        payload: &[&[u8]],
+        dest: Option<&mut [u8]>,
+    ) -> Result<(R, Vec<u8>), RpcError> {
+        let t = self.send(msg, payload)?;
+        let reply = self.wait(t, dest, self.opts.call_timeout)?;
+        let r = decode(&reply.head).map_err(|e| RpcError::Unexpected(e.to_string()))?;
+        Ok((r, reply.payload))
+    }
+
+    /// Reads frames as leader until our own reply arrives (`Some`) or our
+    /// deadline passes between frames (`None`: the caller re-checks).
+    fn lead(&self, my_id: u64, mut dest: Option<&mut [u8]>, deadline: Instant) -> Option<Result<Reply, RpcError>> {
+        let mut rd = lock(&self.reader);
+        loop {
+            let hdr = match rd.next_header() {
+                Ok(Some(h)) => h,
+                Ok(None) => {
+                    if Instant::now() >= deadline {
+                        drop(rd);
+                        self.resign();
+                        return None;
+                    }
+                    continue;
+                }
+                Err(e) => {
+                    drop(rd);
+                    let reason = match e {
+                        ReadError::Closed => "closed by peer".to_string(),
+                        other => other.to_string(),
+                    };
+                    let err = self.break_conn(reason);
+                    self.resign();
+                    lock(&self.state).pending.remove(&my_id);
+                    return Some(Err(err));
+                }
+            };
+            if hdr.kind == FrameKind::Request {
+                drop(rd);
+                let err = self.break_conn("peer sent a request on a client connection".into());
+                self.resign();
+                return Some(Err(err));
+            }
+            let mine = hdr.id == my_id;
+            let res = (|| -> io::Result<(Vec<u8>, Vec<u8>, bool)> {
+                let head = rd.read_vec(hdr.head_len as usize)?;
+                let plen = hdr.payload_len as usize;
+                if mine && hdr.kind == FrameKind::Response {
+                    if let Some(d) = dest.as_deref_mut() {
+                        if d.len() == plen {
+                            rd.read_exact_into(d)?;
+                            return Ok((head, Vec::new(), true));
+                        }
+                    }
+                }
+                Ok((head, rd.read_vec(plen)?, false))
+            })();
+            let (head, payload, placed) = match res {
+                Ok(v) => v,
+                Err(e) => {
+                    drop(rd);
+                    let err = self.break_conn(e.to_string());
+                    self.resign();
+                    lock(&self.state).pending.remove(&my_id);
+                    return Some(Err(err));
+                }
+            };
+            let reply = Reply { head, payload };
+            if mine {
+                drop(rd);
+                self.resign();
+                lock(&self.state).pending.remove(&my_id);
+                if placed {
+                    return Some(Ok(reply));
+                }
+                return Some(finish(Ok((hdr.kind, reply)), dest));
+            }
+            let mut st = lock(&self.state);
+            if let Some(slot) = st.pending.get_mut(&hdr.id) {
+                slot.done = Some(Ok((hdr.kind, reply)));
+                if let Some(t) = slot.waiter.take() {
+                    t.unpark();
+                }
+            }
+            // else: the caller gave up (timeout); the late reply is dropped.
+        }
+    }
+
+    /// Gives up leadership and wakes one waiter to take it.
+    fn resign(&self) {
+        let mut st = lock(&self.state);
+        st.leader = false;
+        if let Some(t) = st
+            .pending
+            .values_mut()
+            .find(|s| s.done.is_none() && s.waiter.is_some())
+            .and_then(|s| s.waiter.take())
+        {
+            t.unpark();
+        }
+    }
+
+    /// Marks the connection broken and wakes every waiter.
+    fn break_conn(&self, reason: String) -> RpcError {
+        let mut st = lock(&self.state);
+        let err = st
+            .broken
+            .get_or_insert_with(|| RpcError::Broken {
+                addr: self.peer.clone(),
+                reason,
+            })
+            .clone();
+        for s in st.pending.values_mut() {
+            if let Some(t) = s.waiter.take() {
+                t.unpark();
+            }
+        }
+        drop(st);
+        let _ = lock(&self.writer).shutdown(std::net::Shutdown::Both);
+        err
+    }
+
+    /// Closes the connection; calls in flight fail.
+    pub fn close(&self) {
+        self.break_conn("closed locally".into());
+    }
+}
+
+impl Drop for RpcConn {
+    fn drop(&mut self) {
+        let _ = lock(&self.writer).shutdown(std::net::Shutdown::Both);
+    }
+}
+
+fn finish(res: Result<(FrameKind, Reply), RpcError>, dest: Option<&mut [u8]>) -> Result<Reply, RpcError> {
+    let (kind, mut reply) = res?;
+    if kind == FrameKind::Error {
+        let e: RemoteError = decode(&reply.head).map_err(|e| RpcError::Unexpected(e.to_string()))?;
+        return Err(RpcError::Remote(e));
+    }
+    if let Some(d) = dest {
+        if d.len() != reply.payload.len() {
+            return Err(RpcError::Unexpected(format!(
+                "payload of {} bytes for a buffer of {}",
+                reply.payload.len(),
+                d.len()
+            )));
+        }
+        d.copy_from_slice(&reply.payload);
+        reply.payload = Vec::new();
+    }
+    Ok(reply)
+}

@@ -1,0 +1,1 @@
+//! The compute-node runtime: remotable pointers, spans and far memory (being written).

@@ -1,0 +1,158 @@
+//! Fault injection against real memory-node processes: pause, delay, dropped
+//! replies, dropped connections and corrupted bytes. Needs the binary built
+//! with `--features fault-injection`.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use remora_proto::{EventKind, Fault, MemNodeClient, NodeState, RemoteError, RpcError, SessionEvent};
+
+const MIB: u64 = 1 << 20;
+
+/// A paused node times clients out, is declared dead, and when it resumes it
+/// is fenced: it wipes what it held and joins again as a new node.
+#[test]
+fn paused_node_is_fenced_when_it_comes_back() {
+    let c = cluster(2, 128 * MIB, 64 * MIB);
+    let s = session(&c, "p");
+    let ev = s.take_events().unwrap();
+    let g = s
+        .alloc(2, true, &[])
+        .unwrap()
+        .into_iter()
+        .find(|g| g.addr == c.memnodes()[0].addr)
+        .unwrap();
+    let cl = MemNodeClient::connect(&g.addr, quick_opts()).unwrap();
+    cl.write(g.cap, 0, &pattern(5, 0, 4096)).unwrap();
+    let old_id = g.node;
+    c.fault(0, Fault::Pause).unwrap();
+    let mut buf = vec![0u8; 4096];
+    match cl.read(g.cap, 0, &mut buf) {
+        Err(e @ RpcError::Timeout { .. }) => assert!(e.is_transport()),
+        other => panic!("read from a paused node: {other:?}"),
+    }
+    let notice = loop {
+        match ev.recv_timeout(Duration::from_secs(5)).expect("dead-node notice") {
+            SessionEvent::Manager(e) => break e,
+            _ => continue,
+        }
+    };
+    assert!(matches!(notice.kind, EventKind::NodeDead { node, .. } if node == old_id));
+    c.fault(0, Fault::Resume).unwrap();
+    let st = c
+        .wait_until(Duration::from_secs(5), "the node re-registers under a new id", |st| {
+            st.memory_nodes
+                .iter()
+                .any(|m| m.addr == g.addr && m.state == NodeState::Alive && m.id != old_id)
+        })
+        .unwrap();
+    assert_eq!(
+        st.memory_nodes.iter().find(|m| m.id == old_id).unwrap().state,
+        NodeState::Dead
+    );
+    // The stale region is gone: the old capability opens nothing, so the
+    // fenced node can never serve stale data.
+    let fresh = MemNodeClient::connect(&g.addr, quick_opts()).unwrap();
+    match fresh.read(g.cap, 0, &mut buf) {
+        Err(RpcError::Remote(RemoteError::NoSuchRegion { .. })) => {}
+        other => panic!("fenced node served a stale region: {other:?}"),
+    }
+}
+
+/// Delayed replies still carry the right bytes; Resume restores speed.
+#[test]
+fn delayed_replies_are_correct() {
+    let c = cluster(1, 128 * MIB, 64 * MIB);
+    let s = session(&c, "d");
+    let g = s.alloc(1, false, &[]).unwrap().remove(0);
+    let cl = MemNodeClient::connect(&g.addr, quick_opts()).unwrap();
+    let data = pattern(9, 0, 16384);
+    cl.write(g.cap, 0, &data).unwrap();
+    c.fault(0, Fault::Delay { micros: 300_000 }).unwrap();
+    let t = Instant::now();
+    let mut buf = vec![0u8; data.len()];
+    cl.read(g.cap, 0, &mut buf).unwrap();
+    assert!(t.elapsed() >= Duration::from_millis(300), "{:?}", t.elapsed());
+    assert_bytes_eq(&buf, &data, "delayed read");
+    c.fault(0, Fault::Resume).unwrap();
+    let t = Instant::now();
+    cl.read(g.cap, 0, &mut buf).unwrap();
+    assert!(t.elapsed() < Duration::from_millis(300));
+    assert_bytes_eq(&buf, &data, "read after resume");
+}
+
+/// Dropped replies time the caller out without breaking the connection.
+#[test]
+fn dropped_replies_time_out() {
+    let c = cluster(1, 128 * MIB, 64 * MIB);
+    let s = session(&c, "r");
+    let g = s.alloc(1, false, &[]).unwrap().remove(0);
+    let cl = MemNodeClient::connect(&g.addr, quick_opts()).unwrap();
+    let data = pattern(11, 0, 8192);
+    cl.write(g.cap, 0, &data).unwrap();
+    c.fault(0, Fault::DropReplies).unwrap();
+    let mut buf = vec![0u8; data.len()];
+    assert!(matches!(cl.read(g.cap, 0, &mut buf), Err(RpcError::Timeout { .. })));
+    c.fault(0, Fault::Resume).unwrap();
+    cl.read(g.cap, 0, &mut buf).unwrap();
+    assert_bytes_eq(&buf, &data, "after replies resume");
+}
+
+/// Dropped connections fail the calls on them; a new connection finds the data intact.
+#[test]
+fn dropped_connections_break_only_the_transport() {
+    let c = cluster(1, 128 * MIB, 64 * MIB);
+    let s = session(&c, "x");
+    let g = s.alloc(1, false, &[]).unwrap().remove(0);
+    let cl = MemNodeClient::connect(&g.addr, quick_opts()).unwrap();
+    let data = pattern(13, 0, 8192);
+    cl.write(g.cap, 0, &data).unwrap();
+    c.fault(0, Fault::DropConnections).unwrap();
+    let mut buf = vec![0u8; data.len()];
+    match cl.read(g.cap, 0, &mut buf) {
+        Err(RpcError::Broken { .. }) => {}
+        other => panic!("read on a dropped connection: {other:?}"),
+    }
+    assert!(cl.conn().is_broken());
+    let again = MemNodeClient::connect(&g.addr, quick_opts()).unwrap();
+    again.read(g.cap, 0, &mut buf).unwrap();
+    assert_bytes_eq(&buf, &data, "after reconnect");
+}
+
+/// Corruption flips exactly the bytes asked for; a reader comparing content sees it.
+#[test]
+fn corruption_flips_the_named_range() {
+    let c = cluster(1, 128 * MIB, 64 * MIB);
+    let s = session(&c, "c");
+    let g = s.alloc(1, false, &[]).unwrap().remove(0);
+    let cl = MemNodeClient::connect(&g.addr, quick_opts()).unwrap();
+    let data = pattern(17, 0, 8192);
+    cl.write(g.cap, 0, &data).unwrap();
+    c.fault(
+        0,
+        Fault::Corrupt {
+            region: g.cap.region,
+            offset: 100,
+            len: 50,
+        },
+    )
+    .unwrap();
+    let mut buf = vec![0u8; data.len()];
+    cl.read(g.cap, 0, &mut buf).unwrap();
+    assert_bytes_eq(&buf[..100], &data[..100], "before the range");
+    assert!(buf[100..150].iter().zip(&data[100..150]).all(|(a, b)| *a == !*b));
+    assert_bytes_eq(&buf[150..], &data[150..], "after the range");
+    match c.fault(
+        0,
+        Fault::Corrupt {
+            region: g.cap.region,
+            offset: g.size,
+            len: 1,
+        },
+    ) {
+        Err(remora_cluster::ClusterError::Rpc(RpcError::Remote(RemoteError::OutOfBounds { .. }))) => {}
+        other => panic!("{other:?}"),
+    }
+}
