@@ -1,0 +1,416 @@
+//! Central free lists: per size class, the spans that still have free object slots (paper
+//! §3.3, the "global cache of free lists, with each list having its own spinlock").
+//!
+//! ```text
+//!   CentralFreeList (class c)          spans of class c
+//!   +--------------------------+
+//!   | Mutex {                  |       listed:   [S7] [S2] [S9]   (>= 1 free slot each;
+//!   |   nonempty: [S7, S2, S9] | ----> each span's `list_pos` is its index here)
+//!   |   spans: 5, live: 1234   |       unlisted: [S4] [S5]        (full)
+//!   | }                        |
+//!   +--------------------------+
+//! ```
+//!
+//! Allocation takes a slot from the most recently listed span, asking the page heap for a
+//! fresh span when none is listed; a span that fills up leaves the list. Freeing puts a full
+//! span back on the list and gives a span whose last object was freed back to the page heap
+//! at once. Each class has its own lock, taken before the page-heap lock and never the other
+//! way round; finding an object's span is a lock-free page-map lookup. There is no per-thread
+//! cache in front of these lists (the paper has one).
+
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::page_heap::{PageHeap, SpanPtr};
+use crate::size_classes::ClassIndex;
+use crate::span::{EVICTING_POS, NOT_LISTED, SlotError, Span, SpanKind};
+use crate::span_registry::SpanRegistry;
+use crate::{AllocError, FreeError};
+
+/// A snapshot of one class's accounting.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClassStats {
+    /// Spans of this class taken from the page heap and not yet returned.
+    pub spans: usize,
+    /// Spans with at least one free slot.
+    pub partial_spans: usize,
+    /// Objects allocated and not freed.
+    pub live_objects: usize,
+    /// Free slots in this class's spans.
+    pub free_slots: usize,
+}
+
+struct ListState {
+    nonempty: Vec<SpanPtr>,
+    spans: usize,
+    live: usize,
+}
+
+/// The central free list of one size class.
+pub struct CentralFreeList {
+    class: ClassIndex,
+    kind: SpanKind,
+    heap: Arc<PageHeap>,
+    registry: Arc<SpanRegistry>,
+    state: Mutex<ListState>,
+}
+
+impl std::fmt::Debug for CentralFreeList {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CentralFreeList")
+            .field("class", &self.class)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl CentralFreeList {
+    /// An empty list for `class`, taking spans from `heap`.
+    pub fn new(class: ClassIndex, heap: Arc<PageHeap>) -> Self {
+        Self::with_registry(class, heap, Arc::new(SpanRegistry::default()))
+    }
+
+    /// An empty list for `class` that records its spans in `registry` (where
+    /// eviction looks for cold spans).
+    pub(crate) fn with_registry(class: ClassIndex, heap: Arc<PageHeap>, registry: Arc<SpanRegistry>) -> Self {
+        Self {
+            class,
+            kind: SpanKind::Small(class),
+            heap,
+            registry,
+            state: Mutex::new(ListState {
+                nonempty: Vec::new(),
+                spans: 0,
+                live: 0,
+            }),
+        }
+    }
+
+    /// The size class served.
+    pub fn class(&self) -> ClassIndex {
+        self.class
+    }
+
+    /// The page heap spans come from.
+    pub fn page_heap(&self) -> &Arc<PageHeap> {
+        &self.heap
+    }
+
+    fn lock(&self) -> MutexGuard<'_, ListState> {
+        // A panic mid-update may leave a span listed twice or a full span listed; allocating
+        // from such a list could hand out a live slot, so poisoning is fatal.
+        self.state.lock().expect("central free list lock poisoned")
+    }
+
+    /// Allocates one object of this class. Its bytes are uninitialised.
+    ///
+    /// # Errors
+    /// Whatever the page heap reports when a fresh span is needed (budget, `mmap`).
+    pub fn alloc(&self) -> Result<NonNull<u8>, AllocError> {
+        let mut st = self.lock();
+        let span = match st.nonempty.last() {
+            Some(&ptr) => self.heap.span(ptr),
+            None => {
+                // Holding the class lock here keeps two threads from each fetching a span for
+                // the same shortage.
+                let span = self.heap.alloc_small(self.class)?;
+                st.spans += 1;
+                push(&mut st, span);
+                self.registry.add(span);
+                span
+            }
+        };
+        let index = span
+            .alloc_slot()
+            .expect("a listed span has a free slot (slots change only under this lock)");
+        st.live += 1;
+        if span.is_full() {
+            self.unlist(&mut st, span);
+        }
+        let addr = span.object_addr(index);
+        Ok(NonNull::new(addr as *mut u8).expect("spans never start at address 0"))
+    }
+
+    /// Frees the object at `ptr`.
+    ///
+    /// # Safety
+    /// `ptr` must have come from [`CentralFreeList::alloc`] on this list (or an equivalent
+    /// path of the same heap) and not been freed since; nothing may use the object afterwards.
+    ///
+    /// # Errors
+    /// Misuse that can be detected: a pointer outside this class's spans, not at an object's
+    /// start, or to a free slot. Nothing changes then.
+    pub unsafe fn free(&self, ptr: NonNull<u8>) -> Result<(), FreeError> {
+        let addr = ptr.as_ptr() as usize;
+        let span = self.heap.span_of(addr).ok_or(FreeError::UnknownPointer(addr))?;
+        // SAFETY: forwarded from the caller.
+        unsafe { self.free_in_span(span, addr) }
+    }
+
+    /// Frees the object at `addr`, already looked up as lying in `span`.
+    ///
+    /// # Safety
+    /// As [`CentralFreeList::free`].
+    pub(crate) unsafe fn free_in_span(&self, span: &Span, addr: usize) -> Result<(), FreeError> {
+        let mut st = self.lock();
+        // Spans of this class are created and retired under this lock, so the check holds
+        // for as long as we keep it.
+        if span.kind() != Some(self.kind) || !span.contains(addr) {
+            return Err(FreeError::UnknownPointer(addr));
+        }
+        let index = span.slot_at(addr).ok_or(FreeError::NotObjectStart(addr))?;
+        span.free_slot(index).map_err(|e| match e {
+            SlotError::AlreadyFree(_) => FreeError::DoubleFree(addr),
+            SlotError::OutOfRange { .. } => FreeError::NotObjectStart(addr),
+        })?;
+        st.live -= 1;
+        if span.list_pos() == EVICTING_POS {
+            // Pinned by an eviction thread; `end_evict` decides its fate.
+        } else if span.is_empty() {
+            self.unlist(&mut st, span);
+            st.spans -= 1;
+            self.registry.remove(span);
+            // Unlisted and without objects, the span is unreachable from this class, so it
+            // can go back without our lock held.
+            drop(st);
+            // SAFETY: the span has no allocated slot, so no live object is in its memory.
+            unsafe { self.heap.free_span(span) }.expect("an in-use span of this heap is accepted by it");
+        } else if span.list_pos() == NOT_LISTED {
+            push(&mut st, span);
+        }
+        Ok(())
+    }
+
+    /// Allocates one object and runs `init` on its address while the class
+    /// lock is held, so an eviction thread never sees a slot that is
+    /// allocated but not yet initialised.
+    pub(crate) fn alloc_with(&self, init: impl FnOnce(usize)) -> Result<(), AllocError> {
+        let mut st = self.lock();
+        let span = match st.nonempty.last() {
+            Some(&ptr) => self.heap.span(ptr),
+            None => {
+                let span = self.heap.alloc_small(self.class)?;
+                st.spans += 1;
+                push(&mut st, span);
+                self.registry.add(span);
+                span
+            }
+        };
+        let index = span
+            .alloc_slot()
+            .expect("a listed span has a free slot (slots change only under this lock)");
+        st.live += 1;
+        if span.is_full() {
+            self.unlist(&mut st, span);
+        }
+        init(span.object_addr(index));
+        Ok(())
+    }
+
+    /// Pins `span` for eviction: no allocation from it, no release of it.
+    /// False if it is not an in-use span of this class or already pinned.
+    pub(crate) fn begin_evict(&self, span: &Span) -> bool {
+        let mut st = self.lock();
+        if span.kind() != Some(self.kind) || span.list_pos() == EVICTING_POS || !self.registry.contains(span) {
+            return false;
+        }
+        self.unlist(&mut st, span);
+        span.set_list_pos(EVICTING_POS);
+        true
+    }
+
+    /// Ends an eviction: `evicted` spans (their objects now far) go back to
+    /// the page heap; aborted ones return to service.
+    pub(crate) fn end_evict(&self, span: &Span, evicted: bool) {
+        let mut st = self.lock();
+        debug_assert_eq!(span.list_pos(), EVICTING_POS);
+        span.set_list_pos(NOT_LISTED);
+        if evicted || span.is_empty() {
+            st.live -= span.allocated();
+            st.spans -= 1;
+            self.registry.remove(span);
+            drop(st);
+            // SAFETY: evicted: every object's word now names the far copy and a
+            // grace period has passed; empty: no object lives in it.
+            unsafe { self.heap.free_span(span) }.expect("an in-use span of this heap is accepted by it");
+        } else if !span.is_full() {
+            push(&mut st, span);
+        }
+    }
+
+    /// Takes a freshly swapped-in span of this class into service with the
+    /// objects at `live` indices, running `fix` (which publishes their
+    /// addresses) under the class lock.
+    pub(crate) fn adopt(&self, span: &Span, live: &[usize], fix: impl FnOnce(&Span)) {
+        let mut st = self.lock();
+        for &i in live {
+            let claimed = span.claim_slot(i);
+            debug_assert!(claimed, "slot {i} of a fresh span is free");
+        }
+        st.spans += 1;
+        st.live += live.len();
+        self.registry.add(span);
+        fix(span);
+        if span.is_empty() {
+            st.spans -= 1;
+            self.registry.remove(span);
+            drop(st);
+            // SAFETY: no object lives in it.
+            unsafe { self.heap.free_span(span) }.expect("an in-use span of this heap is accepted by it");
+        } else if !span.is_full() {
+            push(&mut st, span);
+        }
+    }
+
+    fn unlist(&self, st: &mut ListState, span: &Span) {
+        let pos = span.list_pos();
+        if pos == NOT_LISTED || pos == EVICTING_POS {
+            return;
+        }
+        let removed = st.nonempty.swap_remove(pos);
+        debug_assert_eq!(removed, SpanPtr::from_ref(span));
+        if let Some(&moved) = st.nonempty.get(pos) {
+            self.heap.span(moved).set_list_pos(pos);
+        }
+        span.set_list_pos(NOT_LISTED);
+    }
+
+    /// A snapshot of the accounting.
+    pub fn stats(&self) -> ClassStats {
+        let st = self.lock();
+        let free_slots = st
+            .nonempty
+            .iter()
+            .map(|&p| {
+                let span = self.heap.span(p);
+                span.capacity() - span.allocated()
+            })
+            .sum();
+        ClassStats {
+            spans: st.spans,
+            partial_spans: st.nonempty.len(),
+            live_objects: st.live,
+            free_slots,
+        }
+    }
+}
+
+fn push(st: &mut ListState, span: &Span) {
+    span.set_list_pos(st.nonempty.len());
+    st.nonempty.push(SpanPtr::from_ref(span));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::page_heap::PageHeapConfig;
+    use crate::size_classes::SizeClass;
+
+    fn list(size: usize) -> CentralFreeList {
+        let class = SizeClass::for_size(size).unwrap();
+        CentralFreeList::new(class, Arc::new(PageHeap::new(PageHeapConfig::default())))
+    }
+
+    fn free(list: &CentralFreeList, ptr: NonNull<u8>) -> Result<(), FreeError> {
+        // SAFETY: the tests never touch an object after freeing it.
+        unsafe { list.free(ptr) }
+    }
+
+    #[test]
+    fn fills_spans_then_returns_them() {
+        let list = list(1024); // 8 objects per one-page span
+        let objs: Vec<_> = (0..20).map(|_| list.alloc().unwrap()).collect();
+        let stats = list.stats();
+        assert_eq!((stats.spans, stats.live_objects), (3, 20));
+        assert_eq!((stats.partial_spans, stats.free_slots), (1, 4));
+        let mut addrs: Vec<usize> = objs.iter().map(|p| p.as_ptr() as usize).collect();
+        addrs.sort_unstable();
+        addrs.dedup();
+        assert_eq!(addrs.len(), 20);
+        assert!(addrs.windows(2).all(|w| w[1] - w[0] >= 1024));
+        for p in objs {
+            free(&list, p).unwrap();
+        }
+        assert_eq!(list.stats(), ClassStats::default());
+        assert_eq!(list.page_heap().stats().in_use_bytes, 0);
+    }
+
+    #[test]
+    fn a_full_span_is_listed_again_after_a_free() {
+        let list = list(262_144); // one object per 32-page span
+        let a = list.alloc().unwrap();
+        let b = list.alloc().unwrap();
+        assert_eq!(list.stats().partial_spans, 0);
+        let list8 = self::list(8);
+        let objs: Vec<_> = (0..1024).map(|_| list8.alloc().unwrap()).collect();
+        assert_eq!(list8.stats().partial_spans, 0);
+        free(&list8, objs[500]).unwrap();
+        assert_eq!(list8.stats().partial_spans, 1);
+        assert_eq!(list8.alloc().unwrap(), objs[500]);
+        free(&list, a).unwrap();
+        assert_eq!(list.stats().spans, 1);
+        free(&list, b).unwrap();
+        assert_eq!(list.stats().spans, 0);
+    }
+
+    #[test]
+    fn misuse_is_detected() {
+        let list = list(48);
+        let a = list.alloc().unwrap();
+        let keep = list.alloc().unwrap();
+        let addr = a.as_ptr() as usize;
+        let interior = NonNull::new((addr + 8) as *mut u8).unwrap();
+        assert_eq!(free(&list, interior), Err(FreeError::NotObjectStart(addr + 8)));
+        free(&list, a).unwrap();
+        assert_eq!(free(&list, a), Err(FreeError::DoubleFree(addr)));
+        // The tail of the span past the last whole object (8192 % 48 = 32 bytes).
+        let span = list.page_heap().span_of(addr).unwrap();
+        let tail = NonNull::new((span.end() - 16) as *mut u8).unwrap();
+        assert_eq!(free(&list, tail), Err(FreeError::NotObjectStart(span.end() - 16)));
+        let other = self::list(64);
+        assert!(matches!(free(&other, keep), Err(FreeError::UnknownPointer(_))));
+        let on_stack = 0u64;
+        let stack = NonNull::from(&on_stack).cast::<u8>();
+        assert!(matches!(free(&list, stack), Err(FreeError::UnknownPointer(_))));
+        assert_eq!(list.stats().live_objects, 1);
+        free(&list, keep).unwrap();
+    }
+
+    #[test]
+    fn concurrent_alloc_and_free_hand_out_distinct_slots() {
+        let list = Arc::new(list(32));
+        let per_thread = 3000;
+        let all: Vec<usize> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4)
+                .map(|t| {
+                    let list = Arc::clone(&list);
+                    s.spawn(move || {
+                        let mut mine = Vec::new();
+                        for i in 0..per_thread {
+                            let p = list.alloc().unwrap();
+                            // SAFETY: a fresh 32-byte object owned by this thread.
+                            unsafe { p.cast::<u64>().write((t * per_thread + i) as u64) };
+                            mine.push(p.as_ptr() as usize);
+                            if i % 3 == 0 {
+                                let q = NonNull::new(mine.swap_remove(i / 2 % mine.len()) as *mut u8).unwrap();
+                                free(&list, q).unwrap();
+                            }
+                        }
+                        mine
+                    })
+                })
+                .collect();
+            handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
+        });
+        let mut sorted = all.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), all.len());
+        assert_eq!(list.stats().live_objects, all.len());
+        for p in all {
+            free(&list, NonNull::new(p as *mut u8).unwrap()).unwrap();
+        }
+        assert_eq!(list.stats(), ClassStats::default());
+        assert_eq!(list.page_heap().stats().in_use_bytes, 0);
+    }
+}

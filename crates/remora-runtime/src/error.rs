@@ -1,0 +1,32 @@
+//! The runtime's typed errors.
+
+use remora_proto::RpcError;
+
+/// What can go wrong in the runtime. Never a panic.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum RuntimeError {
+    /// The manager has no more regions to give (on enough distinct nodes).
+    #[error("far memory exhausted: {0}")]
+    FarMemoryExhausted(String),
+    /// A far span could not be read back and cannot be repaired.
+    #[error("far data lost: {0}")]
+    DataLost(String),
+    /// Local memory could not be obtained from the OS.
+    #[error("local memory: {0}")]
+    LocalMemory(String),
+    /// An object is larger than the runtime can place.
+    #[error("object of {size} bytes is too large")]
+    TooLarge {
+        /// Its size.
+        size: usize,
+    },
+    /// Eviction could not make room in time.
+    #[error("local memory budget exceeded and eviction made no progress for {0:?}")]
+    EvictionStalled(std::time::Duration),
+    /// The manager or a memory node failed.
+    #[error(transparent)]
+    Rpc(#[from] RpcError),
+    /// The runtime is shutting down.
+    #[error("runtime is shut down")]
+    Shutdown,
+}

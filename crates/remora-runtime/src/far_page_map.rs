@@ -1,0 +1,119 @@
+//! The far page map (§3.3): far span (region index, first page) → what the
+//! span holds and which of its objects are still alive.
+//!
+//! Lock order: a far span's mutex is taken before any pointer-word lock of
+//! its objects (swap-in and dropping a far object both follow it).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::pointer::FarLoc;
+
+/// Mutable state of a far span.
+pub(crate) struct FarSpanState {
+    /// Bit i set: object i is alive.
+    pub(crate) live: Vec<u64>,
+    /// Number of live objects.
+    pub(crate) live_count: u32,
+    /// Swapped in (or freed): the entry is stale.
+    pub(crate) gone: bool,
+}
+
+/// A span in far memory.
+pub(crate) struct FarSpan {
+    /// Region index.
+    pub(crate) region: u16,
+    /// First page in the region.
+    pub(crate) page: u32,
+    /// Length in pages.
+    pub(crate) pages: u32,
+    /// Size class, or 0 for a dedicated large span.
+    pub(crate) class: u8,
+    /// Object slots in the span.
+    pub(crate) capacity: u32,
+    /// Checksum of the span's bytes as written (verified on swap-in).
+    pub(crate) checksum: u64,
+    state: Mutex<FarSpanState>,
+}
+
+impl FarSpan {
+    pub(crate) fn new(
+        region: u16,
+        page: u32,
+        pages: u32,
+        class: u8,
+        capacity: u32,
+        live: Vec<u64>,
+        checksum: u64,
+    ) -> Self {
+        let live_count = live.iter().map(|w| w.count_ones()).sum();
+        Self {
+            region,
+            page,
+            pages,
+            class,
+            capacity,
+            checksum,
+            state: Mutex::new(FarSpanState {
+                live,
+                live_count,
+                gone: false,
+            }),
+        }
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, FarSpanState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The far location of object `i`.
+    pub(crate) fn loc(&self, object: u16) -> FarLoc {
+        FarLoc {
+            region: self.region,
+            page: self.page,
+            object,
+        }
+    }
+
+    /// Span length in bytes.
+    pub(crate) fn bytes(&self) -> usize {
+        self.pages as usize * crate::size_classes::PAGE_SIZE
+    }
+}
+
+/// All far spans.
+#[derive(Default)]
+pub(crate) struct FarPageMap {
+    map: Mutex<HashMap<(u16, u32), Arc<FarSpan>>>,
+}
+
+impl FarPageMap {
+    pub(crate) fn insert(&self, s: Arc<FarSpan>) {
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((s.region, s.page), s);
+    }
+
+    pub(crate) fn get(&self, region: u16, page: u32) -> Option<Arc<FarSpan>> {
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&(region, page))
+            .cloned()
+    }
+
+    pub(crate) fn remove(&self, region: u16, page: u32) {
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(region, page));
+    }
+
+    /// Number of far spans and their live bytes.
+    pub(crate) fn totals(&self) -> (usize, u64) {
+        let m = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let live = m.values().map(|s| s.bytes() as u64).sum();
+        (m.len(), live)
+    }
+}

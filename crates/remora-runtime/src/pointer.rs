@@ -1,0 +1,225 @@
+//! The pointer word (paper Figure 2) and the protocol that guards it.
+//!
+//! Rust moves have no hook, so the word does not live in the user's
+//! `RemBox`/`RemRc` (which are 8-byte handles that may be moved freely) but
+//! in a runtime-owned [`Slot`] that never moves. Each object in a span starts
+//! with an 8-byte header holding the address of its slot (the reverse
+//! reference), so eviction and swap-in can find and fix the word of every
+//! object in a span.
+//!
+//! ```text
+//!  63                          16 15        8  7   6   5   4   3   2   1   0
+//! +------------------------------+-----------+---+---+---+---+---+---+---+---+
+//! |           payload            |  hotness  | - | - | D | E | M | S | L | P |
+//! +------------------------------+-----------+---+---+---+---+---+---+---+---+
+//!   P = 1: payload = local address of the object's header (48-bit user space)
+//!   P = 0: payload = region index (16) | span page in region (20) | object index (12)
+//! ```
+//!
+//! P Present, L Lock, S Shared, M Moving, E Evicting, D Dirty (written since
+//! its last swap-out), hotness: set to 255 on access, aged by the policy.
+//!
+//! # Protocol
+//!
+//! Threads: application threads dereference and drop; background threads
+//! (eviction now, filtering later) move objects out of local memory.
+//!
+//! 1. **Fast path** (application, inside a deref scope): load the word; if
+//!    `P` is set and `L`, `M`, `E` are clear, the object is local and nobody is
+//!    taking it away, so the address is used directly. No atomic write unless
+//!    hotness or dirty must be raised (then one `fetch_or`).
+//! 2. **Marking** (background): set `E` (or `M`) with a `fetch_or`, then wait
+//!    for a grace period ([`crate::scope`]): every thread that was inside a
+//!    scope when the bit was set has left it. A thread that enters a scope
+//!    afterwards is guaranteed to see the bit (both sides issue a SeqCst fence
+//!    between their store and their load: Dekker) and takes the slow path.
+//! 3. **Slow path** (application): spin until `L` is clear, then race for `L`
+//!    with a CAS. The winner either clears `E`/`M` (the application keeps the
+//!    object local and the background operation aborts) or, if `P` is clear,
+//!    goes on to swap the span in.
+//! 4. **Commit** (background): after the grace period and after the far copy
+//!    is acknowledged, take `L` on every object of the span with a CAS that
+//!    expects `P|E` set and `L` clear. If any CAS fails, an application thread
+//!    won the race: release every `L` taken and clear `E` (abort). Otherwise
+//!    store the far word (which clears `P`, `E` and `L` at once).
+//!
+//! # Invariants
+//!
+//! - I1: a word with `P` set has a payload pointing at a live object header in
+//!   a local span; a word with `P` clear names a live far span.
+//! - I2: a thread dereferences a local address only inside a deref scope and
+//!   only after seeing `P` set with `E`/`M` clear, or after clearing them while
+//!   holding `L`.
+//! - I3: an object's local memory is released only after a grace period that
+//!   began after its word lost `P` or gained `E`/`M`, and only while its word
+//!   holds `L` or already names the far copy.
+//! - I4: only the holder of `L` changes the payload or `P`.
+
+use crate::loom::{AtomicU64, Ordering, spin_yield};
+
+/// Present: the object is in local memory.
+pub const PRESENT: u64 = 1 << 0;
+/// Lock: a thread holds the word's spinlock.
+pub const LOCK: u64 = 1 << 1;
+/// Shared: the slot belongs to a `RemRc` (reference counted).
+pub const SHARED: u64 = 1 << 2;
+/// Moving: a filtering thread is moving the object between local spans.
+pub const MOVING: u64 = 1 << 3;
+/// Evicting: an eviction thread is swapping the object's span out.
+pub const EVICTING: u64 = 1 << 4;
+/// Dirty: written since it was last swapped in.
+pub const DIRTY: u64 = 1 << 5;
+/// Shift of the hotness byte.
+pub const HOT_SHIFT: u32 = 8;
+/// Mask of the hotness byte.
+pub const HOT_MASK: u64 = 0xFF << HOT_SHIFT;
+/// Shift of the payload.
+pub const PAYLOAD_SHIFT: u32 = 16;
+/// The bits that make a fast-path dereference impossible, plus `P`.
+pub const FAST_MASK: u64 = PRESENT | LOCK | MOVING | EVICTING;
+
+/// Where a far object lives: region-table index, span page and object index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FarLoc {
+    /// Index in the compute node's region table.
+    pub region: u16,
+    /// Page index of the span inside the region (8 KiB pages).
+    pub page: u32,
+    /// Object index inside the span.
+    pub object: u16,
+}
+
+/// Largest page index a far word can name.
+pub const MAX_FAR_PAGE: u32 = (1 << 20) - 1;
+/// Largest object index a far word can name.
+pub const MAX_FAR_OBJECT: u16 = (1 << 12) - 1;
+
+impl FarLoc {
+    fn to_payload(self) -> u64 {
+        debug_assert!(self.page <= MAX_FAR_PAGE && self.object <= MAX_FAR_OBJECT);
+        ((self.region as u64) << 32) | ((self.page as u64) << 12) | self.object as u64
+    }
+
+    fn from_payload(p: u64) -> Self {
+        Self {
+            region: (p >> 32) as u16,
+            page: ((p >> 12) & MAX_FAR_PAGE as u64) as u32,
+            object: (p & MAX_FAR_OBJECT as u64) as u16,
+        }
+    }
+}
+
+/// Builds the word of a local object.
+pub const fn local_word(header_addr: usize, flags: u64, hotness: u8) -> u64 {
+    ((header_addr as u64) << PAYLOAD_SHIFT) | ((hotness as u64) << HOT_SHIFT) | flags | PRESENT
+}
+
+/// Builds the word of a far object (`P` clear); `flags` keeps `S`.
+pub fn far_word(loc: FarLoc, flags: u64, hotness: u8) -> u64 {
+    (loc.to_payload() << PAYLOAD_SHIFT) | ((hotness as u64) << HOT_SHIFT) | (flags & SHARED)
+}
+
+/// The local header address in a present word.
+pub const fn local_addr(w: u64) -> usize {
+    (w >> PAYLOAD_SHIFT) as usize
+}
+
+/// The far location in a word without `P`.
+pub fn far_loc(w: u64) -> FarLoc {
+    FarLoc::from_payload(w >> PAYLOAD_SHIFT)
+}
+
+/// The hotness byte.
+pub const fn hotness(w: u64) -> u8 {
+    ((w & HOT_MASK) >> HOT_SHIFT) as u8
+}
+
+/// A pointer slot: the word plus, for shared pointers, the reference count.
+/// Slots never move while in use.
+#[derive(Debug)]
+#[repr(C, align(16))]
+pub struct Slot {
+    /// The Figure-2 word.
+    pub word: AtomicU64,
+    /// `RemRc` reference count (unused by `RemBox`); next-free link when free.
+    pub refs: AtomicU64,
+}
+
+impl Slot {
+    /// A slot holding `word`.
+    pub fn new(word: u64) -> Self {
+        Self {
+            word: AtomicU64::new(word),
+            refs: AtomicU64::new(1),
+        }
+    }
+
+    /// Spins until it holds `L`; returns the word as it was (without `L`).
+    pub fn lock(&self) -> u64 {
+        loop {
+            let w = self.word.load(Ordering::Acquire);
+            if w & LOCK == 0
+                && self
+                    .word
+                    .compare_exchange_weak(w, w | LOCK, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            {
+                return w;
+            }
+            spin_yield();
+        }
+    }
+
+    /// Tries once to take `L` on a word equal to `expect` (which has `L` clear).
+    pub fn try_lock_exact(&self, expect: u64) -> bool {
+        self.word
+            .compare_exchange(expect, expect | LOCK, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Stores `w` (which must not have `L`), releasing the lock.
+    pub fn unlock_with(&self, w: u64) {
+        debug_assert_eq!(w & LOCK, 0);
+        self.word.store(w, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn word_round_trips() {
+        let w = local_word(0x7fff_dead_beef, SHARED | DIRTY, 200);
+        assert_eq!(local_addr(w), 0x7fff_dead_beef);
+        assert_eq!(hotness(w), 200);
+        assert_eq!(w & FAST_MASK, PRESENT);
+        let loc = FarLoc {
+            region: 65535,
+            page: MAX_FAR_PAGE,
+            object: MAX_FAR_OBJECT,
+        };
+        let f = far_word(loc, SHARED | DIRTY | PRESENT, 7);
+        assert_eq!(f & PRESENT, 0);
+        assert_eq!(f & SHARED, SHARED);
+        assert_eq!(f & DIRTY, 0);
+        assert_eq!(far_loc(f), loc);
+        assert_eq!(hotness(f), 7);
+        let small = FarLoc {
+            region: 1,
+            page: 2,
+            object: 3,
+        };
+        assert_eq!(far_loc(far_word(small, 0, 0)), small);
+    }
+
+    #[test]
+    fn lock_and_exact_lock() {
+        let s = Slot::new(local_word(0x1000, 0, 0));
+        let w = s.lock();
+        assert!(!s.try_lock_exact(w), "already locked");
+        s.unlock_with(w | EVICTING);
+        assert!(s.try_lock_exact(w | EVICTING));
+        assert!(!s.try_lock_exact(w));
+    }
+}

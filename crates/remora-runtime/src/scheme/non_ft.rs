@@ -1,0 +1,89 @@
+//! `non-ft`: each evicted span goes to one memory node, once. No redundancy:
+//! a memory node's death loses its spans (the error says so).
+
+use remora_proto::RpcError;
+
+use super::{Scheme, SpanAddr};
+use crate::error::RuntimeError;
+use crate::far_memory::FarMemory;
+use crate::size_classes::PAGE_SIZE;
+
+/// The non-fault-tolerant scheme (AIFM-like placement of spans).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NonFt;
+
+fn lost(at: SpanAddr, e: RpcError) -> RuntimeError {
+    if e.is_transport() {
+        RuntimeError::DataLost(format!(
+            "span r{}:p{} is on an unreachable memory node and non-ft keeps no redundancy ({e})",
+            at.region, at.page
+        ))
+    } else {
+        RuntimeError::Rpc(e)
+    }
+}
+
+impl Scheme for NonFt {
+    fn name(&self) -> &'static str {
+        "non-ft"
+    }
+
+    fn swap_out(&self, far: &FarMemory, spans: &[&[u8]]) -> Result<Vec<SpanAddr>, RuntimeError> {
+        let mut err: Option<RuntimeError> = None;
+        let mut inflight = Vec::with_capacity(spans.len());
+        // All writes in flight at once (they may go to different nodes), then wait.
+        for s in spans {
+            let pages = (s.len() / PAGE_SIZE) as u32;
+            let (region, page) = match far.alloc_pages(pages) {
+                Ok(p) => p,
+                Err(e) => {
+                    err = Some(e);
+                    break;
+                }
+            };
+            let r = far.regions.get(region);
+            match r.client.send_write(r.grant.cap, page as u64 * PAGE_SIZE as u64, s) {
+                Ok(t) => inflight.push((SpanAddr { region, page }, pages, t, r)),
+                Err(e) => {
+                    far.pages.free(region, page, pages);
+                    err = Some(e.into());
+                    break;
+                }
+            }
+        }
+        let mut placed = Vec::with_capacity(inflight.len());
+        for (at, pages, t, r) in inflight {
+            match r.client.wait_write(t) {
+                Ok(()) => {
+                    far.count_write(pages as usize * PAGE_SIZE);
+                    placed.push((at, pages));
+                }
+                Err(e) => {
+                    far.pages.free(at.region, at.page, pages);
+                    err.get_or_insert(e.into());
+                }
+            }
+        }
+        if let Some(e) = err {
+            // Nothing stays half-placed: the caller keeps every span local.
+            for (at, pages) in placed {
+                far.pages.free(at.region, at.page, pages);
+            }
+            return Err(e);
+        }
+        Ok(placed.into_iter().map(|(at, _)| at).collect())
+    }
+
+    fn swap_in(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<u32, RuntimeError> {
+        let r = far.regions.get(at.region);
+        r.client
+            .read(r.grant.cap, at.page as u64 * PAGE_SIZE as u64, dest)
+            .map_err(|e| lost(at, e))?;
+        far.count_read(dest.len());
+        Ok(1)
+    }
+
+    fn release(&self, far: &FarMemory, at: SpanAddr, pages: u32) {
+        far.pages.free(at.region, at.page, pages);
+    }
+}

@@ -1,0 +1,75 @@
+//! Every local span that holds objects, in a ring the eviction policy's
+//! clock hand sweeps. Lock order: a class lock, then this registry's lock.
+
+use std::collections::HashMap;
+use std::ptr::NonNull;
+use std::sync::{Mutex, MutexGuard};
+
+use crate::span::Span;
+
+/// A reference to type-stable span metadata (the page heap never frees a
+/// `Span` record before the heap itself).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct SpanRef(NonNull<Span>);
+
+// SAFETY: `Span` is all atomics and lives as long as its page heap.
+unsafe impl Send for SpanRef {}
+// SAFETY: as above.
+unsafe impl Sync for SpanRef {}
+
+impl SpanRef {
+    pub(crate) fn new(s: &Span) -> Self {
+        Self(NonNull::from(s))
+    }
+
+    /// The metadata. Valid for as long as the page heap that made it.
+    pub(crate) fn get<'a>(self) -> &'a Span {
+        // SAFETY: span records are type-stable for the heap's lifetime, and
+        // the runtime's heap outlives every use of a SpanRef.
+        unsafe { self.0.as_ref() }
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct Ring {
+    pub(crate) spans: Vec<SpanRef>,
+    pos: HashMap<SpanRef, usize>,
+    pub(crate) hand: usize,
+}
+
+/// The set of local object spans.
+#[derive(Default)]
+pub(crate) struct SpanRegistry {
+    ring: Mutex<Ring>,
+}
+
+impl SpanRegistry {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Ring> {
+        self.ring.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn add(&self, s: &Span) {
+        let r = SpanRef::new(s);
+        let mut g = self.lock();
+        if !g.pos.contains_key(&r) {
+            let n = g.spans.len();
+            g.pos.insert(r, n);
+            g.spans.push(r);
+        }
+    }
+
+    pub(crate) fn remove(&self, s: &Span) {
+        let r = SpanRef::new(s);
+        let mut g = self.lock();
+        if let Some(i) = g.pos.remove(&r) {
+            g.spans.swap_remove(i);
+            if let Some(&moved) = g.spans.get(i) {
+                g.pos.insert(moved, i);
+            }
+        }
+    }
+
+    pub(crate) fn contains(&self, s: &Span) -> bool {
+        self.lock().pos.contains_key(&SpanRef::new(s))
+    }
+}

@@ -1,0 +1,91 @@
+//! The runtime against a real cluster: objects evicted to memory nodes and
+//! swapped back in, every byte checked.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use remora_runtime::{RemBox, Remotable, Runtime, RuntimeConfig};
+
+const MIB: usize = 1 << 20;
+
+#[derive(Clone, Copy)]
+struct Page {
+    id: u64,
+    version: u64,
+    words: [u64; 510],
+}
+// SAFETY: integers only.
+unsafe impl Remotable for Page {}
+
+fn page(id: u64, version: u64) -> Page {
+    let mut words = [0u64; 510];
+    for (i, w) in words.iter_mut().enumerate() {
+        *w = (id << 32 | i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ version;
+    }
+    Page { id, version, words }
+}
+
+fn check(p: &Page, id: u64, version: u64) {
+    assert_eq!(p.id, id);
+    assert_eq!(p.version, version);
+    let want = page(id, version);
+    assert!(p.words == want.words, "object {id} v{version}: payload differs");
+}
+
+fn runtime(c: &remora_cluster::LocalCluster, budget: usize) -> Runtime {
+    let mut cfg = RuntimeConfig::new(c.manager_addr(), budget);
+    cfg.name = "test".into();
+    Runtime::connect(cfg).expect("runtime connects")
+}
+
+#[test]
+fn objects_survive_eviction_and_swap_in() {
+    let c = cluster(3, 256 << 20, 16 << 20);
+    let rt = runtime(&c, 8 * MIB);
+    let n = 16 * 1024u64; // 64 MiB of 4 KiB objects, 8x the budget
+    let mut objs: Vec<RemBox<Page>> = (0..n).map(|i| rt.alloc(page(i, 0)).unwrap()).collect();
+    let st = rt.stats();
+    assert!(st.swap_outs > 0, "nothing was evicted: {st:?}");
+    assert!(st.local_bytes <= 10 * MIB as u64, "local memory over budget: {st:?}");
+    // Read everything back, then update every other object and read again.
+    {
+        let mut scope = rt.scope();
+        for (i, o) in objs.iter().enumerate() {
+            check(o.deref(&scope).unwrap(), i as u64, 0);
+            if i % 64 == 0 {
+                scope.renew();
+            }
+        }
+    }
+    for (i, o) in objs.iter_mut().enumerate().filter(|(i, _)| i % 2 == 0) {
+        let scope = rt.scope();
+        *o.deref_mut(&scope).unwrap() = page(i as u64, 1);
+    }
+    for (i, o) in objs.iter().enumerate() {
+        let scope = rt.scope();
+        check(o.deref(&scope).unwrap(), i as u64, (i % 2 == 0) as u64);
+    }
+    let st = rt.stats();
+    eprintln!("after reads and updates: {st:?}");
+    assert!(
+        st.swap_ins > 1000 && st.swap_in_reads == st.swap_ins,
+        "one read per swap-in: {st:?}"
+    );
+    assert!(st.bytes_written_remote >= st.bytes_evicted_data);
+    // Dropping objects (local and far) returns far space.
+    let far_before = st.remote_bytes_used;
+    objs.truncate(n as usize / 4);
+    rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
+    let st = rt.stats();
+    assert!(st.remote_bytes_used < far_before, "{st:?}");
+    assert_eq!(st.objects, n / 4);
+    for (i, o) in objs.iter().enumerate() {
+        let scope = rt.scope();
+        check(o.deref(&scope).unwrap(), i as u64, (i % 2 == 0) as u64);
+    }
+    drop(objs);
+    assert_eq!(rt.stats().objects, 0);
+    assert_eq!(rt.stats().remote_bytes_used, 0);
+}
