@@ -18,6 +18,8 @@ use remora_proto::{AdminKey, RemoteError};
 use crate::Shared;
 
 const STALL_LIMIT: Duration = Duration::from_secs(30);
+/// Bytes read ahead when looking for the next request header.
+const REQUEST_PREFETCH: usize = 1024;
 
 /// Serves one connection until it closes or misbehaves.
 pub(crate) fn handle(shared: &Arc<Shared>, sock: TcpStream, guard: ConnGuard) {
@@ -63,7 +65,9 @@ enum ConnError {
 impl Conn<'_> {
     fn serve(&mut self) -> Result<(), ConnError> {
         loop {
-            let hdr = match self.rd.next_header() {
+            // Requests have small heads; bounding the read keeps a write's
+            // payload in the socket until it can go straight into the region.
+            let hdr = match self.rd.next_header_within(REQUEST_PREFETCH) {
                 Ok(Some(h)) => h,
                 Ok(None) => continue,
                 Err(ReadError::Closed) => return Ok(()),

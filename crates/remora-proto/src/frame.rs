@@ -249,6 +249,14 @@ impl FrameReader {
     /// Reads the next header. Returns `Ok(None)` when the socket's read
     /// timeout expired before the first byte of a frame arrived.
     pub fn next_header(&mut self) -> Result<Option<FrameHeader>, ReadError> {
+        self.next_header_within(READ_BUF)
+    }
+
+    /// Like [`FrameReader::next_header`], but a read from the socket takes at
+    /// most `limit` bytes, so that a large payload after a small head can be
+    /// read straight into its destination instead of through this buffer.
+    pub fn next_header_within(&mut self, limit: usize) -> Result<Option<FrameHeader>, ReadError> {
+        let limit = limit.clamp(HEADER_LEN, READ_BUF);
         if self.end - self.pos < HEADER_LEN {
             if self.pos > 0 {
                 self.buf.copy_within(self.pos..self.end, 0);
@@ -257,7 +265,7 @@ impl FrameReader {
             }
             let started = Instant::now();
             while self.end < HEADER_LEN {
-                match self.sock.read(&mut self.buf[self.end..]) {
+                match self.sock.read(&mut self.buf[self.end..limit]) {
                     Ok(0) if self.end == 0 => return Err(ReadError::Closed),
                     Ok(0) => return Err(eof_mid_frame().into()),
                     Ok(n) => self.end += n,

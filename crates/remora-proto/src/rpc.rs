@@ -125,6 +125,11 @@ pub struct RpcConn {
 #[must_use = "a ticket must be waited for, or its reply is dropped"]
 pub struct Ticket(u64);
 
+/// Replies at least this large are read into the caller's buffer directly.
+const DIRECT_READ_MIN: usize = 16 * 1024;
+/// Room for a reply head when reading a header before a direct payload read.
+const SMALL_HEAD: usize = 64;
+
 /// How often a reading leader wakes to check its own deadline.
 const LEADER_POLL: Duration = Duration::from_millis(20);
 
@@ -270,8 +275,14 @@ impl RpcConn {
     /// deadline passes between frames (`None`: the caller re-checks).
     fn lead(&self, my_id: u64, mut dest: Option<&mut [u8]>, deadline: Instant) -> Option<Result<Reply, RpcError>> {
         let mut rd = lock(&self.reader);
+        // A large reply payload is read straight into the caller's buffer:
+        // fetch only the header and head first.
+        let limit = match dest.as_deref() {
+            Some(d) if d.len() >= DIRECT_READ_MIN => crate::frame::HEADER_LEN + SMALL_HEAD,
+            _ => usize::MAX,
+        };
         loop {
-            let hdr = match rd.next_header() {
+            let hdr = match rd.next_header_within(limit) {
                 Ok(Some(h)) => h,
                 Ok(None) => {
                     if Instant::now() >= deadline {

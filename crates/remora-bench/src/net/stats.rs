@@ -1,0 +1,130 @@
+//! Latency histograms with order-statistic confidence intervals, and
+//! throughput tallies.
+
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use serde_json::{Value, json};
+
+/// Latencies of one side at one size, in nanoseconds.
+pub(super) struct Latency {
+    hist: Histogram<u64>,
+}
+
+impl Latency {
+    /// An empty histogram: 1 ns to 60 s at 3 significant digits.
+    pub(super) fn new() -> anyhow::Result<Self> {
+        Ok(Self {
+            hist: Histogram::new_with_bounds(1, 60_000_000_000, 3)?,
+        })
+    }
+
+    /// Records one round trip.
+    pub(super) fn record(&mut self, d: Duration) {
+        self.hist
+            .saturating_record(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1));
+    }
+
+    /// Number of samples.
+    pub(super) fn samples(&self) -> u64 {
+        self.hist.len()
+    }
+
+    /// The value at quantile `q`, in ns.
+    pub(super) fn at(&self, q: f64) -> u64 {
+        self.hist.value_at_quantile(q)
+    }
+
+    /// A 95 % confidence interval for quantile `q`, in ns, from the order
+    /// statistics `j ≈ ⌊np − 1.96√(np(1−p))⌋` and `k ≈ ⌈np + 1.96√(np(1−p))⌉ + 1`
+    /// (Lancet, eqs. 4.1–4.2; valid for independent samples).
+    pub(super) fn ci95(&self, q: f64) -> (u64, u64) {
+        let n = self.hist.len() as f64;
+        if n == 0.0 {
+            return (0, 0);
+        }
+        let half = 1.96 * (n * q * (1.0 - q)).sqrt();
+        let j = (n * q - half).floor().max(1.0);
+        let k = ((n * q + half).ceil() + 1.0).min(n);
+        (self.hist.value_at_quantile(j / n), self.hist.value_at_quantile(k / n))
+    }
+
+    /// Everything about it as JSON (ns).
+    pub(super) fn to_json(&self) -> Value {
+        let h = &self.hist;
+        let (p50_lo, p50_hi) = self.ci95(0.5);
+        let (p99_lo, p99_hi) = self.ci95(0.99);
+        json!({
+            "samples": h.len(),
+            "min_ns": h.min(),
+            "mean_ns": h.mean(),
+            "p50_ns": self.at(0.5),
+            "p90_ns": self.at(0.9),
+            "p99_ns": self.at(0.99),
+            "p999_ns": self.at(0.999),
+            "max_ns": h.max(),
+            "p50_ci95_ns": [p50_lo, p50_hi],
+            "p99_ci95_ns": [p99_lo, p99_hi],
+        })
+    }
+}
+
+/// Completed operations of one side of a throughput phase.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Tally {
+    /// Requests completed inside the measured windows.
+    pub(super) ops: u64,
+    /// Payload bytes they moved.
+    pub(super) bytes: u64,
+    /// Length of the measured windows.
+    pub(super) time: Duration,
+}
+
+impl Tally {
+    /// Adds another window.
+    pub(super) fn add(&mut self, other: Tally) {
+        self.ops += other.ops;
+        self.bytes += other.bytes;
+        self.time += other.time;
+    }
+
+    /// Payload throughput in GB/s (10^9 bytes per second).
+    pub(super) fn gbps(&self) -> f64 {
+        self.bytes as f64 / self.time.as_secs_f64().max(1e-9) / 1e9
+    }
+
+    /// Operations per second.
+    pub(super) fn ops_per_sec(&self) -> f64 {
+        self.ops as f64 / self.time.as_secs_f64().max(1e-9)
+    }
+
+    /// As JSON.
+    pub(super) fn to_json(self) -> Value {
+        json!({
+            "ops": self.ops,
+            "bytes": self.bytes,
+            "seconds": self.time.as_secs_f64(),
+            "gb_per_s": self.gbps(),
+            "ops_per_s": self.ops_per_sec(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ci_brackets_the_quantile() {
+        let mut l = Latency::new().unwrap();
+        for i in 1..=10_000u64 {
+            l.record(Duration::from_nanos(i * 10));
+        }
+        let (lo, hi) = l.ci95(0.99);
+        let p99 = l.at(0.99);
+        assert!(lo <= p99 && p99 <= hi, "{lo} {p99} {hi}");
+        // Lancet's example: indices 9880 and 9921 for n = 10 000.
+        assert!((98_700..=98_900).contains(&lo), "{lo}");
+        assert!((99_150..=99_300).contains(&hi), "{hi}");
+    }
+}
