@@ -86,6 +86,7 @@ fn objects_survive_eviction_and_swap_in() {
         check(o.deref(&scope).unwrap(), i as u64, (i % 2 == 0) as u64);
     }
     drop(objs);
+    rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
     assert_eq!(rt.stats().objects, 0);
     assert_eq!(rt.stats().remote_bytes_used, 0);
 }

@@ -7,6 +7,13 @@
 //! during a panic), and each child also watches a lifeline pipe from this
 //! process and exits when it closes, so nothing outlives a parent that was
 //! killed outright or interrupted with Ctrl-C.
+//!
+//! The children are normally the `remora` binary. A program that cannot rely
+//! on that binary being built (an example, say) can run the daemons itself:
+//! call [`serve_if_child`] first thing in `main` and start the cluster with
+//! [`ClusterConfig::this_program`].
+
+pub mod daemon;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -73,6 +80,44 @@ pub struct ClusterConfig {
     pub log_level: String,
     /// How long to wait for a child to become ready.
     pub ready_timeout: Duration,
+    /// Children are this program itself (see [`serve_if_child`]).
+    pub self_exec: bool,
+}
+
+/// Marks a child started by a cluster of [`ClusterConfig::this_program`].
+const CHILD_ENV: &str = "REMORA_CLUSTER_CHILD";
+
+#[derive(clap::Parser)]
+struct ChildCli {
+    #[command(subcommand)]
+    cmd: ChildCmd,
+}
+
+#[derive(clap::Subcommand)]
+enum ChildCmd {
+    Manager(daemon::ManagerArgs),
+    Memnode(daemon::MemnodeArgs),
+}
+
+/// If this process was started as a daemon of a self-exec cluster, runs
+/// that daemon and exits; otherwise returns at once. Call it first in `main`.
+pub fn serve_if_child() {
+    if std::env::var_os(CHILD_ENV).is_none() {
+        return;
+    }
+    let cli = <ChildCli as clap::Parser>::parse();
+    daemon::init_logging(&std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()));
+    let res = match cli.cmd {
+        ChildCmd::Manager(a) => daemon::run_manager(a),
+        ChildCmd::Memnode(a) => daemon::run_memnode(a),
+    };
+    match res {
+        Ok(()) => std::process::exit(0),
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(1);
+        }
+    }
 }
 
 impl ClusterConfig {
@@ -86,7 +131,17 @@ impl ClusterConfig {
             heartbeat_timeout: Duration::from_secs(1),
             log_level: "info".into(),
             ready_timeout: Duration::from_secs(30),
+            self_exec: false,
         }
+    }
+
+    /// A cluster whose daemons are this very program (which must call
+    /// [`serve_if_child`] at the start of `main`).
+    pub fn this_program() -> Result<Self, ClusterError> {
+        let exe = std::env::current_exe().map_err(ClusterError::Dir)?;
+        let mut c = Self::new(exe);
+        c.self_exec = true;
+        Ok(c)
     }
 }
 
@@ -288,7 +343,11 @@ impl LocalCluster {
             .append(true)
             .open(&log_path)
             .map_err(ClusterError::Dir)?;
-        let mut child = Command::new(&self.cfg.binary)
+        let mut cmd = Command::new(&self.cfg.binary);
+        if self.cfg.self_exec {
+            cmd.env(CHILD_ENV, "1");
+        }
+        let mut child = cmd
             .args(args)
             .arg("--exit-with-parent")
             .env("RUST_LOG", &self.cfg.log_level)

@@ -60,7 +60,7 @@ impl ObjectHeap {
 
     /// Bytes of local spans in use.
     pub(crate) fn bytes_in_use(&self) -> usize {
-        self.pages.stats().in_use_bytes
+        self.pages.in_use_bytes()
     }
 
     /// Allocates `size` bytes and runs `init` on the address while no

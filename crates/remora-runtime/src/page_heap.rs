@@ -35,6 +35,7 @@
 use std::collections::BTreeMap;
 use std::io;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::pagemap::{ADDRESS_BITS, PageMap, page_of};
@@ -129,6 +130,9 @@ struct State {
 pub struct PageHeap {
     pagemap: PageMap<Span>,
     state: Mutex<State>,
+    /// Mirror of the locked `in_use`, readable without the lock (the runtime
+    /// checks it on every scope entry).
+    in_use_bytes: AtomicUsize,
     huge_pages: bool,
 }
 
@@ -151,6 +155,7 @@ impl PageHeap {
     pub fn new(config: PageHeapConfig) -> Self {
         Self {
             pagemap: PageMap::new(),
+            in_use_bytes: AtomicUsize::new(0),
             state: Mutex::new(State {
                 lists: std::array::from_fn(|_| BTreeMap::new()),
                 nonempty: 0,
@@ -235,12 +240,18 @@ impl PageHeap {
         span.init(kind);
         self.pagemap.set_range(page_of(span.start()), pages, found.as_ptr());
         st.in_use += bytes;
+        self.in_use_bytes.store(st.in_use, Ordering::Relaxed);
         st.spans_in_use += 1;
         if kind == SpanKind::Large {
             st.large_spans += 1;
             st.large_bytes += bytes;
         }
         Ok(span)
+    }
+
+    /// Bytes in spans handed out, without taking the heap's lock.
+    pub fn in_use_bytes(&self) -> usize {
+        self.in_use_bytes.load(Ordering::Relaxed)
     }
 
     /// Returns an in-use span to the heap, coalescing it with free neighbours.
@@ -263,6 +274,7 @@ impl PageHeap {
         }
         let bytes = span.bytes();
         st.in_use -= bytes;
+        self.in_use_bytes.store(st.in_use, Ordering::Relaxed);
         st.spans_in_use -= 1;
         if kind == SpanKind::Large {
             st.large_spans -= 1;

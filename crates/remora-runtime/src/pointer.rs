@@ -10,14 +10,16 @@
 //! ```text
 //!  63                          16 15        8  7   6   5   4   3   2   1   0
 //! +------------------------------+-----------+---+---+---+---+---+---+---+---+
-//! |           payload            |  hotness  | - | - | D | E | M | S | L | P |
+//! |           payload            |  hotness  | - | Z | D | E | M | S | L | P |
 //! +------------------------------+-----------+---+---+---+---+---+---+---+---+
 //!   P = 1: payload = local address of the object's header (48-bit user space)
 //!   P = 0: payload = region index (16) | span page in region (20) | object index (12)
 //! ```
 //!
 //! P Present, L Lock, S Shared, M Moving, E Evicting, D Dirty (written since
-//! its last swap-out), hotness: set to 255 on access, aged by the policy.
+//! its last swap-out), Z sealed (the eviction is past its grace period and
+//! will not be abandoned for an access), hotness: set to 255 on access, aged
+//! by the policy.
 //!
 //! # Protocol
 //!
@@ -37,11 +39,17 @@
 //!    with a CAS. The winner either clears `E`/`M` (the application keeps the
 //!    object local and the background operation aborts) or, if `P` is clear,
 //!    goes on to swap the span in.
-//! 4. **Commit** (background): after the grace period and after the far copy
-//!    is acknowledged, take `L` on every object of the span with a CAS that
-//!    expects `P|E` set and `L` clear. If any CAS fails, an application thread
-//!    won the race: release every `L` taken and clear `E` (abort). Otherwise
-//!    store the far word (which clears `P`, `E` and `L` at once).
+//! 4. **Seal** (background): after the grace period, CAS each marked word
+//!    from `P|E` to `P|E|Z`. A failed CAS means an application thread won the
+//!    race (or freed the object): the span's eviction is abandoned. Once
+//!    sealed, an application thread that finds `E|Z` waits for the word to
+//!    change instead of racing: the evictor no longer waits for any scope,
+//!    so this wait cannot deadlock, and under memory pressure the evictor,
+//!    not the application, must win or the budget could not hold.
+//! 5. **Commit** (background): after the far copy is acknowledged, take `L`
+//!    on every object of the span with a CAS that expects `P|E|Z` and `L`
+//!    clear (it fails only if the owner freed the object meanwhile: abort),
+//!    then store the far word (which clears `P`, `E`, `Z` and `L` at once).
 //!
 //! # Invariants
 //!
@@ -69,6 +77,9 @@ pub const MOVING: u64 = 1 << 3;
 pub const EVICTING: u64 = 1 << 4;
 /// Dirty: written since it was last swapped in.
 pub const DIRTY: u64 = 1 << 5;
+/// Sealed: the eviction is past its grace period and will complete or be
+/// abandoned by the evictor alone.
+pub const SEALED: u64 = 1 << 6;
 /// Shift of the hotness byte.
 pub const HOT_SHIFT: u32 = 8;
 /// Mask of the hotness byte.

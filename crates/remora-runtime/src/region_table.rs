@@ -35,17 +35,7 @@ impl RegionTable {
 
     /// Adds a granted region and returns its index.
     pub(crate) fn add(&self, grant: RegionGrant) -> Result<u16, RuntimeError> {
-        let client = {
-            let mut c = self.clients.lock().unwrap_or_else(|p| p.into_inner());
-            match c.get(&grant.addr) {
-                Some(cl) if !cl.conn().is_broken() => cl.clone(),
-                _ => {
-                    let cl = MemNodeClient::connect(&grant.addr, self.opts)?;
-                    c.insert(grant.addr.clone(), cl.clone());
-                    cl
-                }
-            }
-        };
+        let client = self.client_for(&grant.addr)?;
         let mut r = self.regions.write().unwrap_or_else(|p| p.into_inner());
         let idx = u16::try_from(r.len()).map_err(|_| RuntimeError::FarMemoryExhausted("region table full".into()))?;
         r.push(Arc::new(FarRegion { grant, client }));
@@ -55,6 +45,39 @@ impl RegionTable {
     /// The region at `idx`.
     pub(crate) fn get(&self, idx: u16) -> Arc<FarRegion> {
         Arc::clone(&self.regions.read().unwrap_or_else(|p| p.into_inner())[idx as usize])
+    }
+
+    /// Points index `idx` at a new region (after its old node died and the
+    /// region was rebuilt elsewhere). Far words keep naming `idx`.
+    pub(crate) fn rebind(&self, idx: u16, grant: RegionGrant) -> Result<(), RuntimeError> {
+        let client = self.client_for(&grant.addr)?;
+        let mut r = self.regions.write().unwrap_or_else(|p| p.into_inner());
+        r[idx as usize] = Arc::new(FarRegion { grant, client });
+        Ok(())
+    }
+
+    fn client_for(&self, addr: &str) -> Result<MemNodeClient, RuntimeError> {
+        let mut c = self.clients.lock().unwrap_or_else(|p| p.into_inner());
+        match c.get(addr) {
+            Some(cl) if !cl.conn().is_broken() => Ok(cl.clone()),
+            _ => {
+                let cl = MemNodeClient::connect(addr, self.opts)?;
+                c.insert(addr.to_string(), cl.clone());
+                Ok(cl)
+            }
+        }
+    }
+
+    /// A live connection to the node holding `idx` (reconnecting if the old
+    /// one broke, e.g. after a transient failure).
+    pub(crate) fn client(&self, idx: u16) -> Result<(Arc<FarRegion>, MemNodeClient), RuntimeError> {
+        let r = self.get(idx);
+        if !r.client.conn().is_broken() {
+            let c = r.client.clone();
+            return Ok((r, c));
+        }
+        let c = self.client_for(&r.grant.addr)?;
+        Ok((r, c))
     }
 
     /// Number of regions held.

@@ -18,8 +18,8 @@ use crate::loom::Ordering;
 use crate::object::{HEADER, RemBox, RemRc, Remotable};
 use crate::object_heap::{ObjectHeap, SpanRef};
 use crate::pointer::{
-    self, DIRTY, EVICTING, FAST_MASK, HOT_MASK, HOT_SHIFT, LOCK, MOVING, PRESENT, SHARED, Slot, far_loc, far_word,
-    local_addr, local_word,
+    self, DIRTY, EVICTING, FAST_MASK, HOT_MASK, HOT_SHIFT, LOCK, MOVING, PRESENT, SEALED, SHARED, Slot, far_loc,
+    far_word, local_addr, local_word,
 };
 use crate::region_table::RegionTable;
 use crate::scheme::{NonFt, Scheme, SpanAddr};
@@ -74,7 +74,7 @@ impl RuntimeConfig {
 }
 
 /// Counters and levels, for benchmarks and tests.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Stats {
     /// Spans swapped in.
     pub swap_ins: u64,
@@ -98,6 +98,20 @@ pub struct Stats {
     pub local_bytes: u64,
     /// Live objects.
     pub objects: u64,
+    /// Swap-ins served by decoding from survivors.
+    pub degraded_reads: u64,
+    /// Bytes rebuilt on replacement regions after memory-node failures.
+    pub reconstructed_bytes: u64,
+    /// Seconds spent rebuilding, summed over recoveries.
+    pub reconstruct_seconds: f64,
+    /// Recoveries finished / under way.
+    pub recoveries: u64,
+    /// Recoveries under way.
+    pub recovering: u64,
+    /// Far bytes held by holes (swapped-in spans parity still covers).
+    pub hole_bytes: u64,
+    /// Far spans that failed their checksum and were rebuilt and rewritten.
+    pub checksum_repairs: u64,
 }
 
 #[derive(Default)]
@@ -114,7 +128,7 @@ pub(crate) struct Inner {
     rcu: Rcu,
     slots: SlotTable,
     heap: ObjectHeap,
-    far: FarMemory,
+    far: Arc<FarMemory>,
     far_map: FarPageMap,
     scheme: Box<dyn Scheme>,
     policy: Box<dyn EvictionPolicy>,
@@ -124,6 +138,8 @@ pub(crate) struct Inner {
     batch: usize,
     patience: Duration,
     counters: Counters,
+    /// Eviction rounds under way (a round holds far pages until it commits or aborts).
+    rounds: AtomicU64,
     stop: AtomicBool,
     /// Wakes eviction threads (pressure) and allocators (progress).
     kick: Mutex<u64>,
@@ -161,7 +177,8 @@ impl Runtime {
     /// Registers with the manager and starts the eviction threads.
     pub fn connect(cfg: RuntimeConfig) -> Result<Self, RuntimeError> {
         let session = Arc::new(ComputeSession::open(&cfg.manager, &cfg.name, cfg.conn)?);
-        let far = FarMemory::new(session, RegionTable::new(cfg.conn), cfg.patience);
+        let events = session.take_events();
+        let far = Arc::new(FarMemory::new(session, RegionTable::new(cfg.conn), cfg.patience));
         let inner = Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| Inner {
             rcu: Rcu::new(),
             slots: SlotTable::new(weak.as_ptr() as *const ()),
@@ -176,6 +193,7 @@ impl Runtime {
             batch: cfg.eviction_batch.max(1),
             patience: cfg.patience,
             counters: Counters::default(),
+            rounds: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             kick: Mutex::new(0),
             kicked: Condvar::new(),
@@ -190,11 +208,32 @@ impl Runtime {
                     .map_err(|e| RuntimeError::LocalMemory(format!("cannot spawn eviction thread: {e}")))?,
             );
         }
+        if let Some(events) = events {
+            let weak = Arc::downgrade(&inner);
+            threads.push(
+                thread::Builder::new()
+                    .name("remora-notices".into())
+                    .spawn(move || notice_loop(&weak, &events))
+                    .map_err(|e| RuntimeError::LocalMemory(format!("cannot spawn notice thread: {e}")))?,
+            );
+        }
         Ok(Self { inner, threads })
     }
 
     /// Enters a deref scope on this thread.
+    ///
+    /// Entering an outermost scope is where an application thread waits when
+    /// local memory is over budget: it holds no reference then, so the
+    /// eviction threads can never be waiting for it. (Inside a scope, swap-ins
+    /// never wait; this bounds how far they can overshoot.)
     pub fn scope(&self) -> DerefScope<'_> {
+        let inner = &*self.inner;
+        if inner.heap.bytes_in_use() as u64 > inner.budget() && !inner.rcu.in_scope() {
+            inner.kick();
+            if let Err(e) = inner.wait_below(inner.budget(), inner.patience) {
+                tracing::warn!("entering a scope over budget: {e}");
+            }
+        }
         DerefScope {
             inner: &self.inner,
             guard: self.inner.rcu.enter(),
@@ -227,9 +266,26 @@ impl Runtime {
         self.inner.kick();
     }
 
-    /// Waits until local memory is below the low watermark (or `timeout`).
+    /// Waits until local memory is below the low watermark and no eviction
+    /// round is under way (or `timeout`).
     pub fn wait_for_eviction(&self, timeout: Duration) -> Result<(), RuntimeError> {
-        self.inner.wait_below(self.inner.low_bytes(), timeout)
+        let start = Instant::now();
+        self.inner.wait_below(self.inner.low_bytes(), timeout)?;
+        while self.inner.rounds.load(StdOrdering::Acquire) > 0 {
+            if start.elapsed() > timeout {
+                return Err(RuntimeError::EvictionStalled(timeout));
+            }
+            thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
+    }
+
+    /// The far-memory regions this runtime holds now, by region-table index
+    /// (for tools and fault-injection tests).
+    pub fn regions(&self) -> Vec<(u16, remora_proto::RegionGrant)> {
+        (0..self.inner.far.regions.len() as u16)
+            .map(|i| (i, self.inner.far.regions.get(i).grant.clone()))
+            .collect()
     }
 
     /// This compute node's id at the manager.
@@ -302,7 +358,15 @@ impl Inner {
     fn stats(&self) -> Stats {
         let (_, live) = self.far_map.totals();
         let t = &self.far.traffic;
+        let rep = self.scheme.report();
         Stats {
+            degraded_reads: rep.degraded_reads,
+            reconstructed_bytes: rep.reconstructed_bytes,
+            reconstruct_seconds: rep.reconstruct_time.as_secs_f64(),
+            recoveries: rep.recoveries,
+            recovering: rep.recovering,
+            hole_bytes: rep.hole_bytes,
+            checksum_repairs: rep.repairs,
             swap_ins: self.counters.swap_ins.load(StdOrdering::Relaxed),
             swap_in_reads: self.counters.swap_in_reads.load(StdOrdering::Relaxed),
             swap_outs: self.counters.swap_outs.load(StdOrdering::Relaxed),
@@ -310,7 +374,7 @@ impl Inner {
             bytes_evicted_data: self.counters.evicted_bytes.load(StdOrdering::Relaxed),
             bytes_read_remote: t.bytes_read.load(StdOrdering::Relaxed),
             bytes_written_remote: t.bytes_written.load(StdOrdering::Relaxed),
-            remote_bytes_used: self.far.used_bytes(),
+            remote_bytes_used: self.scheme.remote_bytes_used(&self.far),
             live_bytes: live,
             local_bytes: self.heap.bytes_in_use() as u64,
             objects: self.slots.in_use() as u64,
@@ -415,6 +479,11 @@ impl Inner {
                 self.swap_in(far_loc(w))?;
                 continue;
             }
+            if w & SEALED != 0 {
+                // The evictor is past its grace period: wait for its verdict.
+                crate::loom::spin_yield();
+                continue;
+            }
             if w & (EVICTING | MOVING) != 0 {
                 // Race the background thread for the lock; winning aborts its operation.
                 if s.try_lock_exact(w) {
@@ -454,7 +523,7 @@ impl Inner {
             region: fs.region,
             page: fs.page,
         };
-        let reads = match self.scheme.swap_in(&self.far, at, dest) {
+        let mut reads = match self.scheme.swap_in(&self.far, at, dest) {
             Ok(r) => r,
             Err(e) => {
                 self.heap.discard_span(span);
@@ -462,11 +531,29 @@ impl Inner {
             }
         };
         if checksum(dest) != fs.checksum {
-            self.heap.discard_span(span);
-            return Err(RuntimeError::DataLost(format!(
-                "span r{}:p{} failed its checksum on swap-in",
-                fs.region, fs.page
-            )));
+            // A corrupt far copy is handled like a lost one: rebuild it from
+            // redundancy, then write the good bytes back so the redundancy
+            // that covers it stays consistent.
+            tracing::warn!("span r{}:p{} failed its checksum; rebuilding it", fs.region, fs.page);
+            let rebuilt = self.scheme.degraded_read(&self.far, at, dest);
+            match rebuilt {
+                Ok(r) if checksum(dest) == fs.checksum => {
+                    reads += r;
+                    if let Err(e) = self.scheme.repair(&self.far, at, dest) {
+                        tracing::warn!("could not rewrite repaired span r{}:p{}: {e}", fs.region, fs.page);
+                    }
+                }
+                other => {
+                    self.heap.discard_span(span);
+                    return Err(match other {
+                        Err(e) => e,
+                        Ok(_) => RuntimeError::DataLost(format!(
+                            "span r{}:p{} failed its checksum and so did its reconstruction",
+                            fs.region, fs.page
+                        )),
+                    });
+                }
+            }
         }
         let live: Vec<usize> = (0..fs.capacity as usize)
             .filter(|&i| st.live[i / 64] & (1 << (i % 64)) != 0)
@@ -576,6 +663,13 @@ impl Inner {
 
     /// One round of eviction: pick cold spans and swap them out.
     fn evict_round(&self) -> usize {
+        self.rounds.fetch_add(1, StdOrdering::AcqRel);
+        let n = self.evict_round_inner();
+        self.rounds.fetch_sub(1, StdOrdering::AcqRel);
+        n
+    }
+
+    fn evict_round_inner(&self) -> usize {
         let candidates = self.heap.pick_cold(&*self.policy, self.batch);
         if candidates.is_empty() {
             return 0;
@@ -597,8 +691,35 @@ impl Inner {
         if marked.is_empty() {
             return 0;
         }
-        // Phase 2: one grace period for the whole batch.
+        // Phase 2: one grace period for the whole batch, then seal: from here
+        // on an access waits for the eviction instead of abandoning it.
         self.rcu.synchronize();
+        let mut sealed: Vec<(SpanRef, Marked)> = Vec::with_capacity(marked.len());
+        for (span, mut objs) in marked {
+            let mut n = 0;
+            for (slot, exp, _) in objs.iter_mut() {
+                if slot_ref(*slot)
+                    .word
+                    .compare_exchange(*exp, *exp | SEALED, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_err()
+                {
+                    break;
+                }
+                *exp |= SEALED;
+                n += 1;
+            }
+            if n == objs.len() {
+                sealed.push((span, objs));
+            } else {
+                unmark(&objs);
+                self.counters.aborted.fetch_add(1, StdOrdering::Relaxed);
+                self.heap.end_evict(span, false);
+            }
+        }
+        let marked = sealed;
+        if marked.is_empty() {
+            return 0;
+        }
         // Phase 3: write the spans out; nothing local is released yet.
         let bufs: Vec<&[u8]> = marked
             .iter()
@@ -634,7 +755,7 @@ impl Inner {
             }
             if locked < objs.len() {
                 for (slot, exp, _) in &objs[..locked] {
-                    slot_ref(*slot).unlock_with(exp & !EVICTING);
+                    slot_ref(*slot).unlock_with(exp & !(EVICTING | SEALED));
                 }
                 unmark(&objs[locked..]);
                 self.scheme.release(&self.far, at, sp.pages() as u32);
@@ -709,12 +830,48 @@ impl Inner {
 /// The objects of a span marked for eviction: slot, word as marked, index.
 type Marked = Vec<(NonNull<Slot>, u64, usize)>;
 
-/// Clears E on words that still carry exactly the mark we set.
+/// Clears E (and Z) on words that still carry exactly the mark we set.
 fn unmark(objs: &[(NonNull<Slot>, u64, usize)]) {
     for (slot, exp, _) in objs {
-        let _ = slot_ref(*slot)
-            .word
-            .compare_exchange(*exp, exp & !EVICTING, Ordering::AcqRel, Ordering::Relaxed);
+        let _ = slot_ref(*slot).word.compare_exchange(
+            *exp,
+            exp & !(EVICTING | SEALED),
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
+    }
+}
+
+/// Turns the manager's notices into recovery.
+fn notice_loop(weak: &std::sync::Weak<Inner>, events: &std::sync::mpsc::Receiver<remora_proto::SessionEvent>) {
+    loop {
+        let ev = match events.recv_timeout(Duration::from_millis(100)) {
+            Ok(ev) => ev,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => match weak.upgrade() {
+                Some(inner) if !inner.stop.load(StdOrdering::Acquire) => continue,
+                _ => return,
+            },
+            Err(_) => return,
+        };
+        let Some(inner) = weak.upgrade() else { return };
+        match ev {
+            remora_proto::SessionEvent::Manager(e) => match e.kind {
+                remora_proto::EventKind::NodeDead { node, addr, regions } => {
+                    tracing::warn!(
+                        "memory node {node} at {addr} died, holding {} of our regions",
+                        regions.len()
+                    );
+                    inner.scheme.node_failed(&inner.far, node);
+                }
+                remora_proto::EventKind::NodeDraining { node, addr, .. } => {
+                    tracing::info!("memory node {node} at {addr} is draining");
+                }
+            },
+            remora_proto::SessionEvent::Resync => tracing::info!("manager restarted"),
+            remora_proto::SessionEvent::Expired => {
+                tracing::error!("the manager declared this compute node dead: far memory is gone")
+            }
+        }
     }
 }
 

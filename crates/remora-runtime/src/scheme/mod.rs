@@ -1,11 +1,17 @@
 //! Fault-tolerance schemes: how evicted spans are laid out in far memory and
-//! read back. One file per scheme behind [`Scheme`]; `non-ft` is the baseline
-//! (one copy, no redundancy). The erasure-coded schemes implement the same
-//! trait with spansets.
+//! read back. One file per scheme behind [`Scheme`]: `non-ft` (one copy, no
+//! redundancy) and `ec-batch` (spansets of k spans plus m parity spans on
+//! k+m distinct memory nodes, paper §3.4.1).
 
+mod ec_batch;
 mod non_ft;
 
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use ec_batch::EcBatch;
 pub use non_ft::NonFt;
+use remora_proto::NodeId;
 
 use crate::error::RuntimeError;
 pub use crate::far_memory::FarMemory;
@@ -17,6 +23,25 @@ pub struct SpanAddr {
     pub region: u16,
     /// First 8 KiB page inside the region.
     pub page: u32,
+}
+
+/// What a scheme reports about redundancy and recovery.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SchemeReport {
+    /// Swap-ins served by decoding from survivors.
+    pub degraded_reads: u64,
+    /// Bytes rebuilt on replacement regions.
+    pub reconstructed_bytes: u64,
+    /// Time spent rebuilding, summed over recoveries.
+    pub reconstruct_time: Duration,
+    /// Recoveries finished.
+    pub recoveries: u64,
+    /// Recoveries under way.
+    pub recovering: u64,
+    /// Far bytes held by holes (swapped-in spans whose bytes parity still covers).
+    pub hole_bytes: u64,
+    /// Corrupt far spans rewritten with verified bytes.
+    pub repairs: u64,
 }
 
 /// A way of keeping evicted spans in far memory.
@@ -32,14 +57,48 @@ pub trait Scheme: Send + Sync {
     /// number of remote reads it took (1 outside failures).
     fn swap_in(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<u32, RuntimeError>;
 
+    /// Rebuilds the span at `at` from redundancy, ignoring its own far copy
+    /// (which failed its checksum). Returns the remote reads it took.
+    fn degraded_read(&self, _far: &FarMemory, at: SpanAddr, _dest: &mut [u8]) -> Result<u32, RuntimeError> {
+        Err(RuntimeError::DataLost(format!(
+            "span r{}:p{} is corrupt and {} keeps no redundancy",
+            at.region,
+            at.page,
+            self.name()
+        )))
+    }
+
+    /// Writes verified bytes over a corrupt far copy, so redundancy that
+    /// covers it stays consistent.
+    fn repair(&self, _far: &FarMemory, _at: SpanAddr, _good: &[u8]) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
     /// The far copy at `at` (of `pages` pages) is no longer needed.
     fn release(&self, far: &FarMemory, at: SpanAddr, pages: u32);
+
+    /// The manager declared memory node `node` dead: recover what it held.
+    fn node_failed(&self, _far: &Arc<FarMemory>, _node: NodeId) {}
+
+    /// Far bytes allocated now: data, redundancy and holes.
+    fn remote_bytes_used(&self, far: &FarMemory) -> u64 {
+        far.used_bytes()
+    }
+
+    /// Redundancy and recovery counters.
+    fn report(&self) -> SchemeReport {
+        SchemeReport::default()
+    }
 }
 
-/// Picks a scheme by name.
+/// Names accepted by [`by_name`].
+pub const SCHEMES: &[&str] = &["non-ft", "ec-batch"];
+
+/// Picks a scheme by name (`ec-batch` is RS(4,2)).
 pub fn by_name(name: &str) -> Option<Box<dyn Scheme>> {
     match name {
         "non-ft" => Some(Box::new(NonFt)),
+        "ec-batch" | "ec-batch-local" => EcBatch::new(4, 2).ok().map(|s| Box::new(s) as Box<dyn Scheme>),
         _ => None,
     }
 }
