@@ -8,6 +8,7 @@
 //! grant (see [`remora_proto::cap`]).
 
 mod fault;
+mod rebuild;
 mod region;
 mod serve;
 
@@ -80,6 +81,8 @@ pub(crate) struct Shared {
     draining: AtomicBool,
     stop: AtomicBool,
     pub(crate) conns: Mutex<Option<Arc<remora_proto::server::Conns>>>,
+    /// Connections to peers, for offloaded reconstruction.
+    pub(crate) peers: Mutex<std::collections::HashMap<String, remora_proto::MemNodeClient>>,
 }
 
 /// A running memory node.
@@ -129,6 +132,7 @@ impl MemNode {
             draining: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             conns: Mutex::new(None),
+            peers: Mutex::new(std::collections::HashMap::new()),
         });
         let s2 = Arc::clone(&shared);
         let listener = Listener::start(sock, "memnode", move |stream, guard| serve::handle(&s2, stream, guard))

@@ -159,6 +159,17 @@ impl Conn<'_> {
             }
             MemRequest::WriteV { ranges } => self.scatter(id, &ranges, payload_len, out),
             MemRequest::Ping => reply_ok(out, id, MemResponse::Pong),
+            MemRequest::Rebuild {
+                cap,
+                k,
+                m,
+                want,
+                sources,
+                rows,
+            } => match crate::rebuild::rebuild(self.shared, cap, k, m, want, &sources, &rows) {
+                Ok(bytes) => reply_ok(out, id, MemResponse::Rebuilt { bytes }),
+                Err(e) => reply_err(out, id, &e),
+            },
             MemRequest::Grant {
                 admin,
                 region,

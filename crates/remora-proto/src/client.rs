@@ -26,6 +26,12 @@ pub struct MemNodeClient {
     conn: Arc<RpcConn>,
 }
 
+impl std::fmt::Debug for MemNodeClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MemNodeClient({})", self.conn.peer())
+    }
+}
+
 impl MemNodeClient {
     /// Connects to the memory node at `addr`.
     pub fn connect(addr: &str, opts: ConnOptions) -> Result<Self, RpcError> {
@@ -93,6 +99,17 @@ impl MemNodeClient {
         check_mem(&r.head, MemResponse::Data)
     }
 
+    /// Starts a vectored read; finish it with [`MemNodeClient::wait_read`]
+    /// into a buffer of the ranges' total length.
+    pub fn send_read_v(&self, ranges: &[Range]) -> Result<Ticket, RpcError> {
+        self.conn.send(
+            &MemRequest::ReadV {
+                ranges: ranges.to_vec(),
+            },
+            &[],
+        )
+    }
+
     /// Writes several ranges in one request; `data[i]` goes to `ranges[i]`.
     pub fn write_v(&self, ranges: &[Range], data: &[&[u8]]) -> Result<(), RpcError> {
         if ranges.len() != data.len() || ranges.iter().zip(data).any(|(r, d)| r.len as usize != d.len()) {
@@ -106,6 +123,37 @@ impl MemNodeClient {
         )?;
         let r = self.conn.wait(t, None, self.conn.options().call_timeout)?;
         check_mem(&r.head, MemResponse::Written)
+    }
+
+    /// Asks this node to rebuild erasure-code shards into its region `cap`
+    /// from survivors on its peers; returns the bytes it wrote.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rebuild(
+        &self,
+        cap: Cap,
+        k: u8,
+        m: u8,
+        want: u8,
+        sources: Vec<crate::msg::RebuildSource>,
+        rows: Vec<crate::msg::RebuildRow>,
+        timeout: Duration,
+    ) -> Result<u64, RpcError> {
+        let t = self.conn.send(
+            &MemRequest::Rebuild {
+                cap,
+                k,
+                m,
+                want,
+                sources,
+                rows,
+            },
+            &[],
+        )?;
+        let r = self.conn.wait(t, None, timeout)?;
+        match crate::msg::decode::<MemResponse>(&r.head).map_err(|e| RpcError::Unexpected(e.to_string()))? {
+            MemResponse::Rebuilt { bytes } => Ok(bytes),
+            other => Err(unexpected(other)),
+        }
     }
 
     /// Liveness probe.

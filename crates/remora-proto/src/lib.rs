@@ -17,6 +17,8 @@ pub mod size;
 
 pub use cap::{AdminKey, Cap, ComputeId, NodeId, RegionId, Rights, Session, Token};
 pub use client::{ComputeSession, ManagerConn, MemNodeClient, SessionEvent};
-pub use msg::{ClusterStatus, Event, EventKind, Fault, NodeState, Range, RegionGrant, RemoteError};
+pub use msg::{
+    ClusterStatus, Event, EventKind, Fault, NodeState, Range, RebuildRow, RebuildSource, RegionGrant, RemoteError,
+};
 pub use rpc::{ConnOptions, RpcConn, RpcError};
 pub use size::{ByteSize, parse_duration};

@@ -52,6 +52,24 @@ pub enum MemRequest {
     },
     /// Liveness probe.
     Ping,
+    /// Offloaded reconstruction: rebuild erasure-code shard `want` of each
+    /// row into this node's region `cap`, reading `k` surviving shards from
+    /// the peers named in `sources` (with capabilities the owner delegated,
+    /// normally read-only). Each row sits at the same offset in every region.
+    Rebuild {
+        /// The region to write (owner capability of a region on this node).
+        cap: Cap,
+        /// Data shards of the code.
+        k: u8,
+        /// Parity shards of the code.
+        m: u8,
+        /// The shard index to rebuild (0..k data, k..k+m parity).
+        want: u8,
+        /// Exactly k survivors: shard index, node address and capability.
+        sources: Vec<RebuildSource>,
+        /// The rows.
+        rows: Vec<RebuildRow>,
+    },
     /// From the manager: `region` now belongs to `owner`, opened by `token`.
     Grant {
         /// Proof the request comes from the manager.
@@ -79,6 +97,30 @@ pub enum MemRequest {
         /// What to do.
         fault: Fault,
     },
+}
+
+/// A surviving shard a memory node reads during [`MemRequest::Rebuild`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RebuildSource {
+    /// Its shard index in the code.
+    pub index: u8,
+    /// The node holding it.
+    pub addr: String,
+    /// The capability to read it (delegated by the owner).
+    pub cap: Cap,
+}
+
+/// One row of a [`MemRequest::Rebuild`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RebuildRow {
+    /// Offset of the row in every region.
+    pub offset: u64,
+    /// Length of the row (shards are zero-padded to it).
+    pub row_len: u32,
+    /// Bytes to read from each source, in `sources` order (0: all zero, no read).
+    pub lens: Vec<u32>,
+    /// Bytes of the rebuilt shard to write.
+    pub out_len: u32,
 }
 
 /// A fault a memory node can be told to inject.
@@ -118,6 +160,11 @@ pub enum MemResponse {
     Written,
     /// Answer to `Ping`.
     Pong,
+    /// Answer to `Rebuild`: bytes written.
+    Rebuilt {
+        /// Bytes of rebuilt shards written into the region.
+        bytes: u64,
+    },
     /// The admin request was applied.
     Done,
 }

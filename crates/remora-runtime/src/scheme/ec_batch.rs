@@ -28,15 +28,15 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use remora_ec::Codec;
-use remora_proto::{NodeId, RemoteError, RpcError};
+use remora_proto::{NodeId, RebuildRow, RebuildSource, RemoteError, RpcError};
 
 use super::{Scheme, SchemeReport, SpanAddr};
 use crate::error::RuntimeError;
 use crate::far_memory::FarMemory;
 use crate::size_classes::PAGE_SIZE;
 
-/// Rows rebuilt per batch during recovery (reads of a batch are in flight together).
-const RECOVERY_BATCH: usize = 32;
+/// Row bytes per offloaded rebuild request.
+const REBUILD_REQUEST_BYTES: u64 = 32 << 20;
 
 struct Group {
     regions: Vec<u16>,
@@ -375,42 +375,83 @@ impl Shared {
             }
         };
         let client = remora_proto::MemNodeClient::connect(&grant.addr, Default::default())?;
-        let rows: Vec<(u32, u32, u32)> = {
+        // The replacement node does the work: it reads k survivors of every
+        // row with read-only capabilities delegated from ours and decodes.
+        let (sources, rows) = {
             let st = self.lock();
-            st.rows
+            let grp = &st.groups[g];
+            let mut cands: Vec<usize> = (0..self.n()).filter(|&p| p != pos && !grp.failed[p]).collect();
+            cands.sort_by_key(|&p| if p < self.k { 0 } else { 1 });
+            if cands.len() < self.k {
+                return Err(RuntimeError::DataLost(format!(
+                    "stripe group {g}: {} survivors, {} needed (more failures than parity covers)",
+                    cands.len(),
+                    self.k
+                )));
+            }
+            cands.truncate(self.k);
+            let sources: Vec<RebuildSource> = cands
+                .iter()
+                .map(|&p| {
+                    let r = far.regions.get(grp.regions[p]);
+                    RebuildSource {
+                        index: p as u8,
+                        addr: r.grant.addr.clone(),
+                        cap: r.grant.cap.read_only(),
+                    }
+                })
+                .collect();
+            let mut rows: Vec<RebuildRow> = st
+                .rows
                 .iter()
                 .filter(|((gg, _), _)| *gg == g)
-                .map(|((_, row), ss)| {
-                    let len = if pos < self.k { ss.members[pos].pages } else { ss.pages };
-                    (*row, ss.pages, len)
+                .filter_map(|((_, row), ss)| {
+                    let member_bytes = |p: usize| {
+                        if p < self.k {
+                            bytes(ss.members[p].pages)
+                        } else {
+                            bytes(ss.pages)
+                        }
+                    };
+                    let out_len = member_bytes(pos);
+                    (out_len > 0).then(|| RebuildRow {
+                        offset: offset(*row),
+                        row_len: bytes(ss.pages) as u32,
+                        lens: cands.iter().map(|&p| member_bytes(p) as u32).collect(),
+                        out_len: out_len as u32,
+                    })
                 })
-                .filter(|(_, _, len)| *len > 0)
-                .collect()
+                .collect();
+            rows.sort_by_key(|r| r.offset);
+            (sources, rows)
         };
         let mut rebuilt = 0u64;
-        for batch in rows.chunks(RECOVERY_BATCH) {
-            let mut outs = Vec::with_capacity(batch.len());
-            for &(row, row_pages, len) in batch {
-                let mut out = vec![0u8; bytes(row_pages)];
-                match self.decode_row(far, g, row, pos, &[pos], &mut out) {
-                    Ok(_) => {
-                        out.truncate(bytes(len));
-                        outs.push((row, out));
-                    }
-                    // Freed while we worked: nothing to rebuild.
-                    Err(_) if !self.lock().rows.contains_key(&(g, row)) => {}
-                    Err(e) => return Err(e),
-                }
+        let mut batch: Vec<RebuildRow> = Vec::new();
+        let mut batch_bytes = 0u64;
+        let flush = |batch: &mut Vec<RebuildRow>| -> Result<u64, RuntimeError> {
+            if batch.is_empty() {
+                return Ok(0);
             }
-            let tickets: Vec<_> = outs
-                .iter()
-                .map(|(row, out)| client.send_write(grant.cap, offset(*row), out))
-                .collect::<Result<_, _>>()?;
-            for t in tickets {
-                client.wait_write(t)?;
+            let n = client.rebuild(
+                grant.cap,
+                self.k as u8,
+                self.m as u8,
+                pos as u8,
+                sources.clone(),
+                std::mem::take(batch),
+                Duration::from_secs(120),
+            )?;
+            Ok(n)
+        };
+        for r in &rows {
+            batch_bytes += r.row_len as u64;
+            batch.push(r.clone());
+            if batch_bytes >= REBUILD_REQUEST_BYTES {
+                rebuilt += flush(&mut batch)?;
+                batch_bytes = 0;
             }
-            rebuilt += outs.iter().map(|(_, o)| o.len() as u64).sum::<u64>();
         }
+        rebuilt += flush(&mut batch)?;
         let idx = self.lock().groups[g].regions[pos];
         let node = grant.node;
         far.regions.rebind(idx, grant)?;

@@ -1,0 +1,145 @@
+//! Offloaded reconstruction (paper §3.5): the replacement memory node reads
+//! the surviving shards of each row from its peers, with capabilities the
+//! owner delegated, decodes the lost shard and writes it into its own region.
+//! The compute node only orchestrates; the bulk bytes never cross it.
+
+use std::time::Duration;
+
+use remora_ec::Codec;
+use remora_proto::msg::{RebuildRow, RebuildSource};
+use remora_proto::{Cap, ConnOptions, MemNodeClient, Range, RemoteError, RpcError};
+
+use crate::Shared;
+
+/// Bytes read from one source per round (rows are processed in rounds).
+const ROUND_BYTES: u64 = 8 << 20;
+
+fn bad(msg: impl Into<String>) -> RemoteError {
+    RemoteError::BadRequest(msg.into())
+}
+
+fn peer(shared: &Shared, addr: &str) -> Result<MemNodeClient, RemoteError> {
+    let mut p = shared.peers.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(c) = p.get(addr) {
+        if !c.conn().is_broken() {
+            return Ok(c.clone());
+        }
+    }
+    let opts = ConnOptions {
+        call_timeout: Duration::from_secs(30),
+        ..ConnOptions::default()
+    };
+    let c = MemNodeClient::connect(addr, opts).map_err(|e| RemoteError::Internal(format!("peer {addr}: {e}")))?;
+    p.insert(addr.to_string(), c.clone());
+    Ok(c)
+}
+
+fn remote(e: RpcError) -> RemoteError {
+    match e {
+        RpcError::Remote(r) => r,
+        other => RemoteError::Internal(format!("reading a survivor: {other}")),
+    }
+}
+
+/// Rebuilds shard `want` of every row into region `cap`; returns bytes written.
+pub(crate) fn rebuild(
+    shared: &Shared,
+    cap: Cap,
+    k: u8,
+    m: u8,
+    want: u8,
+    sources: &[RebuildSource],
+    rows: &[RebuildRow],
+) -> Result<u64, RemoteError> {
+    let (k, m, want) = (k as usize, m as usize, want as usize);
+    let codec = Codec::new(k, m).map_err(|e| bad(format!("code: {e}")))?;
+    if sources.len() != k
+        || want >= k + m
+        || sources
+            .iter()
+            .any(|s| s.index as usize >= k + m || s.index as usize == want)
+    {
+        return Err(bad("need exactly k survivors other than the shard to rebuild"));
+    }
+    let region = shared.regions.get(cap.region)?;
+    for r in rows {
+        if r.lens.len() != k || r.lens.iter().any(|&l| l > r.row_len) || r.out_len > r.row_len {
+            return Err(bad("row lengths do not fit the row"));
+        }
+        // The caller must own the target range, before anything is read.
+        region.read().check(&region, &cap, true, r.offset, r.out_len as u64)?;
+    }
+    let clients = sources
+        .iter()
+        .map(|s| peer(shared, &s.addr))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut written = 0u64;
+    let mut start = 0;
+    while start < rows.len() {
+        // A round: as many rows as keep every source's read under ROUND_BYTES.
+        let mut end = start;
+        let mut per_source = 0u64;
+        while end < rows.len() && (end == start || per_source + rows[end].row_len as u64 <= ROUND_BYTES) {
+            per_source += rows[end].row_len as u64;
+            end += 1;
+        }
+        let round = &rows[start..end];
+        // One vectored read per source, all in flight at once.
+        let mut tickets = Vec::with_capacity(k);
+        for (si, s) in sources.iter().enumerate() {
+            let ranges: Vec<Range> = round
+                .iter()
+                .filter(|r| r.lens[si] > 0)
+                .map(|r| Range {
+                    cap: s.cap,
+                    offset: r.offset,
+                    len: r.lens[si],
+                })
+                .collect();
+            let total: usize = ranges.iter().map(|r| r.len as usize).sum();
+            let t = if ranges.is_empty() {
+                None
+            } else {
+                Some(clients[si].send_read_v(&ranges).map_err(remote)?)
+            };
+            tickets.push((t, total));
+        }
+        let mut bufs = Vec::with_capacity(k);
+        for (si, (t, total)) in tickets.into_iter().enumerate() {
+            let mut b = vec![0u8; total];
+            if let Some(t) = t {
+                clients[si].wait_read(t, &mut b).map_err(remote)?;
+            }
+            bufs.push(b);
+        }
+        let mut pos = vec![0usize; k];
+        let mut padded: Vec<Vec<u8>> = vec![Vec::new(); k];
+        let mut out = Vec::new();
+        for r in round {
+            let row_len = r.row_len as usize;
+            for si in 0..k {
+                let len = r.lens[si] as usize;
+                padded[si].clear();
+                padded[si].extend_from_slice(&bufs[si][pos[si]..pos[si] + len]);
+                padded[si].resize(row_len, 0);
+                pos[si] += len;
+            }
+            let present: Vec<(usize, &[u8])> = sources
+                .iter()
+                .zip(&padded)
+                .map(|(s, b)| (s.index as usize, b.as_slice()))
+                .collect();
+            out.clear();
+            out.resize(row_len, 0);
+            codec
+                .decode_data(&present, want, &mut out)
+                .map_err(|e| RemoteError::Internal(format!("decode: {e}")))?;
+            let mut g = region.write();
+            let range = g.check(&region, &cap, true, r.offset, r.out_len as u64)?;
+            g.mem[range].copy_from_slice(&out[..r.out_len as usize]);
+            written += r.out_len as u64;
+        }
+        start = end;
+    }
+    Ok(written)
+}
