@@ -49,15 +49,17 @@ enum Cmd {
         which: BenchCmd,
     },
     /// Start a local cluster, run a workload, kill a memory node, verify every object.
-    Demo,
+    Demo(remora_bench::demo::DemoArgs),
 }
 
 #[derive(Subcommand)]
 enum BenchCmd {
     /// Data path: READ latency vs raw TCP ping-pong, READ/WRITE throughput.
     Net(remora_bench::net::NetArgs),
-    /// Micro benchmark over remotable objects (comes with the runtime).
-    Micro,
+    /// Paper §5.1 microbenchmark: Zipf-skewed object accesses over a remotable array, per scheme.
+    Micro(remora_bench::micro::MicroArgs),
+    /// Runtime costs: local-hit deref vs a plain reference, span swap-in vs a raw READ.
+    Runtime(remora_bench::runtime_bench::RuntimeArgs),
 }
 
 fn main() {
@@ -70,16 +72,10 @@ fn main() {
         Cmd::Status { manager, json } => status(&manager, json),
         Cmd::Bench { which } => match which {
             BenchCmd::Net(a) => remora_bench::net::run(&a),
-            BenchCmd::Micro => {
-                println!("remora bench micro: not yet — it arrives with the runtime core (remotable pointers).");
-                Ok(())
-            }
+            BenchCmd::Micro(a) => remora_bench::micro::run(&a),
+            BenchCmd::Runtime(a) => remora_bench::runtime_bench::run(&a),
         },
-        Cmd::Demo => {
-            println!("remora demo: not yet — it arrives with erasure-coded eviction.");
-            println!("Today you can run `remora bench net` for the data path.");
-            Ok(())
-        }
+        Cmd::Demo(a) => remora_bench::demo::run(&a),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

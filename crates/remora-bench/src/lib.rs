@@ -2,4 +2,7 @@
 //! local cluster and prints what it measured next to a baseline measured in
 //! the same run, as ratios.
 
+pub mod demo;
+pub mod micro;
 pub mod net;
+pub mod runtime_bench;

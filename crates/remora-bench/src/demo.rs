@@ -1,0 +1,459 @@
+//! `remora demo`: the promise in one run. A local cluster, a Zipf workload
+//! over remotable objects under `ec-batch` with half the data in local
+//! memory, a memory node killed with SIGKILL midway; throughput every
+//! 100 ms before, during and after; reconstruction figures; and finally
+//! every object checked against what was written.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow};
+use rand::{Rng, SeedableRng};
+use rand_distr::{Distribution, Zipf};
+use remora_cluster::{ClusterConfig, LocalCluster};
+use remora_proto::ByteSize;
+use remora_runtime::{RemBox, Remotable, Runtime, RuntimeConfig, Stats, scheme};
+
+/// Flags of `remora demo`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DemoArgs {
+    /// Number of 4 KiB objects.
+    #[arg(long, default_value_t = 32768)]
+    pub objects: u64,
+    /// Fraction of the data that fits in local memory.
+    #[arg(long, default_value_t = 0.5)]
+    pub local_ratio: f64,
+    /// Zipf skew of the accesses.
+    #[arg(long, default_value_t = 0.99)]
+    pub zipf: f64,
+    /// Fraction of accesses that write a new version.
+    #[arg(long, default_value_t = 0.1)]
+    pub write_ratio: f64,
+    /// Application threads.
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+    /// Seconds of workload before the kill.
+    #[arg(long, default_value_t = 8.0)]
+    pub before: f64,
+    /// Seconds of workload after the kill.
+    #[arg(long, default_value_t = 12.0)]
+    pub after: f64,
+    /// Memory nodes (at least k+m+1 = 7, so a replacement exists).
+    #[arg(long, default_value_t = 7)]
+    pub memnodes: usize,
+    /// Where to draw the throughput timeline (SVG).
+    #[arg(long, default_value = "remora-demo.svg")]
+    pub plot: PathBuf,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// One 4 KiB object (with the runtime's 8-byte header): index, version, and
+/// words derived from both, so any misplaced or stale byte is caught.
+#[derive(Clone, Copy)]
+struct Obj {
+    index: u64,
+    version: u64,
+    words: [u64; 509],
+}
+// SAFETY: integers only.
+unsafe impl Remotable for Obj {}
+
+fn make(index: u64, version: u64) -> Obj {
+    let seed = (index << 24 ^ version).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    Obj {
+        index,
+        version,
+        words: std::array::from_fn(|j| (seed ^ j as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93)),
+    }
+}
+
+fn is(o: &Obj, index: u64, version: u64) -> bool {
+    o.index == index && o.version == version && o.words == make(index, version).words
+}
+
+struct Sample {
+    t: f64,
+    ops_per_sec: f64,
+    degraded: u64,
+}
+
+fn say(msg: impl AsRef<str>) {
+    println!("[demo] {}", msg.as_ref());
+}
+
+/// Runs the demo.
+pub fn run(args: &DemoArgs) -> Result<()> {
+    if args.memnodes < 7 {
+        return Err(anyhow!("--memnodes must be at least 7 (k+m = 6 plus one replacement)"));
+    }
+    if !(0.01..=1.0).contains(&args.local_ratio) {
+        return Err(anyhow!("--local-ratio must be in (0, 1]"));
+    }
+    let obj_bytes = 4096u64;
+    let data = args.objects * obj_bytes;
+    let budget = (data as f64 * args.local_ratio) as usize;
+    say(format!(
+        "starting a local cluster: manager + {} memory nodes on loopback (RS 4+2 needs 6; one spare)",
+        args.memnodes
+    ));
+    let mut cfg = ClusterConfig::new(std::env::current_exe().context("locating the remora binary")?);
+    cfg.memnodes = args.memnodes;
+    cfg.region_size = 32 << 20;
+    // Room for the data with parity and holes, twice over, spread over the nodes.
+    cfg.capacity = ((data * 3 / args.memnodes as u64 + (64 << 20)) / cfg.region_size + 1) * cfg.region_size;
+    cfg.log_level = "warn".into();
+    let cluster = LocalCluster::start(cfg).context("starting the cluster")?;
+    let events = cluster.events();
+    let mut rcfg = RuntimeConfig::new(cluster.manager_addr(), budget);
+    rcfg.name = "remora-demo".into();
+    rcfg.scheme = scheme::by_name("ec-batch").expect("built-in scheme");
+    let rt = Runtime::connect(rcfg).context("connecting the runtime")?;
+    say(format!(
+        "filling {} objects ({}) with a local budget of {} ({}% of the data), scheme {}",
+        args.objects,
+        ByteSize(data),
+        ByteSize(budget as u64),
+        (args.local_ratio * 100.0).round(),
+        rt.scheme()
+    ));
+    let fill_start = Instant::now();
+    let objs: Vec<RwLock<RemBox<Obj>>> = (0..args.objects)
+        .map(|i| rt.alloc(make(i, 0)).map(RwLock::new))
+        .collect::<Result<_, _>>()
+        .context("filling")?;
+    let versions: Vec<AtomicU64> = (0..args.objects).map(|_| AtomicU64::new(0)).collect();
+    let st = rt.stats();
+    say(format!(
+        "filled in {:.1}s: {} spans swapped out, {} written for {} of data ({:.2}x)",
+        fill_start.elapsed().as_secs_f64(),
+        st.swap_outs,
+        ByteSize(st.bytes_written_remote),
+        ByteSize(st.bytes_evicted_data),
+        st.bytes_written_remote as f64 / st.bytes_evicted_data.max(1) as f64
+    ));
+
+    let zipf = Zipf::new(args.objects as f64, args.zipf).map_err(|e| anyhow!("Zipf: {e}"))?;
+    let stop = AtomicBool::new(false);
+    let ops = AtomicU64::new(0);
+    let errors = Mutex::new(Vec::<String>::new());
+    let mut samples: Vec<Sample> = Vec::new();
+    let victim = 3usize;
+    let (mut kill_t, mut recovered_t) = (None, None);
+    let total = args.before + args.after;
+    say(format!(
+        "running Zipf({}) over {} objects with {} threads ({}% writes) for {:.0}s; kill -9 of memory node #{victim} at t={:.1}s",
+        args.zipf,
+        args.objects,
+        args.threads,
+        (args.write_ratio * 100.0).round(),
+        total,
+        args.before
+    ));
+    std::thread::scope(|s| {
+        for t in 0..args.threads {
+            let (rt, objs, versions, stop, ops, errors, zipf) = (&rt, &objs, &versions, &stop, &ops, &errors, &zipf);
+            s.spawn(move || {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(t as u64 + 1);
+                // Shuffle ranks to indices so hot objects are spread over spans.
+                let mult = 0x9E37_79B9u64 | 1;
+                while !stop.load(Ordering::Relaxed) {
+                    let rank = zipf.sample(&mut rng) as u64 - 1;
+                    let i = (rank.wrapping_mul(mult)) % objs.len() as u64;
+                    let write = rng.random::<f64>() < args.write_ratio;
+                    let scope = rt.scope();
+                    if write {
+                        let mut g = objs[i as usize].write().unwrap_or_else(|p| p.into_inner());
+                        let v = versions[i as usize].load(Ordering::Relaxed) + 1;
+                        match g.deref_mut(&scope) {
+                            Ok(o) => {
+                                *o = make(i, v);
+                                versions[i as usize].store(v, Ordering::Relaxed);
+                            }
+                            Err(e) => errors
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .push(format!("write {i}: {e}")),
+                        }
+                    } else {
+                        let g = objs[i as usize].read().unwrap_or_else(|p| p.into_inner());
+                        let v = versions[i as usize].load(Ordering::Relaxed);
+                        match g.deref(&scope) {
+                            Ok(o) if is(o, i, v) => {}
+                            Ok(_) => errors
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .push(format!("read {i}: wrong bytes")),
+                            Err(e) => errors
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .push(format!("read {i}: {e}")),
+                        }
+                    }
+                    ops.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+        let start = Instant::now();
+        let mut last = (0u64, start);
+        while start.elapsed().as_secs_f64() < total {
+            std::thread::sleep(Duration::from_millis(100));
+            let now = Instant::now();
+            let n = ops.load(Ordering::Relaxed);
+            let rate = (n - last.0) as f64 / (now - last.1).as_secs_f64();
+            last = (n, now);
+            let t = (now - start).as_secs_f64();
+            let st = rt.stats();
+            let phase = match (kill_t, recovered_t) {
+                (None, _) => "before",
+                (Some(_), None) => "during",
+                _ => "after",
+            };
+            println!(
+                "  t={t:5.1}s  {rate:>9.0} ops/s  [{phase}]  swap-ins {:>7}  degraded reads {:>5}  rebuilt {}",
+                st.swap_ins,
+                st.degraded_reads,
+                ByteSize(st.reconstructed_bytes)
+            );
+            samples.push(Sample {
+                t,
+                ops_per_sec: rate,
+                degraded: st.degraded_reads,
+            });
+            if kill_t.is_none() && t >= args.before {
+                say(format!(
+                    "kill -9 memory node #{victim} ({})",
+                    cluster.memnodes()[victim].addr
+                ));
+                if let Err(e) = cluster.kill_memnode(victim) {
+                    say(format!("could not kill: {e}"));
+                }
+                kill_t = Some(t);
+            }
+            if kill_t.is_some() && recovered_t.is_none() && st.recoveries >= 1 && st.recovering == 0 {
+                say(format!(
+                    "recovery finished: {} rebuilt in {:.2}s",
+                    ByteSize(st.reconstructed_bytes),
+                    st.reconstruct_seconds
+                ));
+                recovered_t = Some(t);
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    if let Some(rx) = events {
+        while let Ok(ev) = rx.try_recv() {
+            tracing::debug!("cluster event: {ev:?}");
+        }
+    }
+    let st = rt.stats();
+    let errors = errors.into_inner().unwrap_or_else(|p| p.into_inner());
+    say(format!(
+        "workload done: {} operations, {} errors",
+        ops.load(Ordering::Relaxed),
+        errors.len()
+    ));
+    for e in errors.iter().take(5) {
+        say(format!("  error: {e}"));
+    }
+
+    say("verifying every object against its last written version...");
+    let (mut verified, mut lost, mut corrupt) = (0u64, 0u64, 0u64);
+    for (i, o) in objs.iter().enumerate() {
+        let scope = rt.scope();
+        let g = o.read().unwrap_or_else(|p| p.into_inner());
+        match g.deref(&scope) {
+            Ok(v) if is(v, i as u64, versions[i].load(Ordering::Relaxed)) => verified += 1,
+            Ok(_) => corrupt += 1,
+            Err(_) => lost += 1,
+        }
+    }
+    let kill_at = kill_t.unwrap_or(args.before);
+    let rec_at = recovered_t.unwrap_or(total);
+    let mean = |lo: f64, hi: f64| {
+        let v: Vec<f64> = samples
+            .iter()
+            .filter(|s| s.t > lo && s.t <= hi)
+            .map(|s| s.ops_per_sec)
+            .collect();
+        if v.is_empty() {
+            0.0
+        } else {
+            v.iter().sum::<f64>() / v.len() as f64
+        }
+    };
+    let before = mean(1.0, kill_at);
+    let during = mean(kill_at, rec_at.max(kill_at + 0.1));
+    let after = mean(rec_at, total);
+    let worst = samples
+        .iter()
+        .filter(|s| s.t > kill_at && s.t <= rec_at + 0.5)
+        .map(|s| s.ops_per_sec)
+        .fold(f64::INFINITY, f64::min);
+    let dip = if before > 0.0 && worst.is_finite() {
+        (1.0 - worst / before).max(0.0)
+    } else {
+        0.0
+    };
+    let speed = st.reconstructed_bytes as f64 / st.reconstruct_seconds.max(1e-9) / 1e9;
+    println!();
+    println!("remora demo — results");
+    println!(
+        "  objects verified        {verified} of {} (lost {lost}, corrupt {corrupt})",
+        args.objects
+    );
+    println!("  throughput before       {before:.0} ops/s");
+    println!("  throughput during       {during:.0} ops/s  (kill at {kill_at:.1}s, recovered at {rec_at:.1}s)");
+    println!("  throughput after        {after:.0} ops/s");
+    println!("  worst 100 ms after kill {:.0}% below before", dip * 100.0);
+    println!("  degraded reads          {}", st.degraded_reads);
+    println!(
+        "  reconstruction          {} in {:.2}s = {:.2} GB/s (offloaded to the replacement node)",
+        ByteSize(st.reconstructed_bytes),
+        st.reconstruct_seconds,
+        speed
+    );
+    println!(
+        "  swap-out bytes          {:.2}x data (RS 4+2: 1.5x); reads per swap-in {:.3}",
+        st.bytes_written_remote as f64 / st.bytes_evicted_data.max(1) as f64,
+        st.swap_in_reads as f64 / st.swap_ins.max(1) as f64
+    );
+    draw(&args.plot, &samples, kill_at, rec_at).with_context(|| format!("writing {}", args.plot.display()))?;
+    println!("  throughput timeline     {}", args.plot.display());
+    if let Some(path) = &args.json {
+        let v = serde_json::json!({
+            "verified_objects": verified,
+            "lost_objects": lost,
+            "corrupt_objects": corrupt,
+            "errors": errors.len(),
+            "degraded_reads": st.degraded_reads,
+            "reconstructed_bytes": st.reconstructed_bytes,
+            "reconstruct_seconds": st.reconstruct_seconds,
+            "reconstruct_gbps": speed,
+            "throughput_before": before,
+            "throughput_during": during,
+            "throughput_after": after,
+            "dip_fraction": dip,
+            "kill_at_s": kill_at,
+            "recovered_at_s": rec_at,
+            "objects": args.objects,
+            "local_ratio": args.local_ratio,
+            "zipf": args.zipf,
+            "threads": args.threads,
+            "write_bytes_ratio": st.bytes_written_remote as f64 / st.bytes_evicted_data.max(1) as f64,
+            "timeline": samples.iter().map(|s| serde_json::json!([s.t, s.ops_per_sec, s.degraded])).collect::<Vec<_>>(),
+            "stats": stats_json(&st),
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&v)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!("  json                    {}", path.display());
+    }
+    if lost + corrupt > 0 || !errors.is_empty() {
+        return Err(anyhow!(
+            "{lost} objects lost, {corrupt} corrupt, {} operation errors",
+            errors.len()
+        ));
+    }
+    Ok(())
+}
+
+fn stats_json(s: &Stats) -> serde_json::Value {
+    serde_json::json!({
+        "swap_ins": s.swap_ins, "swap_in_reads": s.swap_in_reads, "swap_outs": s.swap_outs,
+        "bytes_evicted_data": s.bytes_evicted_data, "bytes_written_remote": s.bytes_written_remote,
+        "bytes_read_remote": s.bytes_read_remote, "remote_bytes_used": s.remote_bytes_used,
+        "hole_bytes": s.hole_bytes, "local_bytes": s.local_bytes,
+    })
+}
+
+/// Draws the throughput timeline as a self-contained SVG.
+fn draw(path: &PathBuf, samples: &[Sample], kill: f64, recovered: f64) -> Result<()> {
+    let (w, h, ml, mr, mt, mb) = (900.0, 360.0, 70.0, 20.0, 40.0, 50.0);
+    let tmax = samples.last().map(|s| s.t).unwrap_or(1.0).max(1.0);
+    let ymax = samples.iter().map(|s| s.ops_per_sec).fold(1.0, f64::max) * 1.1;
+    let x = |t: f64| ml + (t / tmax) * (w - ml - mr);
+    let y = |v: f64| mt + (1.0 - v / ymax) * (h - mt - mb);
+    let mut svg = String::new();
+    writeln!(
+        svg,
+        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">"##
+    )?;
+    writeln!(svg, r##"<rect width="100%" height="100%" fill="white"/>"##)?;
+    writeln!(
+        svg,
+        r##"<text x="{}" y="22" font-size="15">remora demo: throughput, ec-batch RS(4,2), memory node killed at {kill:.1}s</text>"##,
+        ml
+    )?;
+    writeln!(
+        svg,
+        r##"<rect x="{}" y="{mt}" width="{}" height="{}" fill="#fdecea"/>"##,
+        x(kill),
+        (x(recovered) - x(kill)).max(1.0),
+        h - mt - mb
+    )?;
+    for i in 0..=5 {
+        let v = ymax * i as f64 / 5.0;
+        writeln!(
+            svg,
+            r##"<line x1="{ml}" x2="{0}" y1="{1}" y2="{1}" stroke="#ddd"/><text x="{2}" y="{3}" text-anchor="end">{4:.0}k</text>"##,
+            w - mr,
+            y(v),
+            ml - 6.0,
+            y(v) + 4.0,
+            v / 1000.0
+        )?;
+    }
+    let steps = (tmax.ceil() as usize).max(1);
+    for i in 0..=steps {
+        let t = i as f64;
+        if t > tmax {
+            break;
+        }
+        writeln!(
+            svg,
+            r##"<text x="{}" y="{}" text-anchor="middle">{t:.0}s</text>"##,
+            x(t),
+            h - mb + 18.0
+        )?;
+    }
+    let pts: Vec<String> = samples
+        .iter()
+        .map(|s| format!("{:.1},{:.1}", x(s.t), y(s.ops_per_sec)))
+        .collect();
+    writeln!(
+        svg,
+        r##"<polyline fill="none" stroke="#1f77b4" stroke-width="2" points="{}"/>"##,
+        pts.join(" ")
+    )?;
+    writeln!(
+        svg,
+        r##"<line x1="{0}" x2="{0}" y1="{mt}" y2="{1}" stroke="#d62728" stroke-dasharray="4 3"/><text x="{2}" y="{3}" fill="#d62728">kill -9</text>"##,
+        x(kill),
+        h - mb,
+        x(kill) + 4.0,
+        mt + 14.0
+    )?;
+    writeln!(
+        svg,
+        r##"<line x1="{0}" x2="{0}" y1="{mt}" y2="{1}" stroke="#2ca02c" stroke-dasharray="4 3"/><text x="{2}" y="{3}" fill="#2ca02c">rebuilt</text>"##,
+        x(recovered),
+        h - mb,
+        x(recovered) + 4.0,
+        mt + 28.0
+    )?;
+    writeln!(
+        svg,
+        r##"<text x="{}" y="{}" text-anchor="middle">time</text><text x="16" y="{}" transform="rotate(-90 16 {})" text-anchor="middle">ops/s</text>"##,
+        (ml + w - mr) / 2.0,
+        h - 8.0,
+        h / 2.0,
+        h / 2.0
+    )?;
+    writeln!(svg, "</svg>")?;
+    std::fs::write(path, svg)?;
+    Ok(())
+}

@@ -1,0 +1,138 @@
+//! `remora bench micro` and `remora bench runtime` end to end, with tiny
+//! parameters: they run, verify every object, and write the JSON they promise.
+
+use std::process::Command;
+
+fn remora(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_remora"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("remora runs")
+}
+
+fn read_json(path: &std::path::Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).expect("JSON written");
+    serde_json::from_str(&text).expect("valid JSON")
+}
+
+#[test]
+fn micro_runs_swaps_and_verifies() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("micro.json");
+    let out = remora(&[
+        "bench",
+        "micro",
+        "--scheme",
+        "non-ft",
+        "--objects",
+        "2000",
+        "--object-size",
+        "4KiB",
+        "--local-ratio",
+        "0.25",
+        "--zipf",
+        "0.99",
+        "--threads",
+        "2",
+        "--duration",
+        "2",
+        "--warmup",
+        "200ms",
+        "--write-ratio",
+        "0.1",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench micro failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("closed-loop"), "{stdout}");
+    let v = read_json(&json);
+    let results = v["results"].as_array().expect("results array");
+    assert_eq!(results.len(), 1);
+    let r = &results[0];
+    for key in [
+        "scheme",
+        "throughput_ops",
+        "p50_us",
+        "p99_us",
+        "p999_us",
+        "samples",
+        "swap_ins",
+        "swap_outs",
+        "reads_per_swap_in",
+        "errors",
+        "bytes_read_remote",
+        "bytes_written_remote",
+        "bytes_evicted_data",
+        "remote_bytes_used",
+        "live_bytes",
+        "objects",
+        "object_size",
+        "local_ratio",
+        "zipf",
+        "threads",
+        "write_ratio",
+        "closed_loop",
+    ] {
+        assert!(r.get(key).is_some(), "missing {key} in {r}");
+    }
+    assert_eq!(r["scheme"], "non-ft");
+    assert_eq!(r["errors"], 0, "{r}");
+    assert!(r["swap_ins"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(r["reads_per_swap_in"].as_f64(), Some(1.0), "{r}");
+    assert!(r["writes"].as_u64().unwrap() > 0, "{r}");
+    assert!(r["throughput_ops"].as_f64().unwrap() > 0.0, "{r}");
+    assert_eq!(r["samples"], r["ops"], "{r}");
+}
+
+#[test]
+fn micro_rejects_bad_flags_without_panicking() {
+    for args in [
+        &["bench", "micro", "--object-size", "3000"][..],
+        &["bench", "micro", "--scheme", "nope"],
+        &["bench", "micro", "--local-ratio", "0"],
+        &["bench", "micro", "--write-ratio", "1.5"],
+        &["bench", "micro", "--zipf", "-1"],
+        &["bench", "micro", "--objects", "0"],
+    ] {
+        let out = remora(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(!stderr.contains("panicked"), "{args:?} panicked: {stderr}");
+    }
+}
+
+#[test]
+fn runtime_bench_reports_both_ratios() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("runtime.json");
+    let out = remora(&[
+        "bench",
+        "runtime",
+        "--objects",
+        "1000",
+        "--passes",
+        "3",
+        "--swap-sizes",
+        "4KiB",
+        "--samples",
+        "100",
+        "--round",
+        "50",
+        "--pin",
+        "none",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench runtime failed:\n{stdout}\n{stderr}");
+    let v = read_json(&json);
+    assert_eq!(v["local_hit"].as_array().map(Vec::len), Some(2), "{v}");
+    let s = &v["swap_in"][0];
+    assert_eq!(s["swap_in_samples"], 100, "{v}");
+    assert_eq!(s["span_bytes"], 24576, "{v}");
+    assert!(s["ratio_p50"].as_f64().unwrap() > 0.0, "{v}");
+}
