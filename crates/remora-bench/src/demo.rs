@@ -299,6 +299,32 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     } else {
         0.0
     };
+    // The paper's measure: mean throughput while the failure is being
+    // handled (kill to rebuilt) against before.
+    let degradation = if before > 0.0 {
+        (1.0 - during / before).max(0.0)
+    } else {
+        0.0
+    };
+    // Back to normal: the first 300 ms window after the kill whose mean is
+    // within 10% of before.
+    let normal_again = samples
+        .windows(3)
+        .find(|w| w[0].t > kill_at && w.iter().map(|s| s.ops_per_sec).sum::<f64>() / 3.0 >= 0.9 * before)
+        .map(|w| w[2].t - kill_at);
+    let noise = {
+        let v: Vec<f64> = samples
+            .iter()
+            .filter(|s| s.t > 1.0 && s.t <= kill_at)
+            .map(|s| s.ops_per_sec)
+            .collect();
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        if before > 0.0 && lo.is_finite() {
+            1.0 - lo / before
+        } else {
+            0.0
+        }
+    };
     let speed = st.reconstructed_bytes as f64 / st.reconstruct_seconds.max(1e-9) / 1e9;
     println!();
     println!("remora demo — results");
@@ -307,9 +333,23 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         args.objects
     );
     println!("  throughput before       {before:.0} ops/s");
-    println!("  throughput during       {during:.0} ops/s  (kill at {kill_at:.1}s, recovered at {rec_at:.1}s)");
+    println!("  throughput during       {during:.0} ops/s  (kill at {kill_at:.1}s, rebuilt at {rec_at:.1}s)");
     println!("  throughput after        {after:.0} ops/s");
-    println!("  worst 100 ms after kill {:.0}% below before", dip * 100.0);
+    println!(
+        "  degradation             {:.0}% mean from kill to rebuilt (goal <= 25%; paper 36%)",
+        degradation * 100.0
+    );
+    println!(
+        "  worst 100 ms sample     {:.0}% below before (before the kill the worst sample was already {:.0}% below)",
+        dip * 100.0,
+        noise * 100.0
+    );
+    match normal_again {
+        Some(s) => println!(
+            "  back to normal          {s:.1}s after the kill (detection takes the manager's heartbeat timeout)"
+        ),
+        None => println!("  back to normal          not within the run"),
+    }
     println!("  degraded reads          {}", st.degraded_reads);
     println!(
         "  reconstruction          {} in {:.2}s = {:.2} GB/s (offloaded to the replacement node)",
@@ -337,7 +377,10 @@ pub fn run(args: &DemoArgs) -> Result<()> {
             "throughput_before": before,
             "throughput_during": during,
             "throughput_after": after,
-            "dip_fraction": dip,
+            "worst_sample_dip_fraction": dip,
+            "degradation_fraction": degradation,
+            "normal_again_s": normal_again,
+            "noise_before_fraction": noise,
             "kill_at_s": kill_at,
             "recovered_at_s": rec_at,
             "objects": args.objects,

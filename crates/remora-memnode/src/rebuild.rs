@@ -117,18 +117,32 @@ pub(crate) fn rebuild(
         let mut out = Vec::new();
         for r in round {
             let row_len = r.row_len as usize;
+            // Full-length shards are decoded in place; only short ones
+            // (zero-padded members) are copied.
             for si in 0..k {
                 let len = r.lens[si] as usize;
-                padded[si].clear();
-                padded[si].extend_from_slice(&bufs[si][pos[si]..pos[si] + len]);
-                padded[si].resize(row_len, 0);
-                pos[si] += len;
+                if len < row_len {
+                    padded[si].clear();
+                    padded[si].extend_from_slice(&bufs[si][pos[si]..pos[si] + len]);
+                    padded[si].resize(row_len, 0);
+                }
             }
             let present: Vec<(usize, &[u8])> = sources
                 .iter()
-                .zip(&padded)
-                .map(|(s, b)| (s.index as usize, b.as_slice()))
+                .enumerate()
+                .map(|(si, s)| {
+                    let len = r.lens[si] as usize;
+                    let b: &[u8] = if len < row_len {
+                        &padded[si]
+                    } else {
+                        &bufs[si][pos[si]..pos[si] + len]
+                    };
+                    (s.index as usize, b)
+                })
                 .collect();
+            for (p, len) in pos.iter_mut().zip(&r.lens) {
+                *p += *len as usize;
+            }
             out.clear();
             out.resize(row_len, 0);
             codec

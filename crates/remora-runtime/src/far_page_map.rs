@@ -5,6 +5,7 @@
 //! its objects (swap-in and dropping a far object both follow it).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::pointer::FarLoc;
@@ -85,14 +86,23 @@ impl FarSpan {
 #[derive(Default)]
 pub(crate) struct FarPageMap {
     map: Mutex<HashMap<(u16, u32), Arc<FarSpan>>>,
+    /// Kept alongside the map so statistics never take its lock.
+    spans: AtomicU64,
+    bytes: AtomicU64,
 }
 
 impl FarPageMap {
     pub(crate) fn insert(&self, s: Arc<FarSpan>) {
-        self.map
+        let bytes = s.bytes() as u64;
+        let old = self
+            .map
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert((s.region, s.page), s);
+        if old.is_none() {
+            self.spans.fetch_add(1, Ordering::Relaxed);
+            self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        }
     }
 
     pub(crate) fn get(&self, region: u16, page: u32) -> Option<Arc<FarSpan>> {
@@ -104,16 +114,19 @@ impl FarPageMap {
     }
 
     pub(crate) fn remove(&self, region: u16, page: u32) {
-        self.map
+        let old = self
+            .map
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&(region, page));
+        if let Some(s) = old {
+            self.spans.fetch_sub(1, Ordering::Relaxed);
+            self.bytes.fetch_sub(s.bytes() as u64, Ordering::Relaxed);
+        }
     }
 
-    /// Number of far spans and their live bytes.
-    pub(crate) fn totals(&self) -> (usize, u64) {
-        let m = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        let live = m.values().map(|s| s.bytes() as u64).sum();
-        (m.len(), live)
+    /// Number of far spans and their bytes, without taking the map's lock.
+    pub(crate) fn totals(&self) -> (u64, u64) {
+        (self.spans.load(Ordering::Relaxed), self.bytes.load(Ordering::Relaxed))
     }
 }

@@ -82,7 +82,13 @@ struct Shared {
     recoveries: AtomicU64,
     recovering: AtomicU64,
     repairs: AtomicU64,
+    /// Nodes that failed a request recently: read around them until the
+    /// manager's verdict (or a quiet period) settles it.
+    suspects: Mutex<HashMap<NodeId, Instant>>,
 }
+
+/// How long a node that failed a request is read around.
+const SUSPECT_FOR: Duration = Duration::from_secs(3);
 
 /// The EC-Batch scheme with RS(k, m).
 pub struct EcBatch {
@@ -113,6 +119,7 @@ impl EcBatch {
                 recoveries: AtomicU64::new(0),
                 recovering: AtomicU64::new(0),
                 repairs: AtomicU64::new(0),
+                suspects: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -127,10 +134,29 @@ impl Shared {
         self.k + self.m
     }
 
+    fn suspect(&self, node: NodeId) {
+        self.suspects
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(node, Instant::now());
+    }
+
+    fn is_suspect(&self, node: NodeId) -> bool {
+        let mut s = self.suspects.lock().unwrap_or_else(|p| p.into_inner());
+        match s.get(&node) {
+            Some(t) if t.elapsed() < SUSPECT_FOR => true,
+            Some(_) => {
+                s.remove(&node);
+                false
+            }
+            None => false,
+        }
+    }
+
     /// A row of `pages` in a healthy group, if one has room.
     fn alloc_row(&self, st: &mut State, pages: u32) -> Option<(usize, u32)> {
         for (gi, g) in st.groups.iter_mut().enumerate() {
-            if g.retired || g.failed.iter().any(|&f| f) {
+            if g.retired || g.failed.iter().any(|&f| f) || g.nodes.iter().any(|n| self.is_suspect(*n)) {
                 continue;
             }
             let found = g.free.iter().find(|(_, l)| **l >= pages).map(|(s, l)| (*s, *l));
@@ -267,14 +293,20 @@ impl Shared {
         avoid: &[usize],
         out: &mut [u8],
     ) -> Result<u32, RuntimeError> {
-        let (regions, failed, ss_pages, members) = {
+        let (regions, failed, ss_pages, members, nodes) = {
             let st = self.lock();
             let g = &st.groups[group];
             let ss = st
                 .rows
                 .get(&(group, row))
                 .ok_or_else(|| RuntimeError::DataLost(format!("no spanset at group {group} row {row}")))?;
-            (g.regions.clone(), g.failed.clone(), ss.pages, ss.members.clone())
+            (
+                g.regions.clone(),
+                g.failed.clone(),
+                ss.pages,
+                ss.members.clone(),
+                g.nodes.clone(),
+            )
         };
         let row_bytes = bytes(ss_pages);
         debug_assert_eq!(out.len(), row_bytes);
@@ -328,7 +360,12 @@ impl Shared {
                         far.count_read(len);
                         bufs.push((p, b));
                     }
-                    Err(e) => tracing::debug!("degraded read: member {p} failed: {e}"),
+                    Err(e) => {
+                        if e.is_transport() {
+                            self.suspect(nodes[p]);
+                        }
+                        tracing::debug!("degraded read: member {p} failed: {e}");
+                    }
                 }
             }
         }
@@ -339,6 +376,7 @@ impl Shared {
         Ok(reads)
     }
 
+    /// Group, position, row pages, and whether to read around the node.
     fn locate(&self, at: SpanAddr) -> Result<(usize, usize, u32, bool), RuntimeError> {
         let st = self.lock();
         let &(g, pos) = st
@@ -349,7 +387,9 @@ impl Shared {
             .rows
             .get(&(g, at.page))
             .ok_or_else(|| RuntimeError::DataLost(format!("no spanset at r{}:p{}", at.region, at.page)))?;
-        Ok((g, pos, ss.pages, st.groups[g].failed[pos]))
+        let (pages, node, failed) = (ss.pages, st.groups[g].nodes[pos], st.groups[g].failed[pos]);
+        drop(st);
+        Ok((g, pos, pages, failed || self.is_suspect(node)))
     }
 
     fn degraded(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<u32, RuntimeError> {
@@ -538,6 +578,7 @@ impl Scheme for EcBatch {
                         Err((node, e)) => {
                             attempts += 1;
                             tracing::warn!("ec-batch: write to {node} failed ({e}); re-placing the spanset");
+                            sh.suspect(node);
                             let mut st = sh.lock();
                             sh.free_row(&mut st, g, row, row_pages);
                             st.groups[g].retired = true;
@@ -598,7 +639,10 @@ impl Scheme for EcBatch {
         }
         let (r, c) = match far.regions.client(at.region) {
             Ok(x) => x,
-            Err(_) => return self.sh.degraded(far, at, dest),
+            Err(_) => {
+                self.sh.suspect(far.regions.get(at.region).grant.node);
+                return self.sh.degraded(far, at, dest);
+            }
         };
         match c.read(r.grant.cap, offset(at.page), dest) {
             Ok(()) => {
@@ -607,6 +651,7 @@ impl Scheme for EcBatch {
             }
             Err(e) if e.is_transport() => {
                 tracing::debug!("swap-in from {} failed ({e}); degraded read", r.grant.addr);
+                self.sh.suspect(r.grant.node);
                 self.sh.degraded(far, at, dest)
             }
             Err(e) => Err(e.into()),
