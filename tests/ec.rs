@@ -43,7 +43,7 @@ fn ec_runtime(c: &remora_cluster::LocalCluster, budget: usize, patience: Duratio
 /// serve its spans, recovery rebuilds them elsewhere, every object verifies.
 #[test]
 fn kill_during_workload_loses_nothing() {
-    let c = cluster(7, 64 << 20, 8 << 20);
+    let c = quick_cluster(7, 64 << 20, 8 << 20);
     let rt = ec_runtime(&c, 2 << 20, Duration::from_secs(20));
     let n = 8192u64; // 16 MiB of 2 KiB objects: 8x the budget
     let objs: Vec<RwLock<RemBox<Obj>>> = (0..n).map(|i| RwLock::new(rt.alloc(obj(i, 0)).unwrap())).collect();

@@ -15,7 +15,7 @@ const MIB: u64 = 1 << 20;
 /// is fenced: it wipes what it held and joins again as a new node.
 #[test]
 fn paused_node_is_fenced_when_it_comes_back() {
-    let c = cluster(2, 128 * MIB, 64 * MIB);
+    let c = quick_cluster(2, 128 * MIB, 64 * MIB);
     let s = session(&c, "p");
     let ev = s.take_events().unwrap();
     let g = s

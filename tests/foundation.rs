@@ -99,7 +99,7 @@ fn one_gib_round_trip_across_three_nodes() {
 /// told, and `remora status` shows it.
 #[test]
 fn killed_memory_node_is_declared_dead_and_owner_notified() {
-    let c = cluster(3, 128 * MIB, 64 * MIB);
+    let c = quick_cluster(3, 128 * MIB, 64 * MIB);
     let events = c.events().unwrap();
     let s = session(&c, "owner");
     let ev = s.take_events().unwrap();
@@ -185,7 +185,7 @@ fn killed_memory_node_is_declared_dead_and_owner_notified() {
 /// memory nodes: its tokens stop working and the next owner sees zeros.
 #[test]
 fn silent_compute_node_loses_its_regions() {
-    let c = cluster(2, 128 * MIB, 64 * MIB);
+    let c = quick_cluster(2, 128 * MIB, 64 * MIB);
     let s = session(&c, "silent");
     let regions = s.alloc(2, true, &[]).unwrap();
     let data = pattern(7, 0, 64 * 1024);

@@ -8,13 +8,26 @@ use std::time::Duration;
 use remora_cluster::{ClusterConfig, LocalCluster};
 use remora_proto::{ComputeSession, ConnOptions};
 
-/// Starts a cluster of `memnodes` memory nodes of `capacity` bytes each.
+/// Starts a cluster of `memnodes` memory nodes of `capacity` bytes each,
+/// with the manager's default 3 s heartbeat timeout: tests run many busy
+/// clusters at once on few cores, and a shorter timeout would declare
+/// starved-but-healthy nodes dead.
 pub fn cluster(memnodes: usize, capacity: u64, region_size: u64) -> LocalCluster {
+    cluster_with_timeout(memnodes, capacity, region_size, Duration::from_secs(3))
+}
+
+/// A cluster whose manager declares nodes dead after 1 s, for tests that
+/// measure failure detection (and keep their own load light).
+pub fn quick_cluster(memnodes: usize, capacity: u64, region_size: u64) -> LocalCluster {
+    cluster_with_timeout(memnodes, capacity, region_size, Duration::from_secs(1))
+}
+
+fn cluster_with_timeout(memnodes: usize, capacity: u64, region_size: u64, timeout: Duration) -> LocalCluster {
     let mut cfg = ClusterConfig::new(env!("CARGO_BIN_EXE_remora"));
     cfg.memnodes = memnodes;
     cfg.capacity = capacity;
     cfg.region_size = region_size;
-    cfg.heartbeat_timeout = Duration::from_millis(1000);
+    cfg.heartbeat_timeout = timeout;
     cfg.log_level = "debug".into();
     LocalCluster::start(cfg).expect("cluster starts")
 }

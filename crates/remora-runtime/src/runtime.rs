@@ -607,9 +607,47 @@ impl Inner {
     /// Frees the object owned by `slot` (dropping its value first if `T`
     /// needs it) and the slot.
     ///
+    /// Frees nested in another free on the same thread (a value's fields
+    /// dropping their own pointers) are queued and run by the outermost one,
+    /// so dropping a long linked structure uses constant stack.
+    ///
     /// # Safety
     /// `slot` comes from a runtime's slot table and its last owner is giving it up.
     pub(crate) unsafe fn free_object<T: Remotable>(slot: NonNull<Slot>) {
+        type Pending = (NonNull<Slot>, unsafe fn(NonNull<Slot>));
+        thread_local! {
+            static PENDING: std::cell::RefCell<Option<Vec<Pending>>> = const { std::cell::RefCell::new(None) };
+        }
+        let nested = PENDING.with(|p| {
+            let mut p = p.borrow_mut();
+            match p.as_mut() {
+                Some(q) => {
+                    q.push((slot, Self::free_one::<T>));
+                    true
+                }
+                None => {
+                    *p = Some(Vec::new());
+                    false
+                }
+            }
+        });
+        if nested {
+            return;
+        }
+        // SAFETY: forwarded from our caller.
+        unsafe { Self::free_one::<T>(slot) };
+        while let Some((s, f)) = PENDING.with(|p| p.borrow_mut().as_mut().and_then(Vec::pop)) {
+            // SAFETY: queued by a nested call under the same contract.
+            unsafe { f(s) };
+        }
+        PENDING.with(|p| *p.borrow_mut() = None);
+    }
+
+    /// Frees one object (see [`Inner::free_object`]).
+    ///
+    /// # Safety
+    /// As [`Inner::free_object`].
+    unsafe fn free_one<T: Remotable>(slot: NonNull<Slot>) {
         // SAFETY: per the contract, the slot's chunk is live and names its runtime.
         let inner = unsafe { &*(owner_of(slot) as *const Inner) };
         let s = slot_ref(slot);
