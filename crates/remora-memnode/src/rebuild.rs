@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use remora_ec::Codec;
 use remora_proto::msg::{RebuildRow, RebuildSource};
+use remora_proto::rpc::Ticket;
 use remora_proto::{Cap, ConnOptions, MemNodeClient, Range, RemoteError, RpcError};
 
 use crate::Shared;
@@ -73,18 +74,21 @@ pub(crate) fn rebuild(
         .iter()
         .map(|s| peer(shared, &s.addr))
         .collect::<Result<Vec<_>, _>>()?;
-    let mut written = 0u64;
+    // Rounds: as many rows as keep every source's read under ROUND_BYTES.
+    let mut rounds = Vec::new();
     let mut start = 0;
     while start < rows.len() {
-        // A round: as many rows as keep every source's read under ROUND_BYTES.
         let mut end = start;
-        let mut per_source = 0u64;
-        while end < rows.len() && (end == start || per_source + rows[end].row_len as u64 <= ROUND_BYTES) {
-            per_source += rows[end].row_len as u64;
+        let mut bytes = 0u64;
+        while end < rows.len() && (end == start || bytes + rows[end].row_len as u64 <= ROUND_BYTES) {
+            bytes += rows[end].row_len as u64;
             end += 1;
         }
-        let round = &rows[start..end];
-        // One vectored read per source, all in flight at once.
+        rounds.push(start..end);
+        start = end;
+    }
+    // One vectored read per source and round, all in flight at once.
+    let send = |round: &[RebuildRow]| -> Result<Vec<(Option<Ticket>, usize)>, RemoteError> {
         let mut tickets = Vec::with_capacity(k);
         for (si, s) in sources.iter().enumerate() {
             let ranges: Vec<Range> = round
@@ -104,6 +108,17 @@ pub(crate) fn rebuild(
             };
             tickets.push((t, total));
         }
+        Ok(tickets)
+    };
+    let mut written = 0u64;
+    let mut next = match rounds.first() {
+        Some(r) => Some(send(&rows[r.clone()])?),
+        None => None,
+    };
+    let mut padded: Vec<Vec<u8>> = vec![Vec::new(); k];
+    let mut scratch = Vec::new();
+    for (ri, rr) in rounds.iter().enumerate() {
+        let tickets = next.take().expect("sent ahead");
         let mut bufs = Vec::with_capacity(k);
         for (si, (t, total)) in tickets.into_iter().enumerate() {
             let mut b = vec![0u8; total];
@@ -112,10 +127,12 @@ pub(crate) fn rebuild(
             }
             bufs.push(b);
         }
+        // The next round travels while this one decodes.
+        if let Some(nr) = rounds.get(ri + 1) {
+            next = Some(send(&rows[nr.clone()])?);
+        }
         let mut pos = vec![0usize; k];
-        let mut padded: Vec<Vec<u8>> = vec![Vec::new(); k];
-        let mut out = Vec::new();
-        for r in round {
+        for r in &rows[rr.clone()] {
             let row_len = r.row_len as usize;
             // Full-length shards are decoded in place; only short ones
             // (zero-padded members) are copied.
@@ -140,20 +157,26 @@ pub(crate) fn rebuild(
                     (s.index as usize, b)
                 })
                 .collect();
+            let mut g = region.write();
+            let range = g.check(&region, &cap, true, r.offset, r.out_len as u64)?;
+            if r.out_len as usize == row_len {
+                codec
+                    .decode_data(&present, want, &mut g.mem[range])
+                    .map_err(|e| RemoteError::Internal(format!("decode: {e}")))?;
+            } else {
+                scratch.clear();
+                scratch.resize(row_len, 0);
+                codec
+                    .decode_data(&present, want, &mut scratch)
+                    .map_err(|e| RemoteError::Internal(format!("decode: {e}")))?;
+                g.mem[range].copy_from_slice(&scratch[..r.out_len as usize]);
+            }
+            drop(g);
+            written += r.out_len as u64;
             for (p, len) in pos.iter_mut().zip(&r.lens) {
                 *p += *len as usize;
             }
-            out.clear();
-            out.resize(row_len, 0);
-            codec
-                .decode_data(&present, want, &mut out)
-                .map_err(|e| RemoteError::Internal(format!("decode: {e}")))?;
-            let mut g = region.write();
-            let range = g.check(&region, &cap, true, r.offset, r.out_len as u64)?;
-            g.mem[range].copy_from_slice(&out[..r.out_len as usize]);
-            written += r.out_len as u64;
         }
-        start = end;
     }
     Ok(written)
 }

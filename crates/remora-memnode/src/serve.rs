@@ -147,14 +147,50 @@ impl Conn<'_> {
                 if payload_len != 0 {
                     return Err(ConnError::Protocol("payload on a read".into()));
                 }
-                match self.gather(&ranges) {
-                    Ok(buf) => {
-                        if let Some(o) = out {
-                            o.ok(id, &MemResponse::Data, &[&buf])?;
+                if let Some(first) = ranges
+                    .first()
+                    .filter(|f| ranges.iter().all(|r| r.cap.region == f.cap.region))
+                {
+                    // One region (the common case: a peer reading a shard's
+                    // rows): send straight from region memory under one lock.
+                    let region = match self.shared.regions.get(first.cap.region) {
+                        Ok(r) => r,
+                        Err(e) => return reply_err(out, id, &e),
+                    };
+                    let g = region.read();
+                    let total: u64 = ranges.iter().map(|r| r.len as u64).sum();
+                    let checked: Result<Vec<std::ops::Range<usize>>, RemoteError> = if total > MAX_PAYLOAD_LEN as u64 {
+                        Err(RemoteError::BadRequest("vectored read exceeds the frame limit".into()))
+                    } else {
+                        ranges
+                            .iter()
+                            .map(|r| g.check(&region, &r.cap, false, r.offset, r.len as u64))
+                            .collect()
+                    };
+                    match checked {
+                        Ok(rs) => {
+                            if let Some(o) = out {
+                                let head = encode(&MemResponse::Data);
+                                let slices: Vec<&[u8]> = rs.into_iter().map(|r| &g.mem[r]).collect();
+                                o.with_socket(|s| write_frame(s, FrameKind::Response, id, &head, &slices))?;
+                            }
+                            Ok(())
                         }
-                        Ok(())
+                        Err(e) => {
+                            drop(g);
+                            reply_err(out, id, &e)
+                        }
                     }
-                    Err(e) => reply_err(out, id, &e),
+                } else {
+                    match self.gather(&ranges) {
+                        Ok(buf) => {
+                            if let Some(o) = out {
+                                o.ok(id, &MemResponse::Data, &[&buf])?;
+                            }
+                            Ok(())
+                        }
+                        Err(e) => reply_err(out, id, &e),
+                    }
                 }
             }
             MemRequest::WriteV { ranges } => self.scatter(id, &ranges, payload_len, out),

@@ -501,8 +501,6 @@ impl Shared {
             st.groups[g].failed[pos] = false;
         }
         self.rebuilt.fetch_add(rebuilt, Ordering::Relaxed);
-        self.rebuild_nanos
-            .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
         tracing::info!(
             "ec-batch: rebuilt group {g} position {pos} ({} rows, {rebuilt} bytes) on {node} in {:?}",
             rows.len(),
@@ -720,17 +718,26 @@ impl Scheme for EcBatch {
         let (sh, far) = (Arc::clone(&self.sh), Arc::clone(far));
         sh.recovering.fetch_add(1, Ordering::Relaxed);
         let spawned = thread::Builder::new().name("remora-recovery".into()).spawn(move || {
-            for (g, pos) in affected {
-                let mut tries = 0;
-                while let Err(e) = sh.recover(&far, g, pos) {
-                    tries += 1;
-                    tracing::error!("ec-batch: rebuilding group {g} position {pos} failed: {e}");
-                    if tries >= 5 {
-                        break;
-                    }
-                    thread::sleep(Duration::from_millis(200));
+            let started = Instant::now();
+            // Positions are independent (different replacement nodes): rebuild them in parallel.
+            thread::scope(|s| {
+                for (g, pos) in affected {
+                    let (sh, far) = (&sh, &far);
+                    s.spawn(move || {
+                        let mut tries = 0;
+                        while let Err(e) = sh.recover(far, g, pos) {
+                            tries += 1;
+                            tracing::error!("ec-batch: rebuilding group {g} position {pos} failed: {e}");
+                            if tries >= 5 {
+                                break;
+                            }
+                            thread::sleep(Duration::from_millis(200));
+                        }
+                    });
                 }
-            }
+            });
+            sh.rebuild_nanos
+                .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
             sh.recovering.fetch_sub(1, Ordering::Relaxed);
             sh.recoveries.fetch_add(1, Ordering::Relaxed);
         });
