@@ -196,14 +196,19 @@ impl CentralFreeList {
                 span
             }
         };
+        // Initialise first, claim second: the eviction sweep reads the
+        // header of every claimed slot without this lock, so a claimed slot
+        // must never show stale bytes from the span's previous life.
         let index = span
-            .alloc_slot()
+            .first_free()
             .expect("a listed span has a free slot (slots change only under this lock)");
+        init(span.object_addr(index));
+        let claimed = span.claim_slot(index);
+        debug_assert!(claimed, "slots are claimed only under this lock");
         st.live += 1;
         if span.is_full() {
             self.unlist(&mut st, span);
         }
-        init(span.object_addr(index));
         Ok(())
     }
 

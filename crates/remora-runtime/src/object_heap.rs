@@ -10,7 +10,7 @@ use crate::central_freelist::CentralFreeList;
 use crate::error::RuntimeError;
 use crate::eviction::EvictionPolicy;
 use crate::page_heap::{PageHeap, PageHeapConfig};
-use crate::pointer::{HOT_MASK, HOT_SHIFT, PRESENT, Slot, hotness, local_addr};
+use crate::pointer::{EVICTING, HOT_MASK, HOT_SHIFT, LOCK, MOVING, PRESENT, SEALED, Slot, hotness, local_addr};
 use crate::size_classes::{ClassIndex, NUM_CLASSES, PAGE_SIZE, SizeClass};
 use crate::span::{EVICTING_POS, NOT_LISTED, Span, SpanKind};
 pub(crate) use crate::span_registry::SpanRef;
@@ -75,9 +75,10 @@ impl ObjectHeap {
                 }
                 let _g = self.large.lock().unwrap_or_else(|p| p.into_inner());
                 let span = self.pages.alloc_large(pages).map_err(local)?;
-                let i = span.alloc_slot().expect("a fresh large span has its slot");
+                // Initialise, then claim, then register (see `CentralFreeList::alloc_with`).
+                init(span.object_addr(0));
+                span.claim_slot(0);
                 self.registry.add(span);
-                init(span.object_addr(i));
                 Ok(())
             }
         }
@@ -234,13 +235,16 @@ impl ObjectHeap {
                 let hv = hotness(w);
                 hot.push(hv);
                 let aged = policy.age(hv);
-                if aged != hv {
-                    // Clear then set, each atomic, so concurrent flag changes survive.
-                    slot.word.fetch_and(!HOT_MASK, crate::loom::Ordering::Relaxed);
-                    if aged != 0 {
-                        slot.word
-                            .fetch_or((aged as u64) << HOT_SHIFT, crate::loom::Ordering::Relaxed);
-                    }
+                // Age only words nobody has marked or locked: a mark's
+                // commit expects the word it marked, hotness included.
+                if aged != hv && w & (EVICTING | SEALED | LOCK | MOVING) == 0 {
+                    let new = (w & !HOT_MASK) | ((aged as u64) << HOT_SHIFT);
+                    let _ = slot.word.compare_exchange(
+                        w,
+                        new,
+                        crate::loom::Ordering::Relaxed,
+                        crate::loom::Ordering::Relaxed,
+                    );
                 }
             }
             scored.push((policy.span_score(&hot, span.object_size()), s));

@@ -39,17 +39,24 @@
 //!    with a CAS. The winner either clears `E`/`M` (the application keeps the
 //!    object local and the background operation aborts) or, if `P` is clear,
 //!    goes on to swap the span in.
-//! 4. **Seal** (background): after the grace period, CAS each marked word
-//!    from `P|E` to `P|E|Z`. A failed CAS means an application thread won the
-//!    race (or freed the object): the span's eviction is abandoned. Once
+//! 4. **Seal** (background): after the grace period, add `Z` to each marked
+//!    word that still names the object with exactly `P|E` among its flags
+//!    (hotness and dirty may have changed: a reader that loaded the word
+//!    before the mark can still raise them, and it has left its scope by
+//!    now). If a word no longer qualifies, an application thread won the
+//!    race (or freed the object): the span's eviction is abandoned and the
+//!    marks are taken back the same way, ignoring hotness and dirty. Once
 //!    sealed, an application thread that finds `E|Z` waits for the word to
 //!    change instead of racing: the evictor no longer waits for any scope,
 //!    so this wait cannot deadlock, and under memory pressure the evictor,
-//!    not the application, must win or the budget could not hold.
+//!    not the application, must win or the budget could not hold. The aging
+//!    sweep leaves marked words alone.
 //! 5. **Commit** (background): after the far copy is acknowledged, take `L`
-//!    on every object of the span with a CAS that expects `P|E|Z` and `L`
-//!    clear (it fails only if the owner freed the object meanwhile: abort),
-//!    then store the far word (which clears `P`, `E`, `Z` and `L` at once).
+//!    on every object of the span (the word must still be `P|E|Z` for the
+//!    object; it changes only if the owner freed it: abort), then store the
+//!    far word (which clears `P`, `E`, `Z` and `L` at once).
+//!
+//! `loom` checks these steps in `tests/loom_pointer.rs`.
 //!
 //! # Invariants
 //!

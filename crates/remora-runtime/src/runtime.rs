@@ -745,19 +745,17 @@ impl Inner {
         self.rcu.synchronize();
         let mut sealed: Vec<(SpanRef, Marked)> = Vec::with_capacity(marked.len());
         for (span, mut objs) in marked {
-            let mut n = 0;
+            let mut ok = true;
             for (slot, exp, _) in objs.iter_mut() {
-                if slot_ref(*slot)
-                    .word
-                    .compare_exchange(*exp, *exp | SEALED, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_err()
-                {
-                    break;
+                match transition(slot_ref(*slot), local_addr(*exp), PRESENT | EVICTING, SEALED) {
+                    Some(w) => *exp = w,
+                    None => {
+                        ok = false;
+                        break;
+                    }
                 }
-                *exp |= SEALED;
-                n += 1;
             }
-            if n == objs.len() {
+            if ok {
                 sealed.push((span, objs));
             } else {
                 unmark(&objs);
@@ -791,18 +789,20 @@ impl Inner {
                 return 0;
             }
         };
-        // Phase 4: commit each span, or abort it if an application thread won a race.
+        // Phase 4: commit each span, or abort it if its owner freed an object meanwhile.
         let mut evicted = 0;
-        for (((span, objs), at), sum) in marked.into_iter().zip(placed).zip(sums) {
+        for (((span, mut objs), at), sum) in marked.into_iter().zip(placed).zip(sums) {
             let sp = span.get();
             let mut locked = 0;
-            for (slot, exp, _) in &objs {
-                if !slot_ref(*slot).try_lock_exact(*exp) {
-                    break;
+            for (slot, exp, _) in objs.iter_mut() {
+                match transition(slot_ref(*slot), local_addr(*exp), PRESENT | EVICTING | SEALED, LOCK) {
+                    Some(w) => *exp = w & !LOCK,
+                    None => break,
                 }
                 locked += 1;
             }
             if locked < objs.len() {
+                // The owner freed an object meanwhile: keep the span local.
                 for (slot, exp, _) in &objs[..locked] {
                     slot_ref(*slot).unlock_with(exp & !(EVICTING | SEALED));
                 }
@@ -879,15 +879,46 @@ impl Inner {
 /// The objects of a span marked for eviction: slot, word as marked, index.
 type Marked = Vec<(NonNull<Slot>, u64, usize)>;
 
-/// Clears E (and Z) on words that still carry exactly the mark we set.
+/// Sets `add` on the word of the local object at `addr` if it has exactly
+/// the flags `need` among P, L, E, Z (M must be clear), whatever its hotness
+/// and dirty bits say. Returns the new word, or `None` if the word no longer
+/// qualifies (the object was freed, moved, or an access aborted the mark).
+fn transition(s: &Slot, addr: usize, need: u64, add: u64) -> Option<u64> {
+    const FLAGS: u64 = PRESENT | LOCK | MOVING | EVICTING | SEALED;
+    loop {
+        let w = s.word.load(Ordering::Acquire);
+        if w & FLAGS != need || local_addr(w) != addr {
+            return None;
+        }
+        if s.word
+            .compare_exchange(w, w | add, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            return Some(w | add);
+        }
+    }
+}
+
+/// Takes back our marks (E and Z) from words that still name the objects we
+/// marked, whatever happened to their hotness or dirty bits meanwhile. A
+/// word that is locked, freed or already unmarked is left to its holder.
 fn unmark(objs: &[(NonNull<Slot>, u64, usize)]) {
     for (slot, exp, _) in objs {
-        let _ = slot_ref(*slot).word.compare_exchange(
-            *exp,
-            exp & !(EVICTING | SEALED),
-            Ordering::AcqRel,
-            Ordering::Relaxed,
-        );
+        let s = slot_ref(*slot);
+        let addr = local_addr(*exp);
+        loop {
+            let w = s.word.load(Ordering::Acquire);
+            if w & PRESENT == 0 || w & LOCK != 0 || w & EVICTING == 0 || local_addr(w) != addr {
+                break;
+            }
+            let clean = w & !(EVICTING | SEALED);
+            if s.word
+                .compare_exchange(w, clean, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                break;
+            }
+        }
     }
 }
 

@@ -234,6 +234,16 @@ impl Span {
         None
     }
 
+    /// The lowest free slot, without claiming it (the caller claims it with
+    /// [`Span::claim_slot`] once the object is initialised).
+    pub fn first_free(&self) -> Option<usize> {
+        let words = self.capacity().div_ceil(64);
+        self.free[..words].iter().enumerate().find_map(|(w, word)| {
+            let bits = word.load(Ordering::Acquire);
+            (bits != 0).then(|| w * 64 + bits.trailing_zeros() as usize)
+        })
+    }
+
     /// Claims slot `index` if it is free (swap-in re-creates a span with its
     /// objects at their old indices). Returns whether it was free.
     pub fn claim_slot(&self, index: usize) -> bool {

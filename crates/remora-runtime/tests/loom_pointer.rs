@@ -15,9 +15,10 @@
 //! checks catch a use that is ordered after it. The models are small (one
 //! object, two or three threads) and bounded by loom's preemption bound.
 //!
-//! Where the runtime has a defect, the model runs both as implemented
-//! (`AS_IMPLEMENTED`, an `#[ignore]`d test that fails) and with the proposed
-//! fix (`PROPOSED`, a test that passes); the `#[ignore]` reasons name them.
+//! The model found two defects, since fixed (`unmark` expecting the exact
+//! marked word; a Relaxed scope-entry store). Every scenario runs the
+//! protocol as implemented (`CURRENT`); three `#[should_panic]` tests run it
+//! as it was (`BEFORE_FIXES`) to show the model catches those defects.
 //!
 //! Run (about a second in release):
 //!
@@ -26,7 +27,7 @@
 //!     cargo test -p remora-runtime --release --test loom_pointer -- --nocapture
 //! ```
 //!
-//! Add `--ignored` to see the defects. `LOOM_MAX_PREEMPTIONS` overrides the
+//! `LOOM_MAX_PREEMPTIONS` overrides the
 //! preemption bounds (5 for two threads, 2 for three).
 
 #![cfg(loom)]
@@ -102,7 +103,7 @@ fn store(word: &AtomicU64, v: u64) {
 }
 
 /// The two places where the model can follow `runtime.rs`/`scope.rs` as
-/// written or the change proposed for a finding (see the `#[ignore]`d tests).
+/// written before the findings were fixed, or as it is now.
 #[derive(Debug, Clone, Copy)]
 struct Protocol {
     /// Ordering of the store that makes the scope state odd in `enter_rec`.
@@ -120,14 +121,16 @@ enum Unmark {
     Ours,
 }
 
-/// The protocol as implemented today.
-const AS_IMPLEMENTED: Protocol = Protocol {
+/// The protocol before the two findings were fixed; tests that run it are
+/// `#[should_panic]`: they show the model catches those defects.
+const BEFORE_FIXES: Protocol = Protocol {
     enter: Ordering::Relaxed,
     unmark: Unmark::Exact,
 };
 
-/// The protocol with the fixes proposed for the two findings.
-const PROPOSED: Protocol = Protocol {
+/// The protocol as `runtime.rs` and `scope.rs` implement it now (the fixes
+/// for both findings).
+const CURRENT: Protocol = Protocol {
     enter: Ordering::Release,
     unmark: Unmark::Ours,
 };
@@ -414,14 +417,14 @@ fn reader_vs_evictor(hot: u8, proto: Protocol, no_stale_mark: bool) {
 #[test]
 fn reader_vs_evictor_hot_object() {
     // Hotness 255: the fast path writes nothing.
-    reader_vs_evictor(255, AS_IMPLEMENTED, true);
+    reader_vs_evictor(255, CURRENT, true);
 }
 
 #[test]
 fn reader_vs_evictor_cold_object() {
     // Hotness 0: the fast path raises it with a `fetch_or`, which changes the
     // word under a pending mark and must make the commit abort.
-    reader_vs_evictor(0, AS_IMPLEMENTED, false);
+    reader_vs_evictor(0, CURRENT, false);
 }
 
 /// Finding 1 (liveness): a fast-path reader that loaded the word before the
@@ -434,15 +437,15 @@ fn reader_vs_evictor_cold_object() {
 /// object to hotness 0, so the first access after a sweep always does this
 /// `fetch_or`.
 #[test]
-#[ignore = "bug: runtime.rs unmark() leaves E set when hotness/dirty changed after mark_span"]
-fn reader_vs_evictor_cold_object_leaves_no_mark() {
-    reader_vs_evictor(0, AS_IMPLEMENTED, true);
+#[should_panic] // the defect fixed in runtime.rs unmark(): E left set when hotness changed after mark_span
+fn reader_vs_evictor_cold_object_before_fixes_is_caught() {
+    reader_vs_evictor(0, BEFORE_FIXES, true);
 }
 
 /// The fix for finding 1: `unmark` clears `E` while the word names the object.
 #[test]
-fn reader_vs_evictor_cold_object_leaves_no_mark_proposed() {
-    reader_vs_evictor(0, PROPOSED, true);
+fn reader_vs_evictor_cold_object_leaves_no_mark() {
+    reader_vs_evictor(0, CURRENT, true);
 }
 
 /// A reader that leaves its scope and enters a new one (`renew`, or two
@@ -476,15 +479,15 @@ fn reader_renews_vs_evictor(proto: Protocol) {
 /// reports the read and the release as concurrent. `renew` does exactly
 /// exit + enter, so the window is its normal case.
 #[test]
-#[ignore = "bug: scope.rs enter_rec stores the odd state Relaxed; grace period does not order the previous scope"]
-fn reader_renews_scope_vs_evictor() {
-    reader_renews_vs_evictor(AS_IMPLEMENTED);
+#[should_panic] // the defect fixed in scope.rs enter_rec: a Relaxed odd state left the previous scope unordered
+fn reader_renews_scope_vs_evictor_before_fixes_is_caught() {
+    reader_renews_vs_evictor(BEFORE_FIXES);
 }
 
 /// The fix for finding 2: `enter_rec` stores the odd state with `Release`.
 #[test]
-fn reader_renews_scope_vs_evictor_proposed() {
-    reader_renews_vs_evictor(PROPOSED);
+fn reader_renews_scope_vs_evictor() {
+    reader_renews_vs_evictor(CURRENT);
 }
 
 /// Two readers in scopes against one evictor: the grace period waits for
@@ -492,7 +495,7 @@ fn reader_renews_scope_vs_evictor_proposed() {
 #[test]
 fn two_readers_vs_evictor() {
     check_bounded("two_readers_vs_evictor", 2, || {
-        let w = Arc::new(World::new(255, AS_IMPLEMENTED));
+        let w = Arc::new(World::new(255, CURRENT));
         let w2 = Arc::clone(&w);
         let ev = thread::spawn(move || evict(&w2, None));
         let w3 = Arc::clone(&w);
@@ -513,7 +516,7 @@ fn fast_path_writer_is_not_lost() {
     check("fast_path_writer_is_not_lost", || {
         // Hot and already dirty: the fast path writes no word, so a write that
         // slips past the mark can only be caught by the grace period.
-        let w = Arc::new(World::new(255, AS_IMPLEMENTED));
+        let w = Arc::new(World::new(255, CURRENT));
         w.slot.word.fetch_or(DIRTY, Ordering::Relaxed);
         let w2 = Arc::clone(&w);
         let ev = thread::spawn(move || evict(&w2, None));
@@ -544,7 +547,7 @@ fn fast_path_writer_is_not_lost() {
 #[test]
 fn slow_path_writer_never_races_the_copy() {
     check("slow_path_writer_never_races_the_copy", || {
-        let w = Arc::new(World::new(255, AS_IMPLEMENTED));
+        let w = Arc::new(World::new(255, CURRENT));
         let w2 = Arc::clone(&w);
         let ev = thread::spawn(move || evict(&w2, None));
         let (a, _) = reader(&w, 0, true);
@@ -599,15 +602,15 @@ fn ager_vs_evictor(proto: Protocol) {
 /// `unmark`'s, leaving `P|E|Z` on a live local object; every later access
 /// waits in `access_slow` for a verdict that never comes.
 #[test]
-#[ignore = "bug: a hotness change after the seal leaves E|Z set (unmark CAS expects the exact word); accesses then spin forever"]
-fn ager_vs_evictor_as_implemented() {
-    ager_vs_evictor(AS_IMPLEMENTED);
+#[should_panic] // the defect fixed in unmark/pick_cold: a hotness change after the seal left E|Z set
+fn ager_vs_evictor_before_fixes_is_caught() {
+    ager_vs_evictor(BEFORE_FIXES);
 }
 
 /// The fix for finding 1 also covers the sealed case.
 #[test]
-fn ager_vs_evictor_proposed() {
-    ager_vs_evictor(PROPOSED);
+fn ager_vs_evictor_current() {
+    ager_vs_evictor(CURRENT);
 }
 
 /// `free_object` on one word: returns whether it freed the local object
@@ -649,7 +652,7 @@ fn drop_object(w: &World, released: &AtomicBool) -> bool {
 #[test]
 fn dropper_vs_evictor() {
     check("dropper_vs_evictor", || {
-        let w = Arc::new(World::new(255, AS_IMPLEMENTED));
+        let w = Arc::new(World::new(255, CURRENT));
         let released = Arc::new(AtomicBool::new(false));
         let (w2, r2) = (Arc::clone(&w), Arc::clone(&released));
         let ev = thread::spawn(move || evict(&w2, Some(&r2)));
@@ -670,7 +673,7 @@ fn dropper_vs_evictor() {
 #[test]
 fn dropper_reuses_slot_vs_evictor() {
     check("dropper_reuses_slot_vs_evictor", || {
-        let w = Arc::new(World::new(255, AS_IMPLEMENTED));
+        let w = Arc::new(World::new(255, CURRENT));
         let released = Arc::new(AtomicBool::new(false));
         let (w2, r2) = (Arc::clone(&w), Arc::clone(&released));
         let ev = thread::spawn(move || evict(&w2, Some(&r2)));
@@ -702,7 +705,7 @@ fn dropper_reuses_slot_vs_evictor() {
 #[test]
 fn two_evictors_commit_at_most_once() {
     check("two_evictors_commit_at_most_once", || {
-        let w = Arc::new(World::new(255, AS_IMPLEMENTED));
+        let w = Arc::new(World::new(255, CURRENT));
         let commits = Arc::new(AtomicUsize::new(0));
         let (w2, c2) = (Arc::clone(&w), Arc::clone(&commits));
         let other = thread::spawn(move || {
