@@ -41,7 +41,7 @@
 //! boundary alone costs.
 
 mod pattern;
-mod pin;
+pub(crate) mod pin;
 mod raw;
 mod stats;
 

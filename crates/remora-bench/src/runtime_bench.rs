@@ -28,6 +28,7 @@ use std::hint::black_box;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use crate::net::pin;
 use anyhow::{Context, anyhow, bail};
 use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;
@@ -95,37 +96,9 @@ pub enum Pin {
     None,
 }
 
-/// Pins thread `tid` (0: the calling thread, whose later threads inherit it) to `cpu`.
-fn set_affinity(tid: libc::pid_t, cpu: usize) -> std::io::Result<()> {
-    if cpu >= libc::CPU_SETSIZE as usize {
-        return Err(std::io::Error::other(format!("CPU {cpu} out of range")));
-    }
-    // SAFETY: `cpu_set_t` is a plain bit array; all zeroes is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `cpu` is below CPU_SETSIZE (checked above), so the bit is inside `set`.
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: `set` is a valid, initialized cpu_set_t and the size passed is its own.
-    let r = unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
 /// The first two CPUs this process may use.
 fn two_cpus() -> anyhow::Result<(usize, usize)> {
-    // SAFETY: as in `set_affinity`, all zeroes is a valid empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is writable and its size is passed along.
-    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error()).context("reading this process's CPU affinity");
-    }
-    // SAFETY: every index is below CPU_SETSIZE, inside `set`.
-    let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-        .collect();
+    let cpus = pin::allowed_cpus().context("reading this process's CPU affinity")?;
     match cpus.as_slice() {
         [a, b, ..] => Ok((*a, *b)),
         _ => bail!("--pin split needs two CPUs, this process may use {cpus:?} (try --pin none)"),
@@ -134,19 +107,7 @@ fn two_cpus() -> anyhow::Result<(usize, usize)> {
 
 /// Pins every thread of process `pid` to `cpu`; returns how many.
 fn pin_process(pid: u32, cpu: usize) -> anyhow::Result<usize> {
-    let mut n = 0;
-    for entry in std::fs::read_dir(format!("/proc/{pid}/task"))? {
-        let Some(tid) = entry?.file_name().to_str().and_then(|t| t.parse::<libc::pid_t>().ok()) else {
-            continue;
-        };
-        match set_affinity(tid, cpu) {
-            Ok(()) => n += 1,
-            // The thread exited in the meantime.
-            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
-            Err(e) => return Err(e).with_context(|| format!("pinning thread {tid} of process {pid}")),
-        }
-    }
-    Ok(n)
+    pin::pin_threads(&pid.to_string(), cpu, |_| true).with_context(|| format!("pinning the threads of process {pid}"))
 }
 
 fn progress(msg: std::fmt::Arguments<'_>) {
@@ -279,7 +240,7 @@ pub fn run(args: &RuntimeArgs) -> anyhow::Result<()> {
                 pin_process(m.pid, servers)?;
             }
             // Threads started from here on (runtime, connections) inherit this.
-            set_affinity(0, me).context("pinning the benchmark thread")?;
+            pin::pin_current(me).context("pinning the benchmark thread")?;
             Some((me, servers))
         }
         Pin::None => None,

@@ -107,27 +107,7 @@ impl CentralFreeList {
     /// # Errors
     /// Whatever the page heap reports when a fresh span is needed (budget, `mmap`).
     pub fn alloc(&self) -> Result<NonNull<u8>, AllocError> {
-        let mut st = self.lock();
-        let span = match st.nonempty.last() {
-            Some(&ptr) => self.heap.span(ptr),
-            None => {
-                // Holding the class lock here keeps two threads from each fetching a span for
-                // the same shortage.
-                let span = self.heap.alloc_small(self.class)?;
-                st.spans += 1;
-                push(&mut st, span);
-                self.registry.add(span);
-                span
-            }
-        };
-        let index = span
-            .alloc_slot()
-            .expect("a listed span has a free slot (slots change only under this lock)");
-        st.live += 1;
-        if span.is_full() {
-            self.unlist(&mut st, span);
-        }
-        let addr = span.object_addr(index);
+        let addr = self.alloc_with(|_| {})?;
         Ok(NonNull::new(addr as *mut u8).expect("spans never start at address 0"))
     }
 
@@ -184,7 +164,7 @@ impl CentralFreeList {
     /// Allocates one object and runs `init` on its address while the class
     /// lock is held, so an eviction thread never sees a slot that is
     /// allocated but not yet initialised.
-    pub(crate) fn alloc_with(&self, init: impl FnOnce(usize)) -> Result<(), AllocError> {
+    pub(crate) fn alloc_with(&self, init: impl FnOnce(usize)) -> Result<usize, AllocError> {
         let mut st = self.lock();
         let span = match st.nonempty.last() {
             Some(&ptr) => self.heap.span(ptr),
@@ -202,14 +182,15 @@ impl CentralFreeList {
         let index = span
             .first_free()
             .expect("a listed span has a free slot (slots change only under this lock)");
-        init(span.object_addr(index));
+        let addr = span.object_addr(index);
+        init(addr);
         let claimed = span.claim_slot(index);
         debug_assert!(claimed, "slots are claimed only under this lock");
         st.live += 1;
         if span.is_full() {
             self.unlist(&mut st, span);
         }
-        Ok(())
+        Ok(addr)
     }
 
     /// Pins `span` for eviction: no allocation from it, no release of it.

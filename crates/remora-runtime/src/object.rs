@@ -91,6 +91,15 @@ tuples!((A), (A, B), (A, B, C), (A, B, C, D));
 /// Size of the object header (the reverse reference).
 pub(crate) const HEADER: usize = 8;
 
+/// The object behind `slot` for the scope's lifetime, swapping it in if needed.
+fn shared_ref<'s, T: Remotable>(slot: NonNull<Slot>, scope: &'s DerefScope<'_>) -> Result<&'s T, RuntimeError> {
+    let addr = scope.inner().access(slot, false)?;
+    // SAFETY: `access` returned the header address of this live object,
+    // which stays put until the scope ends (pointer-protocol I2/I3), and the
+    // caller's pointer keeps the object alive at least that long.
+    Ok(unsafe { &*((addr + HEADER) as *const T) })
+}
+
 /// A unique remotable pointer: 8 bytes, owns one object that may live in
 /// local or far memory. Dereference it inside a [`DerefScope`].
 pub struct RemBox<T: Remotable> {
@@ -113,10 +122,7 @@ impl<T: Remotable> RemBox<T> {
 
     /// A shared reference valid for the scope.
     pub fn deref<'s>(&'s self, scope: &'s DerefScope<'_>) -> Result<&'s T, RuntimeError> {
-        let addr = scope.inner().access(self.slot, false)?;
-        // SAFETY: `access` returned the header address of this live object,
-        // which stays put until the scope ends (pointer-protocol I2/I3).
-        Ok(unsafe { &*((addr + HEADER) as *const T) })
+        shared_ref(self.slot, scope)
     }
 
     /// An exclusive reference valid for the scope; marks the object dirty.
@@ -175,9 +181,7 @@ impl<T: Remotable> RemRc<T> {
 
     /// A shared reference valid for the scope.
     pub fn deref<'s>(&'s self, scope: &'s DerefScope<'_>) -> Result<&'s T, RuntimeError> {
-        let addr = scope.inner().access(self.slot, false)?;
-        // SAFETY: as for `RemBox::deref`.
-        Ok(unsafe { &*((addr + HEADER) as *const T) })
+        shared_ref(self.slot, scope)
     }
 
     /// Number of `RemRc`s sharing the object.

@@ -67,7 +67,7 @@ impl ObjectHeap {
     /// eviction thread can look at the span.
     pub(crate) fn alloc_with(&self, size: usize, init: impl FnOnce(usize)) -> Result<(), RuntimeError> {
         match SizeClass::for_size(size) {
-            Some(c) => self.class_list(c).alloc_with(init).map_err(local),
+            Some(c) => self.class_list(c).alloc_with(init).map(|_| ()).map_err(local),
             None => {
                 let pages = size.div_ceil(PAGE_SIZE);
                 if pages > crate::pointer::MAX_FAR_PAGE as usize {

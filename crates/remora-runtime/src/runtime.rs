@@ -466,16 +466,23 @@ impl Inner {
         let s = slot_ref(slot);
         let w = s.word.load(Ordering::Acquire);
         if w & FAST_MASK == PRESENT {
-            let want = if write { HOT_MASK | DIRTY } else { HOT_MASK };
-            if w & want != want {
-                s.word.fetch_or(
-                    ((self.policy.on_access() as u64) << HOT_SHIFT) | (want & DIRTY),
-                    Ordering::Relaxed,
-                );
-            }
+            self.touch(s, w, write);
             return Ok(local_addr(w));
         }
         self.access_slow(s, write)
+    }
+
+    /// The read/write barrier: raises hotness (and dirty on a write) only if
+    /// not already set, so a hot object costs no atomic write per access.
+    #[inline]
+    fn touch(&self, s: &Slot, w: u64, write: bool) {
+        let want = if write { HOT_MASK | DIRTY } else { HOT_MASK };
+        if w & want != want {
+            s.word.fetch_or(
+                ((self.policy.on_access() as u64) << HOT_SHIFT) | (want & DIRTY),
+                Ordering::Relaxed,
+            );
+        }
     }
 
     #[cold]
@@ -505,13 +512,7 @@ impl Inner {
                 }
                 continue;
             }
-            let want = if write { HOT_MASK | DIRTY } else { HOT_MASK };
-            if w & want != want {
-                s.word.fetch_or(
-                    ((self.policy.on_access() as u64) << HOT_SHIFT) | (want & DIRTY),
-                    Ordering::Relaxed,
-                );
-            }
+            self.touch(s, w, write);
             return Ok(local_addr(w));
         }
     }

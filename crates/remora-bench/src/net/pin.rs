@@ -32,7 +32,7 @@ fn set_affinity(tid: libc::pid_t, cpu: usize) -> io::Result<()> {
 }
 
 /// The CPUs this process may run on, in order.
-pub(super) fn allowed_cpus() -> io::Result<Vec<usize>> {
+pub(crate) fn allowed_cpus() -> io::Result<Vec<usize>> {
     // SAFETY: as in `set_affinity`, all zeroes is a valid empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: `set` is writable and its size is passed along.
@@ -47,14 +47,14 @@ pub(super) fn allowed_cpus() -> io::Result<Vec<usize>> {
 }
 
 /// Pins the calling thread; threads it starts later inherit the pinning.
-pub(super) fn pin_current(cpu: usize) -> io::Result<()> {
+pub(crate) fn pin_current(cpu: usize) -> io::Result<()> {
     set_affinity(0, cpu)
 }
 
 /// Pins every thread of process `pid` (`"self"` for this one) whose name
 /// satisfies `pick`; threads they start later inherit it. Returns how many
 /// threads were pinned.
-pub(super) fn pin_threads(pid: &str, cpu: usize, pick: impl Fn(&str) -> bool) -> io::Result<usize> {
+pub(crate) fn pin_threads(pid: &str, cpu: usize, pick: impl Fn(&str) -> bool) -> io::Result<usize> {
     let mut n = 0;
     for entry in std::fs::read_dir(format!("/proc/{pid}/task"))? {
         let entry = entry?;
