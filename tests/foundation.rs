@@ -598,3 +598,77 @@ fn bad_flags_and_busy_ports_are_explained() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("smaller than one region"));
 }
+
+/// Children of a process that dies abruptly (SIGKILL, which also covers an
+/// unhandled Ctrl-C) exit on their own: each watches a lifeline pipe.
+#[test]
+fn daemons_exit_when_their_launcher_is_killed() {
+    let mut demo = Command::new(env!("CARGO_BIN_EXE_remora"))
+        .args([
+            "demo",
+            "--objects",
+            "2048",
+            "--before",
+            "30",
+            "--after",
+            "1",
+            "--plot",
+            "/dev/null",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let parent = demo.id();
+    let children = |ppid: u32| -> Vec<u32> {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .ok()
+                    .and_then(|s| s.rsplit(')').next().map(str::to_string))
+                    .and_then(|rest| rest.split_whitespace().nth(1).and_then(|p| p.parse::<u32>().ok()))
+                    == Some(ppid)
+            })
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let kids = loop {
+        let k = children(parent);
+        if k.len() >= 8 {
+            break k; // manager + 7 memory nodes
+        }
+        assert!(Instant::now() < deadline, "the demo did not start its cluster: {k:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    for k in &kids {
+        let cmd = std::fs::read_to_string(format!("/proc/{k}/cmdline")).unwrap_or_default();
+        assert!(
+            cmd.contains("manager") || cmd.contains("memnode"),
+            "unexpected child {k}: {cmd:?}"
+        );
+    }
+    demo.kill().unwrap();
+    demo.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let alive: Vec<u32> = kids
+            .iter()
+            .copied()
+            .filter(|p| {
+                std::fs::read_to_string(format!("/proc/{p}/stat"))
+                    .map(|s| !s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+                    .unwrap_or(false)
+            })
+            .collect();
+        if alive.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "daemons outlived their killed launcher: {alive:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
