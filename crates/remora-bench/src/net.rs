@@ -9,7 +9,7 @@
 //!    [`MemNodeClient::read`], for each `--sizes` entry; the baseline is a
 //!    ping-pong on a plain blocking TCP connection to a server thread in this
 //!    process that answers a 32-byte request with the same number of bytes
-//!    ([`raw`]). Both sides read the same pseudo-random aligned offsets of a
+//!    (`raw`). Both sides read the same pseudo-random aligned offsets of a
 //!    region-sized buffer. Warm-up first, then the two sides alternate in
 //!    blocks of `--block` samples (which side goes first alternates too), so
 //!    that machine noise hits both equally. Every reply is checked against
@@ -36,7 +36,7 @@
 //! from 0.4× to 4× between runs. By default (`--pin split`) every client
 //! thread runs on one CPU and every server thread (memory node and baseline)
 //! on another, so both sides pay the same cross-CPU wake-up, as a remote
-//! server would ([`pin`]). `--memnode in-process` and `--raw-server child`
+//! server would (`pin`). `--memnode in-process` and `--raw-server child`
 //! move either server across the process boundary to measure what that
 //! boundary alone costs.
 

@@ -7,7 +7,7 @@
 //! told; a compute node that goes silent has its regions revoked on the
 //! memory nodes and returned to the pool. A draining memory node gets no new
 //! allocations and its owners are told to move away. All assignments live in
-//! an embedded store ([`store`]) and survive a restart.
+//! an embedded store (module `store`, redb) and survive a restart.
 
 mod store;
 

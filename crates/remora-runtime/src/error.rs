@@ -26,6 +26,10 @@ pub enum RuntimeError {
     /// The manager or a memory node failed.
     #[error(transparent)]
     Rpc(#[from] RpcError),
+    /// The manager declared this compute node dead (it missed heartbeats) and
+    /// revoked its far memory: far objects are gone.
+    #[error("the manager expired this compute node's session; its far memory was revoked")]
+    SessionExpired,
     /// The runtime is shutting down.
     #[error("runtime is shut down")]
     Shutdown,

@@ -10,7 +10,7 @@
 //! One module per paper concept:
 //! - local memory: [`size_classes`], [`page_heap`], [`pagemap`], [`span`],
 //!   [`central_freelist`] (and [`LocalHeap`], the allocator on its own);
-//! - pointers: [`pointer`] (the Figure-2 word and its protocol), `scope`
+//! - pointers: [`mod@pointer`] (the Figure-2 word and its protocol), `scope`
 //!   (deref scopes, grace periods), `object` (remotable pointers), `slots`;
 //! - far memory: `region_table`, `far_page_heap`, `far_page_map`, [`scheme`];
 //! - background work: [`eviction`] (policies behind a trait, CLOCK default).

@@ -31,7 +31,7 @@
 //!    taking it away, so the address is used directly. No atomic write unless
 //!    hotness or dirty must be raised (then one `fetch_or`).
 //! 2. **Marking** (background): set `E` (or `M`) with a `fetch_or`, then wait
-//!    for a grace period ([`crate::scope`]): every thread that was inside a
+//!    for a grace period (module `scope`): every thread that was inside a
 //!    scope when the bit was set has left it. A thread that enters a scope
 //!    afterwards is guaranteed to see the bit (both sides issue a SeqCst fence
 //!    between their store and their load: Dekker) and takes the slow path.

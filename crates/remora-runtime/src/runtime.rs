@@ -140,6 +140,8 @@ pub(crate) struct Inner {
     counters: Counters,
     /// Eviction rounds under way (a round holds far pages until it commits or aborts).
     rounds: AtomicU64,
+    /// The manager expired our session: far memory is gone.
+    expired: AtomicBool,
     stop: AtomicBool,
     /// Wakes eviction threads (pressure) and allocators (progress).
     kick: Mutex<u64>,
@@ -154,7 +156,7 @@ pub struct Runtime {
     threads: Vec<thread::JoinHandle<()>>,
 }
 
-/// A deref scope of a runtime (see [`crate::scope`]): references obtained
+/// A deref scope of a runtime (see the `scope` module): references obtained
 /// through it are valid until it is dropped. Not `Send`.
 pub struct DerefScope<'rt> {
     inner: &'rt Inner,
@@ -194,6 +196,7 @@ impl Runtime {
             patience: cfg.patience,
             counters: Counters::default(),
             rounds: AtomicU64::new(0),
+            expired: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             kick: Mutex::new(0),
             kicked: Condvar::new(),
@@ -494,7 +497,13 @@ impl Inner {
                 continue;
             }
             if w & PRESENT == 0 {
-                self.swap_in(far_loc(w))?;
+                if let Err(e) = self.swap_in(far_loc(w)) {
+                    return Err(if self.expired.load(StdOrdering::Acquire) {
+                        RuntimeError::SessionExpired
+                    } else {
+                        e
+                    });
+                }
                 continue;
             }
             if w & SEALED != 0 {
@@ -950,6 +959,7 @@ fn notice_loop(weak: &std::sync::Weak<Inner>, events: &std::sync::mpsc::Receiver
             },
             remora_proto::SessionEvent::Resync => tracing::info!("manager restarted"),
             remora_proto::SessionEvent::Expired => {
+                inner.expired.store(true, StdOrdering::Release);
                 tracing::error!("the manager declared this compute node dead: far memory is gone")
             }
         }
