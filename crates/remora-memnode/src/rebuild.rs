@@ -42,7 +42,8 @@ fn remote(e: RpcError) -> RemoteError {
     }
 }
 
-/// Rebuilds shard `want` of every row into region `cap`; returns bytes written.
+/// Rebuilds shard `want` of every row into region `cap`; returns bytes
+/// written and each row's checksum.
 pub(crate) fn rebuild(
     shared: &Shared,
     cap: Cap,
@@ -51,7 +52,7 @@ pub(crate) fn rebuild(
     want: u8,
     sources: &[RebuildSource],
     rows: &[RebuildRow],
-) -> Result<u64, RemoteError> {
+) -> Result<(u64, Vec<u64>), RemoteError> {
     let (k, m, want) = (k as usize, m as usize, want as usize);
     let codec = Codec::new(k, m).map_err(|e| bad(format!("code: {e}")))?;
     if sources.len() != k
@@ -111,6 +112,7 @@ pub(crate) fn rebuild(
         Ok(tickets)
     };
     let mut written = 0u64;
+    let mut sums = Vec::with_capacity(rows.len());
     let mut next = match rounds.first() {
         Some(r) => Some(send(&rows[r.clone()])?),
         None => None,
@@ -171,6 +173,9 @@ pub(crate) fn rebuild(
                     .map_err(|e| RemoteError::Internal(format!("decode: {e}")))?;
                 g.mem[range].copy_from_slice(&scratch[..r.out_len as usize]);
             }
+            sums.push(remora_proto::checksum::checksum(
+                &g.mem[r.offset as usize..r.offset as usize + r.out_len as usize],
+            ));
             drop(g);
             written += r.out_len as u64;
             for (p, len) in pos.iter_mut().zip(&r.lens) {
@@ -178,5 +183,5 @@ pub(crate) fn rebuild(
             }
         }
     }
-    Ok(written)
+    Ok((written, sums))
 }

@@ -203,7 +203,7 @@ impl Conn<'_> {
                 sources,
                 rows,
             } => match crate::rebuild::rebuild(self.shared, cap, k, m, want, &sources, &rows) {
-                Ok(bytes) => reply_ok(out, id, MemResponse::Rebuilt { bytes }),
+                Ok((bytes, checksums)) => reply_ok(out, id, MemResponse::Rebuilt { bytes, checksums }),
                 Err(e) => reply_err(out, id, &e),
             },
             MemRequest::Grant {

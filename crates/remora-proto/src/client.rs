@@ -126,7 +126,8 @@ impl MemNodeClient {
     }
 
     /// Asks this node to rebuild erasure-code shards into its region `cap`
-    /// from survivors on its peers; returns the bytes it wrote.
+    /// from survivors on its peers; returns the bytes it wrote and the
+    /// checksum of each row it wrote.
     #[allow(clippy::too_many_arguments)]
     pub fn rebuild(
         &self,
@@ -137,7 +138,7 @@ impl MemNodeClient {
         sources: Vec<crate::msg::RebuildSource>,
         rows: Vec<crate::msg::RebuildRow>,
         timeout: Duration,
-    ) -> Result<u64, RpcError> {
+    ) -> Result<(u64, Vec<u64>), RpcError> {
         let t = self.conn.send(
             &MemRequest::Rebuild {
                 cap,
@@ -151,7 +152,7 @@ impl MemNodeClient {
         )?;
         let r = self.conn.wait(t, None, timeout)?;
         match crate::msg::decode::<MemResponse>(&r.head).map_err(|e| RpcError::Unexpected(e.to_string()))? {
-            MemResponse::Rebuilt { bytes } => Ok(bytes),
+            MemResponse::Rebuilt { bytes, checksums } => Ok((bytes, checksums)),
             other => Err(unexpected(other)),
         }
     }

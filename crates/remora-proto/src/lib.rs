@@ -8,6 +8,7 @@
 //! ([`cap`]) that the manager issues per region and compute node.
 
 pub mod cap;
+pub mod checksum;
 pub mod client;
 pub mod frame;
 pub mod msg;

@@ -160,10 +160,14 @@ pub enum MemResponse {
     Written,
     /// Answer to `Ping`.
     Pong,
-    /// Answer to `Rebuild`: bytes written.
+    /// Answer to `Rebuild`: bytes written, and the checksum
+    /// ([`crate::checksum::checksum`]) of each rebuilt row's written bytes,
+    /// in request order, so the owner can verify without reading back.
     Rebuilt {
         /// Bytes of rebuilt shards written into the region.
         bytes: u64,
+        /// One checksum per row.
+        checksums: Vec<u64>,
     },
     /// The admin request was applied.
     Done,

@@ -25,6 +25,7 @@ use crate::region_table::RegionTable;
 use crate::scheme::{NonFt, Scheme, SpanAddr};
 use crate::scope::{Rcu, ScopeGuard};
 use crate::slots::{SlotTable, owner_of};
+use remora_proto::checksum::checksum;
 
 /// How a runtime is set up.
 pub struct RuntimeConfig {
@@ -112,6 +113,8 @@ pub struct Stats {
     pub hole_bytes: u64,
     /// Far spans that failed their checksum and were rebuilt and rewritten.
     pub checksum_repairs: u64,
+    /// Rebuilds retried (a rebuilt shard failed its checksum, or a node failed mid-rebuild).
+    pub rebuild_retries: u64,
 }
 
 #[derive(Default)]
@@ -324,32 +327,6 @@ fn slot_ref<'a>(s: NonNull<Slot>) -> &'a Slot {
     unsafe { s.as_ref() }
 }
 
-/// 64-bit checksum of a span, computed on eviction and checked on swap-in.
-/// Four independent multiply-rotate lanes over 32-byte blocks: a single
-/// chain would serialize on the multiply latency (measured as the dominant
-/// cost of a 72 KiB swap-in), four lanes let the CPU overlap them.
-pub(crate) fn checksum(bytes: &[u8]) -> u64 {
-    const P: u64 = 0x0000_0100_0000_01B3;
-    let mut h = [
-        0xcbf2_9ce4_8422_2325u64,
-        0x9E37_79B9_7F4A_7C15,
-        0xD6E8_FEB8_6659_FD93,
-        0x94D0_49BB_1331_11EB,
-    ];
-    let mut blocks = bytes.chunks_exact(32);
-    for b in &mut blocks {
-        for (lane, w) in h.iter_mut().zip(b.chunks_exact(8)) {
-            let w = u64::from_le_bytes(w.try_into().expect("8 bytes"));
-            *lane = (*lane ^ w).wrapping_mul(P).rotate_left(29);
-        }
-    }
-    let mut acc = h[0] ^ h[1].rotate_left(16) ^ h[2].rotate_left(32) ^ h[3].rotate_left(48);
-    for &b in blocks.remainder() {
-        acc = (acc ^ b as u64).wrapping_mul(P);
-    }
-    acc ^ bytes.len() as u64
-}
-
 impl Inner {
     fn kick(&self) {
         let mut k = self.kick.lock().unwrap_or_else(|p| p.into_inner());
@@ -381,6 +358,7 @@ impl Inner {
             recovering: rep.recovering,
             hole_bytes: rep.hole_bytes,
             checksum_repairs: rep.repairs,
+            rebuild_retries: rep.rebuild_retries,
             swap_ins: self.counters.swap_ins.load(StdOrdering::Relaxed),
             swap_in_reads: self.counters.swap_in_reads.load(StdOrdering::Relaxed),
             swap_outs: self.counters.swap_outs.load(StdOrdering::Relaxed),
@@ -788,7 +766,7 @@ impl Inner {
             })
             .collect();
         let sums: Vec<u64> = bufs.iter().map(|b| checksum(b)).collect();
-        let placed = match self.scheme.swap_out(&self.far, &bufs) {
+        let placed = match self.scheme.swap_out(&self.far, &bufs, &sums) {
             Ok(p) => p,
             Err(e) => {
                 tracing::warn!("swap-out of {} spans failed: {e}", marked.len());
@@ -991,25 +969,5 @@ fn eviction_loop(weak: &std::sync::Weak<Inner>) {
         }
         let k = inner.kick.lock().unwrap_or_else(|p| p.into_inner());
         let _ = inner.kicked.wait_timeout(k, Duration::from_millis(10));
-    }
-}
-
-#[cfg(test)]
-mod checksum_tests {
-    use super::checksum;
-
-    #[test]
-    fn any_single_bit_flip_changes_the_checksum() {
-        let mut v: Vec<u8> = (0..8192u32).map(|i| (i * 31 % 251) as u8).collect();
-        let base = checksum(&v);
-        for byte in [0, 7, 8, 31, 32, 4095, 8191] {
-            for bit in 0..8 {
-                v[byte] ^= 1 << bit;
-                assert_ne!(checksum(&v), base, "flip of byte {byte} bit {bit} undetected");
-                v[byte] ^= 1 << bit;
-            }
-        }
-        assert_eq!(checksum(&v), base);
-        assert_ne!(checksum(&v[..8191]), checksum(&v[..8190]));
     }
 }

@@ -53,11 +53,16 @@ struct Member {
     pages: u32,
     /// Holds a live span (false: a hole, or virtual).
     live: bool,
+    /// Checksum of its bytes as written (a hole keeps its bytes, so its
+    /// checksum stays valid until the row is freed).
+    sum: u64,
 }
 
 struct Spanset {
     pages: u32,
     members: Vec<Member>,
+    /// Checksums of the parity shards.
+    parity_sums: Vec<u64>,
 }
 
 #[derive(Default)]
@@ -82,6 +87,7 @@ struct Shared {
     recoveries: AtomicU64,
     recovering: AtomicU64,
     repairs: AtomicU64,
+    rebuild_retries: AtomicU64,
     /// Nodes that failed a request recently: read around them until the
     /// manager's verdict (or a quiet period) settles it.
     suspects: Mutex<HashMap<NodeId, Instant>>,
@@ -119,6 +125,7 @@ impl EcBatch {
                 recoveries: AtomicU64::new(0),
                 recovering: AtomicU64::new(0),
                 repairs: AtomicU64::new(0),
+                rebuild_retries: AtomicU64::new(0),
                 suspects: Mutex::new(HashMap::new()),
             }),
         })
@@ -402,7 +409,7 @@ impl Shared {
     }
 
     /// Rebuilds position `pos` of group `g` on a replacement region.
-    fn recover(&self, far: &FarMemory, g: usize, pos: usize) -> Result<(), RuntimeError> {
+    fn recover(&self, far: &FarMemory, g: usize, pos: usize, attempt: usize) -> Result<(), RuntimeError> {
         let start = Instant::now();
         let exclude = self.lock().groups[g].nodes.clone();
         let grant = loop {
@@ -414,6 +421,26 @@ impl Shared {
                 Err(e) => return Err(e.into()),
             }
         };
+        let region = grant.cap.region;
+        let res = self.rebuild_on(far, g, pos, attempt, grant, start);
+        if res.is_err() {
+            // Give the unused replacement back; a retry asks for another.
+            if let Err(e) = far.session.free(region) {
+                tracing::warn!("freeing replacement region {region}: {e}");
+            }
+        }
+        res
+    }
+
+    fn rebuild_on(
+        &self,
+        far: &FarMemory,
+        g: usize,
+        pos: usize,
+        attempt: usize,
+        grant: remora_proto::RegionGrant,
+        start: Instant,
+    ) -> Result<(), RuntimeError> {
         let client = remora_proto::MemNodeClient::connect(&grant.addr, Default::default())?;
         // The replacement node does the work: it reads k survivors of every
         // row with read-only capabilities delegated from ours and decodes.
@@ -429,6 +456,10 @@ impl Shared {
                     self.k
                 )));
             }
+            // A retry (after a rebuilt shard failed its checksum) tries
+            // another set of survivors: one of them was corrupt.
+            let spare = cands.len() - self.k;
+            cands.rotate_left(attempt % (spare + 1));
             cands.truncate(self.k);
             let sources: Vec<RebuildSource> = cands
                 .iter()
@@ -441,11 +472,16 @@ impl Shared {
                     }
                 })
                 .collect();
-            let mut rows: Vec<RebuildRow> = st
+            let mut rows: Vec<(RebuildRow, u64)> = st
                 .rows
                 .iter()
                 .filter(|((gg, _), _)| *gg == g)
                 .filter_map(|((_, row), ss)| {
+                    let expect = if pos < self.k {
+                        ss.members[pos].sum
+                    } else {
+                        ss.parity_sums[pos - self.k]
+                    };
                     let member_bytes = |p: usize| {
                         if p < self.k {
                             bytes(ss.members[p].pages)
@@ -454,37 +490,50 @@ impl Shared {
                         }
                     };
                     let out_len = member_bytes(pos);
-                    (out_len > 0).then(|| RebuildRow {
-                        offset: offset(*row),
-                        row_len: bytes(ss.pages) as u32,
-                        lens: cands.iter().map(|&p| member_bytes(p) as u32).collect(),
-                        out_len: out_len as u32,
+                    (out_len > 0).then(|| {
+                        let r = RebuildRow {
+                            offset: offset(*row),
+                            row_len: bytes(ss.pages) as u32,
+                            lens: cands.iter().map(|&p| member_bytes(p) as u32).collect(),
+                            out_len: out_len as u32,
+                        };
+                        (r, expect)
                     })
                 })
                 .collect();
-            rows.sort_by_key(|r| r.offset);
+            rows.sort_by_key(|(r, _)| r.offset);
             (sources, rows)
         };
         let mut rebuilt = 0u64;
-        let mut batch: Vec<RebuildRow> = Vec::new();
+        let mut batch: Vec<(RebuildRow, u64)> = Vec::new();
         let mut batch_bytes = 0u64;
-        let flush = |batch: &mut Vec<RebuildRow>| -> Result<u64, RuntimeError> {
+        // Every rebuilt shard is checked against the checksum recorded when
+        // its row was written, as reported by the node that rebuilt it.
+        let flush = |batch: &mut Vec<(RebuildRow, u64)>| -> Result<u64, RuntimeError> {
             if batch.is_empty() {
                 return Ok(0);
             }
-            let n = client.rebuild(
+            let (rows, expect): (Vec<RebuildRow>, Vec<u64>) = std::mem::take(batch).into_iter().unzip();
+            let offsets: Vec<u64> = rows.iter().map(|r| r.offset).collect();
+            let (n, sums) = client.rebuild(
                 grant.cap,
                 self.k as u8,
                 self.m as u8,
                 pos as u8,
                 sources.clone(),
-                std::mem::take(batch),
+                rows,
                 Duration::from_secs(120),
             )?;
+            if let Some(i) = (0..expect.len()).find(|&i| sums.get(i) != Some(&expect[i])) {
+                return Err(RuntimeError::DataLost(format!(
+                    "rebuilt shard {pos} of group {g} at offset {} failed its checksum",
+                    offsets[i]
+                )));
+            }
             Ok(n)
         };
         for r in &rows {
-            batch_bytes += r.row_len as u64;
+            batch_bytes += r.0.row_len as u64;
             batch.push(r.clone());
             if batch_bytes >= REBUILD_REQUEST_BYTES {
                 rebuilt += flush(&mut batch)?;
@@ -515,7 +564,7 @@ impl Scheme for EcBatch {
         "ec-batch"
     }
 
-    fn swap_out(&self, far: &FarMemory, spans: &[&[u8]]) -> Result<Vec<SpanAddr>, RuntimeError> {
+    fn swap_out(&self, far: &FarMemory, spans: &[&[u8]], sums: &[u64]) -> Result<Vec<SpanAddr>, RuntimeError> {
         let sh = &*self.sh;
         let (k, m) = (sh.k, sh.m);
         // Spans of equal length batch together without padding.
@@ -594,15 +643,22 @@ impl Scheme for EcBatch {
                         Some(&i) => Member {
                             pages: (spans[i].len() / PAGE_SIZE) as u32,
                             live: true,
+                            sum: sums[i],
                         },
-                        None => Member { pages: 0, live: false },
+                        None => Member {
+                            pages: 0,
+                            live: false,
+                            sum: 0,
+                        },
                     })
                     .collect();
+                let parity_sums = parity.iter().map(|p| remora_proto::checksum::checksum(p)).collect();
                 st.rows.insert(
                     (g, row),
                     Spanset {
                         pages: row_pages,
                         members,
+                        parity_sums,
                     },
                 );
                 placed.push((g, row));
@@ -725,8 +781,9 @@ impl Scheme for EcBatch {
                     let (sh, far) = (&sh, &far);
                     s.spawn(move || {
                         let mut tries = 0;
-                        while let Err(e) = sh.recover(far, g, pos) {
+                        while let Err(e) = sh.recover(far, g, pos, tries) {
                             tries += 1;
+                            sh.rebuild_retries.fetch_add(1, Ordering::Relaxed);
                             tracing::error!("ec-batch: rebuilding group {g} position {pos} failed: {e}");
                             if tries >= 5 {
                                 break;
@@ -761,6 +818,7 @@ impl Scheme for EcBatch {
             recovering: sh.recovering.load(Ordering::Relaxed),
             hole_bytes: sh.lock().hole_pages * PAGE_SIZE as u64,
             repairs: sh.repairs.load(Ordering::Relaxed),
+            rebuild_retries: sh.rebuild_retries.load(Ordering::Relaxed),
         }
     }
 }

@@ -42,6 +42,9 @@ pub struct SchemeReport {
     pub hole_bytes: u64,
     /// Corrupt far spans rewritten with verified bytes.
     pub repairs: u64,
+    /// Rebuild attempts that failed (e.g. a rebuilt shard failed its
+    /// checksum because a survivor was corrupt) and were retried.
+    pub rebuild_retries: u64,
 }
 
 /// A way of keeping evicted spans in far memory.
@@ -49,9 +52,10 @@ pub trait Scheme: Send + Sync {
     /// The scheme's name as given on the command line (`non-ft`, ...).
     fn name(&self) -> &'static str;
 
-    /// Places and writes whole spans (each a multiple of 8 KiB); returns where
-    /// each landed once every byte (and any redundancy) is acknowledged.
-    fn swap_out(&self, far: &FarMemory, spans: &[&[u8]]) -> Result<Vec<SpanAddr>, RuntimeError>;
+    /// Places and writes whole spans (each a multiple of 8 KiB, with its
+    /// checksum in `sums`); returns where each landed once every byte (and
+    /// any redundancy) is acknowledged.
+    fn swap_out(&self, far: &FarMemory, spans: &[&[u8]], sums: &[u64]) -> Result<Vec<SpanAddr>, RuntimeError>;
 
     /// Reads the span at `at` into `dest` (its full length). Returns the
     /// number of remote reads it took (1 outside failures).

@@ -28,7 +28,7 @@ impl Scheme for NonFt {
         "non-ft"
     }
 
-    fn swap_out(&self, far: &FarMemory, spans: &[&[u8]]) -> Result<Vec<SpanAddr>, RuntimeError> {
+    fn swap_out(&self, far: &FarMemory, spans: &[&[u8]], _sums: &[u64]) -> Result<Vec<SpanAddr>, RuntimeError> {
         let mut err: Option<RuntimeError> = None;
         let mut inflight = Vec::with_capacity(spans.len());
         // All writes in flight at once (they may go to different nodes), then wait.
