@@ -215,3 +215,16 @@ impl<T: Remotable> Drop for RemRc<T> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remotable_pointers_are_eight_bytes() {
+        assert_eq!(std::mem::size_of::<RemBox<u64>>(), 8);
+        assert_eq!(std::mem::size_of::<RemRc<[u64; 64]>>(), 8);
+        // The slot pointer is never null, so an optional link costs nothing.
+        assert_eq!(std::mem::size_of::<Option<RemBox<u64>>>(), 8);
+    }
+}
