@@ -135,4 +135,82 @@ fn runtime_bench_reports_both_ratios() {
     assert_eq!(s["swap_in_samples"], 100, "{v}");
     assert_eq!(s["span_bytes"], 24576, "{v}");
     assert!(s["ratio_p50"].as_f64().unwrap() > 0.0, "{v}");
+    for key in [
+        "swap_in_voluntary_cs_per_op",
+        "swap_in_involuntary_cs_per_op",
+        "raw_read_voluntary_cs_per_op",
+    ] {
+        assert!(s[key].as_f64().is_some_and(|x| x >= 0.0), "{key} in {v}");
+    }
+    assert!(
+        v["local_hit"][0]["remora_voluntary_cs_per_op"].as_f64().is_some(),
+        "{v}"
+    );
+}
+
+#[test]
+fn micro_open_loop_times_from_the_schedule() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("open.json");
+    let out = remora(&[
+        "bench",
+        "micro",
+        "--objects",
+        "2000",
+        "--object-size",
+        "4KiB",
+        "--local-ratio",
+        "0.25",
+        "--threads",
+        "1",
+        "--open-loop",
+        "2000",
+        "--duration",
+        "2",
+        "--warmup",
+        "200ms",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "bench micro --open-loop failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("open-loop"), "{stdout}");
+    let v = read_json(&json);
+    let r = &v["results"][0];
+    assert_eq!(r["latency_mode"], "open-loop", "{r}");
+    assert_eq!(r["closed_loop"], false, "{r}");
+    assert_eq!(r["open_loop_rate"].as_f64(), Some(2000.0), "{r}");
+    assert_eq!(r["errors"], 0, "{r}");
+    let achieved = r["throughput_ops"].as_f64().unwrap() / 2000.0;
+    assert!(
+        (0.5..=1.2).contains(&achieved),
+        "achieved {achieved} of the offered rate: {r}"
+    );
+    let (p50, p99) = (r["p50_us"].as_f64().unwrap(), r["p99_us"].as_f64().unwrap());
+    assert!(p50 > 0.0 && p99 >= p50, "{r}");
+    for key in ["p50_ci95_us", "p99_ci95_us"] {
+        let ci = r[key].as_array().expect("a [lo, hi] interval");
+        let (lo, hi) = (ci[0].as_f64().unwrap(), ci[1].as_f64().unwrap());
+        assert!(lo <= hi, "{key}: {r}");
+    }
+    assert!(r["samples"].as_u64().unwrap() > 1000, "{r}");
+}
+
+#[test]
+fn micro_rejects_bad_open_loop_flags() {
+    for args in [
+        &["bench", "micro", "--open-loop", "0"][..],
+        &["bench", "micro", "--open-loop", "-5"],
+        &["bench", "micro", "--sweep", "100,nan"],
+        &["bench", "micro", "--open-loop", "100", "--sweep", "100,200"],
+    ] {
+        let out = remora(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(!stderr.contains("panicked"), "{args:?} panicked: {stderr}");
+    }
 }

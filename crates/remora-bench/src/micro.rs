@@ -23,16 +23,37 @@
 //!    lock taken before the scope is entered, so a reader never sees a write
 //!    in progress.
 //!
-//! Latency is measured **closed loop**: each of the T threads times each of
-//! its operations from issue to completion and issues the next at once, so
-//! the figures describe the system at the load T threads generate (its
-//! saturation, with T ≥ cores), not at a chosen offered load; the sample
-//! count is printed with the percentiles. Errors (an operation that returned
-//! an error, or bytes that do not match) are counted, never fatal.
+//! Latency is measured **closed loop** by default: each of the T threads
+//! times each of its operations from issue to completion and issues the next
+//! at once, so the figures describe the system at the load T threads
+//! generate (its saturation, with T ≥ cores), not at a chosen offered load.
+//!
+//! With `--open-loop RATE` (or `--sweep R1,R2,...`, one measured run per
+//! rate) it is measured **open loop**, as Lancet prescribes: each thread
+//! follows a Poisson arrival schedule of its own at RATE / T (exponential
+//! gaps from a seeded generator), sleeps while it is ahead of it, and times
+//! each operation from its *scheduled* start to its completion. A thread that
+//! falls behind issues its next operation at once and never skips one, so a
+//! stall shows up in the latency of every operation scheduled behind it
+//! instead of hiding itself (coordinated omission). The operations scheduled
+//! inside the measured window are the samples; those still unissued when the
+//! window ends are recorded at their latency so far (a lower bound) and
+//! counted. Throughput is what completed inside the window; below 95 % of the
+//! arrivals scheduled in it, the system is reported saturated at that rate.
+//!
+//! Percentiles come with 95 % confidence intervals from order statistics
+//! (Lancet eqs. 4.1–4.2, shared with `remora bench net`) and the sample
+//! count. Those intervals assume independent samples, which queueing breaks;
+//! the lag-1 autocorrelation of (log) latency in issue order is reported as
+//! the independence check, and flagged when significant. Errors (an
+//! operation that returned an error, or bytes that do not match) are
+//! counted, never fatal.
 //!
 //! Runtime counters are deltas over the measured phase; levels (`remote
 //! bytes used`, `live bytes`, `local bytes`) are averages of `Runtime::stats`
 //! sampled every 100 ms during it.
+
+mod open_loop;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
@@ -41,7 +62,6 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
-use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::rngs::{SmallRng, StdRng};
 use rand::seq::SliceRandom;
@@ -52,6 +72,9 @@ use remora_proto::{ByteSize, parse_duration};
 use remora_runtime::size_classes::{PAGE_SIZE, SizeClass};
 use remora_runtime::{RemBox, Runtime, RuntimeConfig, Stats};
 use serde_json::{Value, json};
+
+use self::open_loop::{Arrivals, Lag1, MAX_RATE, tight_timer_slack};
+use crate::net::stats::Latency;
 
 /// Memory nodes of the benchmark's cluster: k + m + 1 for RS(4,2), for every scheme.
 pub const MEMNODES: usize = 7;
@@ -111,9 +134,28 @@ pub struct MicroArgs {
     /// Seed of the permutation and of the threads' random streams.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Also write the results as JSON (`{"results":[...]}`, one record per scheme) to this file.
+    /// Open loop: offer this many operations per second in total (Poisson arrivals, split evenly
+    /// over the threads) and time each from its scheduled start; without it, closed loop.
+    #[arg(long, value_name = "RATE", conflicts_with = "sweep")]
+    pub open_loop: Option<f64>,
+    /// Open loop at each of these offered rates in turn (ops/s, comma-separated), each for
+    /// `--warmup` then `--duration`: one row per rate, latency against load.
+    #[arg(long, value_delimiter = ',', value_name = "R1,R2,...")]
+    pub sweep: Vec<f64>,
+    /// Also write the results as JSON (`{"results":[...]}`, one record per scheme and rate) to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+}
+
+impl MicroArgs {
+    /// The measured runs of each scheme: an offered rate (ops/s) each, `None` for the closed loop.
+    pub fn loads(&self) -> Vec<Option<f64>> {
+        if self.sweep.is_empty() {
+            vec![self.open_loop]
+        } else {
+            self.sweep.iter().copied().map(Some).collect()
+        }
+    }
 }
 
 /// How objects of one size sit in local spans (TCMalloc size classes, with
@@ -172,14 +214,26 @@ struct Plan {
     perm: Vec<u32>,
 }
 
-/// What one scheme's run measured.
+/// What one measured run (one scheme at one load) measured.
 struct Record {
     scheme: String,
+    /// Offered rate of an open-loop run (ops/s in total); `None` for the closed loop.
+    offered: Option<f64>,
+    /// Measured operations issued (the samples, apart from `unissued`).
     ops: u64,
     reads: u64,
     writes: u64,
+    /// Operations that completed inside the measured window.
+    completed: u64,
+    /// Open loop: arrivals scheduled inside the window.
+    scheduled: u64,
+    /// Open loop: arrivals of the window still unissued when it ended.
+    unissued: u64,
     elapsed: Duration,
-    hist: Histogram<u64>,
+    lat: Latency,
+    /// Open loop: how late a thread woke for an operation it was early for.
+    late: Latency,
+    lag: Lag1,
     op_errors: u64,
     wrong_bytes: u64,
     delta: Stats,
@@ -190,16 +244,42 @@ struct Record {
     fill_time: Duration,
 }
 
+/// Microseconds at quantile `q` of `l` (0 when empty).
+fn us(l: &Latency, q: f64) -> f64 {
+    if l.samples() == 0 { 0.0 } else { l.at(q) as f64 / 1000.0 }
+}
+
+/// The 95 % confidence interval of quantile `q` of `l`, in µs.
+fn ci_us(l: &Latency, q: f64) -> [f64; 2] {
+    let (lo, hi) = l.ci95(q);
+    [lo as f64 / 1000.0, hi as f64 / 1000.0]
+}
+
 impl Record {
     fn throughput(&self) -> f64 {
-        self.ops as f64 / self.elapsed.as_secs_f64().max(1e-9)
+        self.completed as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
 
     fn us(&self, q: f64) -> f64 {
-        if self.hist.is_empty() {
-            0.0
+        us(&self.lat, q)
+    }
+
+    /// Open loop: the operations completed in the window over the arrivals scheduled in it.
+    fn achieved_fraction(&self) -> Option<f64> {
+        self.offered
+            .map(|_| self.completed as f64 / self.scheduled.max(1) as f64)
+    }
+
+    /// Open loop: whether less than 95 % of the offered load completed.
+    fn saturated(&self) -> bool {
+        self.achieved_fraction().is_some_and(|f| f < 0.95)
+    }
+
+    fn mode(&self) -> &'static str {
+        if self.offered.is_some() {
+            "open-loop"
         } else {
-            self.hist.value_at_quantile(q) as f64 / 1000.0
+            "closed-loop"
         }
     }
 
@@ -209,20 +289,32 @@ impl Record {
 
     fn to_json(&self, args: &MicroArgs, plan: &Plan) -> Value {
         let d = &self.delta;
+        let h = &self.lat.hist;
+        let open = self.offered.is_some();
         let mut v = json!({
             "scheme": self.scheme,
+            "latency_mode": self.mode(),
+            "closed_loop": !open,
+            "open_loop_rate": self.offered,
             "throughput_ops": self.throughput(),
             "p50_us": self.us(0.5),
             "p90_us": self.us(0.9),
             "p99_us": self.us(0.99),
             "p999_us": self.us(0.999),
-            "max_us": self.hist.max() as f64 / 1000.0,
-            "mean_us": self.hist.mean() / 1000.0,
-            "samples": self.hist.len(),
-            "closed_loop": true,
+            "max_us": h.max() as f64 / 1000.0,
+            "mean_us": h.mean() / 1000.0,
+            "p50_ci95_us": ci_us(&self.lat, 0.5),
+            "p99_ci95_us": ci_us(&self.lat, 0.99),
+            "p999_ci95_us": ci_us(&self.lat, 0.999),
+            "ci_level": 0.95,
+            "samples": self.lat.samples(),
+            "lag1_autocorr": self.lag.r(),
+            "lag1_pairs": self.lag.pairs(),
+            "samples_independent": !self.lag.dependent(),
             "ops": self.ops,
             "reads": self.reads,
             "writes": self.writes,
+            "completed_in_window": self.completed,
             "measured_s": self.elapsed.as_secs_f64(),
             "errors": self.op_errors + self.wrong_bytes,
             "op_errors": self.op_errors,
@@ -242,6 +334,21 @@ impl Record {
             "level_samples": self.level_samples,
             "fill_s": self.fill_time.as_secs_f64(),
         });
+        if open {
+            let late = json!({
+                "scheduled_ops": self.scheduled,
+                "offered_ops_realized": self.scheduled as f64 / self.elapsed.as_secs_f64().max(1e-9),
+                "achieved_fraction": self.achieved_fraction(),
+                "saturated": self.saturated(),
+                "unissued": self.unissued,
+                "generator_late_samples": self.late.samples(),
+                "generator_late_p50_us": us(&self.late, 0.5),
+                "generator_late_p99_us": us(&self.late, 0.99),
+            });
+            if let (Value::Object(m), Value::Object(o)) = (&mut v, late) {
+                m.extend(o);
+            }
+        }
         let params = json!({
             "objects": plan.n,
             "object_size": plan.layout.object_size,
@@ -338,7 +445,7 @@ pub fn run(args: &MicroArgs) -> anyhow::Result<()> {
             other => Err(anyhow!("unsupported object size {other}")),
         }
         .with_context(|| format!("scheme {scheme}"))?;
-        records.push(r);
+        records.extend(r);
     }
     drop(cluster);
 
@@ -378,6 +485,11 @@ fn check_args(args: &MicroArgs) -> anyhow::Result<()> {
     }
     if args.schemes.is_empty() {
         bail!("--scheme needs at least one scheme");
+    }
+    for rate in args.loads().into_iter().flatten() {
+        if !(rate.is_finite() && rate > 0.0 && rate <= MAX_RATE) {
+            bail!("offered rates (--open-loop, --sweep) must be in (0, {MAX_RATE}] ops/s, got {rate}");
+        }
     }
     for s in &args.schemes {
         if remora_runtime::scheme::by_name(s).is_none() {
@@ -434,6 +546,8 @@ fn bar(len: u64, prefix: &'static str, template: &str) -> ProgressBar {
 const WARMUP: u8 = 0;
 const MEASURE: u8 = 1;
 const STOP: u8 = 2;
+/// A worker could not be started: the others stop at once.
+const ABORT: u8 = 3;
 
 /// One object of the array behind its lock.
 type Cell<const W: usize> = RwLock<RemBox<[u64; W]>>;
@@ -487,15 +601,182 @@ impl<const W: usize> Array<W> {
 
 /// What one worker thread counted in the measured phase.
 struct WorkerOut {
-    hist: Histogram<u64>,
+    lat: Latency,
+    late: Latency,
+    lag: Lag1,
     reads: u64,
     writes: u64,
+    completed: u64,
+    scheduled: u64,
+    unissued: u64,
     op_errors: u64,
     wrong_bytes: u64,
 }
 
-fn new_hist() -> anyhow::Result<Histogram<u64>> {
-    Ok(Histogram::new_with_bounds(1, 60_000_000_000, 3)?)
+impl WorkerOut {
+    fn new() -> anyhow::Result<Self> {
+        Ok(Self {
+            lat: Latency::new()?,
+            late: Latency::new()?,
+            lag: Lag1::default(),
+            reads: 0,
+            writes: 0,
+            completed: 0,
+            scheduled: 0,
+            unissued: 0,
+            op_errors: 0,
+            wrong_bytes: 0,
+        })
+    }
+}
+
+/// The timeline of one measured run: the workers start at `start`, the
+/// measured window is `measure..end` (in the open loop, of scheduled times).
+#[derive(Clone, Copy)]
+struct Window {
+    start: Instant,
+    measure: Instant,
+    end: Instant,
+}
+
+/// What every worker thread of a run shares.
+struct Ctx<'a, const W: usize> {
+    rt: &'a Runtime,
+    array: &'a Array<W>,
+    perm: &'a [u32],
+    zipf: Option<&'a Zipf<f64>>,
+    write_ratio: f64,
+    phase: &'a AtomicU8,
+    live_ops: &'a AtomicU64,
+    logged: &'a AtomicU64,
+}
+
+impl<const W: usize> Ctx<'_, W> {
+    /// Draws an object and whether to write it, and runs the operation.
+    fn op(&self, rng: &mut SmallRng) -> (usize, bool, Outcome) {
+        let n = self.perm.len() as u64;
+        let rank = match self.zipf {
+            Some(z) => (z.sample(rng) as u64).clamp(1, n) - 1,
+            None => rng.random_range(0..n),
+        };
+        let i = self.perm[rank as usize] as usize;
+        let write = self.write_ratio > 0.0 && rng.random_bool(self.write_ratio);
+        let res = if write {
+            self.array.write(self.rt, i)
+        } else {
+            self.array.read(self.rt, i)
+        };
+        (i, write, res)
+    }
+
+    /// Counts a measured operation and its outcome.
+    fn count(&self, out: &mut WorkerOut, i: usize, write: bool, res: Outcome) {
+        if write {
+            out.writes += 1;
+        } else {
+            out.reads += 1;
+        }
+        match res {
+            Outcome::Ok => {}
+            Outcome::Error(e) => {
+                out.op_errors += 1;
+                if self.logged.fetch_add(1, Ordering::Relaxed) < LOG_ERRORS {
+                    tracing::warn!("object {i}: operation failed: {e}");
+                }
+            }
+            Outcome::Wrong { index, version } => {
+                out.wrong_bytes += 1;
+                if self.logged.fetch_add(1, Ordering::Relaxed) < LOG_ERRORS {
+                    tracing::warn!("object {index}: bytes differ from version {version}");
+                }
+            }
+        }
+    }
+
+    /// Tells the progress bar about completed operations, 256 at a time.
+    fn progress(&self, pending: &mut u64) {
+        *pending += 1;
+        if *pending == 256 {
+            self.live_ops.fetch_add(*pending, Ordering::Relaxed);
+            *pending = 0;
+        }
+    }
+
+    /// Closed loop: the next operation as soon as one completes, timed from issue.
+    fn closed(&self, seed: u64) -> anyhow::Result<WorkerOut> {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let mut out = WorkerOut::new()?;
+        let mut pending = 0u64;
+        loop {
+            let ph = self.phase.load(Ordering::Relaxed);
+            if ph >= STOP {
+                break;
+            }
+            let t0 = Instant::now();
+            let (i, write, res) = self.op(&mut rng);
+            let dt = t0.elapsed();
+            if ph != MEASURE {
+                continue;
+            }
+            out.lat.record(dt);
+            out.lag.push(dt);
+            out.completed += 1;
+            self.count(&mut out, i, write, res);
+            self.progress(&mut pending);
+        }
+        Ok(out)
+    }
+
+    /// Open loop: operations at Poisson arrival times at `rate` per second,
+    /// each timed from its scheduled start; see the module docs.
+    fn open(&self, seed: u64, win: Window, rate: f64) -> anyhow::Result<WorkerOut> {
+        tight_timer_slack();
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let mut arrivals = Arrivals::new(win.start, rate, splitmix(seed ^ 0x6F70_656E_6C6F_6F70))?;
+        let mut out = WorkerOut::new()?;
+        let mut pending = 0u64;
+        while let Some(sched) = arrivals.next() {
+            if sched >= win.end || self.phase.load(Ordering::Relaxed) == ABORT {
+                break;
+            }
+            let mut now = Instant::now();
+            if now >= win.end {
+                // Out of time with arrivals of the window still due (behind
+                // schedule): they count, at the latency they have so far.
+                let mut s = sched;
+                while s < win.end {
+                    if s >= win.measure {
+                        out.lat.record(now.saturating_duration_since(s));
+                        out.scheduled += 1;
+                        out.unissued += 1;
+                    }
+                    s = arrivals.next().unwrap_or(win.end);
+                }
+                break;
+            }
+            if sched > now {
+                thread::sleep(sched - now);
+                now = Instant::now();
+                if sched >= win.measure {
+                    out.late.record(now.saturating_duration_since(sched));
+                }
+            }
+            let (i, write, res) = self.op(&mut rng);
+            let done = Instant::now();
+            if (win.measure..win.end).contains(&done) {
+                out.completed += 1;
+                self.progress(&mut pending);
+            }
+            if sched >= win.measure {
+                let d = done.saturating_duration_since(sched);
+                out.lat.record(d);
+                out.lag.push(d);
+                out.scheduled += 1;
+                self.count(&mut out, i, write, res);
+            }
+        }
+        Ok(out)
+    }
 }
 
 fn run_scheme<const W: usize>(
@@ -503,7 +784,7 @@ fn run_scheme<const W: usize>(
     plan: &Plan,
     cluster: &LocalCluster,
     scheme: &str,
-) -> anyhow::Result<Record> {
+) -> anyhow::Result<Vec<Record>> {
     let mut cfg = RuntimeConfig::new(cluster.manager_addr(), usize::try_from(plan.budget)?);
     cfg.name = format!("bench-micro-{scheme}");
     cfg.scheme = remora_runtime::scheme::by_name(scheme).ok_or_else(|| anyhow!("unknown scheme {scheme:?}"))?;
@@ -577,109 +858,110 @@ fn run_scheme<const W: usize>(
         cells,
         versions: (0..n).map(|_| AtomicU64::new(0)).collect(),
     };
-
-    // Warm-up, then the measured phase.
-    let phase = AtomicU8::new(WARMUP);
-    let live_ops = AtomicU64::new(0);
-    let logged = AtomicU64::new(0);
-    let total_ms = (args.warmup + args.duration).as_millis() as u64;
-    let pb = bar(total_ms, "run", "{prefix:>6} [{bar:30}] {msg}");
     let zipf = if args.zipf > 0.0 {
         Some(Zipf::new(n as f64, args.zipf).map_err(|e| anyhow!("Zipf({}) over {n}: {e}", args.zipf))?)
     } else {
         None
     };
+
+    // One measured run per load, each after its own warm-up.
+    let mut records = Vec::new();
+    for offered in args.loads() {
+        let mut r = measure(args, plan, &rt, &array, zipf.as_ref(), offered).with_context(|| match offered {
+            Some(rate) => format!("open loop at {rate} ops/s"),
+            None => "closed loop".to_string(),
+        })?;
+        r.scheme = scheme.to_string();
+        r.fill_time = fill_time;
+        records.push(r);
+    }
+    // Free the objects (and their far copies) before the runtime goes.
+    drop(array);
+    drop(rt);
+    Ok(records)
+}
+
+/// Warm-up and one measured run at `offered` ops/s (open loop) or closed loop.
+fn measure<const W: usize>(
+    args: &MicroArgs,
+    plan: &Plan,
+    rt: &Runtime,
+    array: &Array<W>,
+    zipf: Option<&Zipf<f64>>,
+    offered: Option<f64>,
+) -> anyhow::Result<Record> {
+    let threads = u64::from(args.threads);
+    let phase = AtomicU8::new(WARMUP);
+    let live_ops = AtomicU64::new(0);
+    let logged = AtomicU64::new(0);
+    let total_ms = (args.warmup + args.duration).as_millis() as u64;
+    let pb = bar(total_ms, "run", "{prefix:>6} [{bar:30}] {msg}");
+    if let Some(rate) = offered {
+        progress(format_args!(
+            "open loop: {rate} ops/s offered ({} at {} ops/s each, Poisson arrivals)",
+            threads_label(args.threads),
+            rate / threads as f64
+        ));
+    }
+    // A few ms for the threads to start before the first arrival.
+    let start = Instant::now() + Duration::from_millis(5);
+    let win = Window {
+        start,
+        measure: start + args.warmup,
+        end: start + args.warmup + args.duration,
+    };
+    let ctx = Ctx {
+        rt,
+        array,
+        perm: &plan.perm,
+        zipf,
+        write_ratio: args.write_ratio,
+        phase: &phase,
+        live_ops: &live_ops,
+        logged: &logged,
+    };
     let (outs, measured) = thread::scope(|s| -> anyhow::Result<_> {
         let mut handles = Vec::new();
         for t in 0..threads {
-            let (rt, array, phase, live_ops, logged, zipf) = (&rt, &array, &phase, &live_ops, &logged, &zipf);
-            let perm = &plan.perm;
+            let ctx = &ctx;
             let seed = splitmix(args.seed ^ (t + 1).wrapping_mul(0xA076_1D64_78BD_642F));
-            let write_ratio = args.write_ratio;
             let h = thread::Builder::new()
                 .name(format!("micro-{t}"))
                 .stack_size(STACK)
                 .spawn_scoped(s, move || -> anyhow::Result<WorkerOut> {
-                    let mut rng = SmallRng::seed_from_u64(seed);
-                    let mut out = WorkerOut {
-                        hist: new_hist()?,
-                        reads: 0,
-                        writes: 0,
-                        op_errors: 0,
-                        wrong_bytes: 0,
-                    };
-                    let mut pending = 0u64;
-                    loop {
-                        let ph = phase.load(Ordering::Relaxed);
-                        if ph == STOP {
-                            break;
-                        }
-                        let rank = match zipf {
-                            Some(z) => (z.sample(&mut rng) as u64).clamp(1, n) - 1,
-                            None => rng.random_range(0..n),
-                        };
-                        let i = perm[rank as usize] as usize;
-                        let write = write_ratio > 0.0 && rng.random_bool(write_ratio);
-                        let t0 = Instant::now();
-                        let res = if write { array.write(rt, i) } else { array.read(rt, i) };
-                        let dt = t0.elapsed();
-                        if ph != MEASURE {
-                            continue;
-                        }
-                        out.hist
-                            .saturating_record(u64::try_from(dt.as_nanos()).unwrap_or(u64::MAX).max(1));
-                        if write {
-                            out.writes += 1;
-                        } else {
-                            out.reads += 1;
-                        }
-                        match res {
-                            Outcome::Ok => {}
-                            Outcome::Error(e) => {
-                                out.op_errors += 1;
-                                if logged.fetch_add(1, Ordering::Relaxed) < LOG_ERRORS {
-                                    tracing::warn!("object {i}: operation failed: {e}");
-                                }
-                            }
-                            Outcome::Wrong { index, version } => {
-                                out.wrong_bytes += 1;
-                                if logged.fetch_add(1, Ordering::Relaxed) < LOG_ERRORS {
-                                    tracing::warn!("object {index}: bytes differ from version {version}");
-                                }
-                            }
-                        }
-                        pending += 1;
-                        if pending == 256 {
-                            live_ops.fetch_add(pending, Ordering::Relaxed);
-                            pending = 0;
-                        }
+                    match offered {
+                        Some(rate) => ctx.open(seed, win, rate / threads as f64),
+                        None => ctx.closed(seed),
                     }
-                    Ok(out)
                 });
             match h {
                 Ok(h) => handles.push(h),
                 Err(e) => {
-                    phase.store(STOP, Ordering::Relaxed);
+                    phase.store(ABORT, Ordering::Relaxed);
                     bail!("cannot start a worker thread: {e}");
                 }
             }
         }
         // Warm-up.
-        let start = Instant::now();
-        while start.elapsed() < args.warmup {
-            pb.set_position(start.elapsed().as_millis() as u64);
+        loop {
+            let now = Instant::now();
+            if now >= win.measure {
+                break;
+            }
+            pb.set_position(now.saturating_duration_since(start).as_millis() as u64);
             pb.set_message("warm-up");
-            thread::sleep(SAMPLE_EVERY.min(args.warmup.saturating_sub(start.elapsed())));
+            thread::sleep(SAMPLE_EVERY.min(win.measure - now));
         }
         // Measured phase: sample the levels every SAMPLE_EVERY.
         let s0 = rt.stats();
         let t0 = Instant::now();
         phase.store(MEASURE, Ordering::Relaxed);
+        // The open loop's window is fixed in advance; the closed loop's starts now.
+        let end = if offered.is_some() { win.end } else { t0 + args.duration };
         let mut levels = Levels::default();
         let mut next = t0 + SAMPLE_EVERY;
         loop {
             let now = Instant::now();
-            let end = t0 + args.duration;
             if now >= end {
                 break;
             }
@@ -689,14 +971,15 @@ fn run_scheme<const W: usize>(
             levels.add(&st);
             let el = t0.elapsed().as_secs_f64().max(1e-9);
             pb.set_position((args.warmup + t0.elapsed()).as_millis() as u64);
-            pb.set_message(format!(
-                "{:.0} ops/s, {:.0} swap-ins/s",
-                live_ops.load(Ordering::Relaxed) as f64 / el,
-                (st.swap_ins - s0.swap_ins) as f64 / el
-            ));
+            let done = live_ops.load(Ordering::Relaxed) as f64 / el;
+            let swap_ins = (st.swap_ins - s0.swap_ins) as f64 / el;
+            pb.set_message(match offered {
+                Some(rate) => format!("{done:.0} of {rate} ops/s offered, {swap_ins:.0} swap-ins/s"),
+                None => format!("{done:.0} ops/s, {swap_ins:.0} swap-ins/s"),
+            });
         }
         phase.store(STOP, Ordering::Relaxed);
-        let elapsed = t0.elapsed();
+        let elapsed = if offered.is_some() { args.duration } else { t0.elapsed() };
         let s1 = rt.stats();
         let outs: Vec<anyhow::Result<WorkerOut>> = handles
             .into_iter()
@@ -706,35 +989,48 @@ fn run_scheme<const W: usize>(
     })?;
     pb.finish_and_clear();
     let (elapsed, delta, levels) = measured;
-    let mut hist = new_hist()?;
-    let (mut reads, mut writes, mut op_errors, mut wrong_bytes) = (0, 0, 0, 0);
+    let mut all = WorkerOut::new()?;
     for o in outs {
         let o = o?;
-        hist.add(&o.hist).map_err(|e| anyhow!("merging histograms: {e:?}"))?;
-        reads += o.reads;
-        writes += o.writes;
-        op_errors += o.op_errors;
-        wrong_bytes += o.wrong_bytes;
+        all.lat
+            .hist
+            .add(&o.lat.hist)
+            .map_err(|e| anyhow!("merging histograms: {e:?}"))?;
+        all.late
+            .hist
+            .add(&o.late.hist)
+            .map_err(|e| anyhow!("merging histograms: {e:?}"))?;
+        all.lag.merge(&o.lag);
+        all.reads += o.reads;
+        all.writes += o.writes;
+        all.completed += o.completed;
+        all.scheduled += o.scheduled;
+        all.unissued += o.unissued;
+        all.op_errors += o.op_errors;
+        all.wrong_bytes += o.wrong_bytes;
     }
-    // Free the objects (and their far copies) before the runtime goes.
-    drop(array);
-    drop(rt);
     let k = levels.n.max(1) as f64;
     Ok(Record {
-        scheme: scheme.to_string(),
-        ops: reads + writes,
-        reads,
-        writes,
+        scheme: String::new(),
+        offered,
+        ops: all.reads + all.writes,
+        reads: all.reads,
+        writes: all.writes,
+        completed: all.completed,
+        scheduled: all.scheduled,
+        unissued: all.unissued,
         elapsed,
-        hist,
-        op_errors,
-        wrong_bytes,
+        lat: all.lat,
+        late: all.late,
+        lag: all.lag,
+        op_errors: all.op_errors,
+        wrong_bytes: all.wrong_bytes,
         delta,
         avg_remote_used: levels.remote_used as f64 / k,
         avg_live: levels.live as f64 / k,
         avg_local: levels.local as f64 / k,
         level_samples: levels.n,
-        fill_time,
+        fill_time: Duration::ZERO,
     })
 }
 
@@ -774,8 +1070,40 @@ fn mib(b: f64) -> f64 {
     b / (1 << 20) as f64
 }
 
+/// An offered rate for display: `2000/s`, `0.5/s`, or `closed`.
+fn load_label(offered: Option<f64>) -> String {
+    match offered {
+        Some(r) if r.fract() == 0.0 => format!("{r:.0}/s"),
+        Some(r) => format!("{r}/s"),
+        None => "closed".to_string(),
+    }
+}
+
+/// A percentile with its 95 % confidence interval: `12.3 [12.1, 12.6]` (µs).
+fn with_ci(l: &Latency, q: f64) -> String {
+    let [lo, hi] = ci_us(l, q);
+    let f = |x: f64| {
+        if x < 1000.0 {
+            format!("{x:.1}")
+        } else {
+            format!("{x:.0}")
+        }
+    };
+    format!("{} [{}, {}]", f(us(l, q)), f(lo), f(hi))
+}
+
+/// `1 thread`, `2 threads`.
+fn threads_label(t: u32) -> String {
+    if t == 1 {
+        "1 thread".to_string()
+    } else {
+        format!("{t} threads")
+    }
+}
+
 fn print_report(args: &MicroArgs, plan: &Plan, records: &[Record]) {
     let l = &plan.layout;
+    let open = records.iter().any(|r| r.offered.is_some());
     println!("remora bench micro (paper §5.1)");
     println!(
         "  objects: {} x {} (slot {} B, {} per {} span) = {} of spans; local budget {} ({:.2} of it{})",
@@ -801,17 +1129,23 @@ fn print_report(args: &MicroArgs, plan: &Plan, records: &[Record]) {
         args.duration.as_secs_f64(),
         args.warmup.as_secs_f64()
     );
-    println!(
-        "  cluster: {MEMNODES} memory nodes; latency is closed-loop (each thread issues its next op when one completes)"
-    );
+    if open {
+        println!(
+            "  cluster: {MEMNODES} memory nodes; latency is open-loop: Poisson arrivals at the offered rate split over \
+             {}, each op timed from its scheduled start (a stall delays every op scheduled behind it)",
+            threads_label(args.threads)
+        );
+    } else {
+        println!(
+            "  cluster: {MEMNODES} memory nodes; latency is closed-loop (each thread issues its next op when one completes)"
+        );
+    }
     println!();
     println!(
-        "{:<10} {:>12} {:>9} {:>9} {:>9} {:>10} {:>10} {:>8} {:>10} {:>7} {:>11} {:>10} {:>10}",
+        "{:<10} {:>10} {:>12} {:>10} {:>10} {:>8} {:>10} {:>7} {:>11} {:>10} {:>10}",
         "scheme",
+        "load",
         "ops/s",
-        "p50 µs",
-        "p99 µs",
-        "p999 µs",
         "samples",
         "swap-ins",
         "rd/swin",
@@ -823,13 +1157,11 @@ fn print_report(args: &MicroArgs, plan: &Plan, records: &[Record]) {
     );
     for r in records {
         println!(
-            "{:<10} {:>12.0} {:>9.2} {:>9.2} {:>9.2} {:>10} {:>10} {:>8} {:>10} {:>7} {:>11.1} {:>10.1} {:>10.1}",
+            "{:<10} {:>10} {:>12.0} {:>10} {:>10} {:>8} {:>10} {:>7} {:>11.1} {:>10.1} {:>10.1}",
             r.scheme,
+            load_label(r.offered),
             r.throughput(),
-            r.us(0.5),
-            r.us(0.99),
-            r.us(0.999),
-            r.hist.len(),
+            r.lat.samples(),
             r.delta.swap_ins,
             r.reads_per_swap_in().map_or("-".to_string(), |x| format!("{x:.2}")),
             r.delta.swap_outs,
@@ -842,9 +1174,10 @@ fn print_report(args: &MicroArgs, plan: &Plan, records: &[Record]) {
     for r in records {
         let secs = r.elapsed.as_secs_f64().max(1e-9);
         println!(
-            "  {}: {} reads, {} writes; {:.3} swap-ins per op; remote read {:.0} MiB/s, written {:.0} MiB/s; \
+            "  {} ({}): {} reads, {} writes; {:.3} swap-ins per op; remote read {:.0} MiB/s, written {:.0} MiB/s; \
              {} evictions aborted; fill took {:.2} s",
             r.scheme,
+            load_label(r.offered),
             r.reads,
             r.writes,
             r.delta.swap_ins as f64 / r.ops.max(1) as f64,
@@ -857,6 +1190,82 @@ fn print_report(args: &MicroArgs, plan: &Plan, records: &[Record]) {
             println!(
                 "  {}: {} operations failed and {} returned wrong bytes (see the log)",
                 r.scheme, r.op_errors, r.wrong_bytes
+            );
+        }
+    }
+
+    println!();
+    if args.sweep.is_empty() {
+        println!("latency in µs with 95 % confidence intervals (order statistics, Lancet eqs. 4.1-4.2)");
+    } else {
+        println!(
+            "latency vs load: one row per offered rate; µs with 95 % confidence intervals (order statistics, \
+             Lancet eqs. 4.1-4.2)"
+        );
+    }
+    println!(
+        "{:<10} {:>10} {:>12} {:>7} {:>10} {:>24} {:>24} {:>24} {:>7}  state",
+        "scheme", "offered", "achieved/s", "ach %", "samples", "p50 [95% CI]", "p99 [95% CI]", "p999 [95% CI]", "lag-1"
+    );
+    for r in records {
+        let state = match r.offered {
+            None => "closed loop",
+            Some(_) if r.saturated() => "SATURATED",
+            Some(_) => "keeps up",
+        };
+        println!(
+            "{:<10} {:>10} {:>12.0} {:>7} {:>10} {:>24} {:>24} {:>24} {:>7}  {}",
+            r.scheme,
+            load_label(r.offered),
+            r.throughput(),
+            r.achieved_fraction()
+                .map_or("-".to_string(), |f| format!("{:.1}", f * 100.0)),
+            r.lat.samples(),
+            with_ci(&r.lat, 0.5),
+            with_ci(&r.lat, 0.99),
+            with_ci(&r.lat, 0.999),
+            r.lag.r().map_or("-".to_string(), |x| format!("{x:.2}")),
+            state
+        );
+    }
+    for r in records {
+        let who = match r.offered {
+            Some(_) => format!("  {} at {}", r.scheme, load_label(r.offered)),
+            None => format!("  {} (closed loop)", r.scheme),
+        };
+        if let Some(rate) = r.offered {
+            if r.saturated() {
+                println!(
+                    "{who}: saturated: {:.0} ops/s completed, {:.1} % of the {} arrivals scheduled in the window \
+                     ({rate} ops/s offered); latencies at this load grow with the run's length",
+                    r.throughput(),
+                    r.achieved_fraction().unwrap_or(0.0) * 100.0,
+                    r.scheduled
+                );
+            }
+            if r.unissued > 0 {
+                println!(
+                    "{who}: {} ops scheduled in the window were still unissued at its end; they are in the \
+                     percentiles at their latency so far (a lower bound)",
+                    r.unissued
+                );
+            }
+            if r.late.samples() > 0 {
+                println!(
+                    "{who}: generator woke {:.1} µs (p50) / {:.1} µs (p99) after an op's scheduled time when ahead \
+                     of schedule ({} times); included in the latencies",
+                    us(&r.late, 0.5),
+                    us(&r.late, 0.99),
+                    r.late.samples()
+                );
+            }
+        }
+        if r.lag.dependent() {
+            println!(
+                "{who}: lag-1 autocorrelation {:.2} over {} pairs is significant: neighbouring latencies depend on \
+                 each other, so the intervals (which assume independent samples) are too narrow",
+                r.lag.r().unwrap_or(0.0),
+                r.lag.pairs()
             );
         }
     }

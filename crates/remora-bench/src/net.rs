@@ -43,7 +43,7 @@
 mod pattern;
 pub(crate) mod pin;
 mod raw;
-mod stats;
+pub(crate) mod stats;
 
 use std::collections::VecDeque;
 use std::path::PathBuf;

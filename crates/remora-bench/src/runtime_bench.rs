@@ -23,6 +23,13 @@
 //!
 //! Latency is closed loop: one request in flight, which is what a single
 //! dereference costs.
+//!
+//! Both parts also count this process's context switches (`getrusage`
+//! `ru_nvcsw` / `ru_nivcsw`, all threads, runtime threads included; the
+//! memory nodes are other processes) over the timed operations of each side
+//! separately, and report them per operation: on two cores a wake-up and a
+//! context switch cost as much as the loopback round trip itself. A
+//! local hit should cause none.
 
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -139,6 +146,47 @@ fn check_args(args: &RuntimeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Context switches of this process (all its threads).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Switches {
+    /// Voluntary: a thread blocked (waiting for a reply, a lock, a sleep).
+    voluntary: u64,
+    /// Involuntary: a thread was preempted.
+    involuntary: u64,
+}
+
+impl Switches {
+    /// The counts so far (zero if `getrusage` fails, which it does not for `RUSAGE_SELF`).
+    fn now() -> Self {
+        // SAFETY: `rusage` is a plain C struct of integers and timevals; all
+        // zeroes is a valid value.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: `ru` is a valid, writable `rusage` that getrusage fills in
+        // (and keeps no pointer to); RUSAGE_SELF is a valid `who`.
+        let r = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+        if r != 0 {
+            return Self::default();
+        }
+        Self {
+            voluntary: u64::try_from(ru.ru_nvcsw).unwrap_or(0),
+            involuntary: u64::try_from(ru.ru_nivcsw).unwrap_or(0),
+        }
+    }
+
+    /// Adds the switches since `before` (taken with [`Switches::now`]).
+    fn add_since(&mut self, before: Switches) {
+        let now = Self::now();
+        self.voluntary += now.voluntary.saturating_sub(before.voluntary);
+        self.involuntary += now.involuntary.saturating_sub(before.involuntary);
+    }
+
+    /// Voluntary and involuntary switches per operation over `ops` operations.
+    fn per_op(&self, ops: u64) -> (f64, f64) {
+        let n = ops.max(1) as f64;
+        (self.voluntary as f64 / n, self.involuntary as f64 / n)
+    }
+}
+
 /// One row of the local-hit comparison (ns per element, median pass).
 struct LocalRow {
     objects: u64,
@@ -146,10 +194,18 @@ struct LocalRow {
     remora_ns: f64,
     box_ns: f64,
     slice_ns: f64,
+    /// Context switches during the timed remora passes.
+    remora_cs: Switches,
+    /// Context switches during the timed `Box` passes.
+    box_cs: Switches,
+    /// Element reads of each side's timed passes.
+    ops: u64,
 }
 
 impl LocalRow {
     fn to_json(&self, passes: u32) -> Value {
+        let (rv, ri) = self.remora_cs.per_op(self.ops);
+        let (bv, bi) = self.box_cs.per_op(self.ops);
         json!({
             "objects": self.objects,
             "order": self.order,
@@ -160,6 +216,13 @@ impl LocalRow {
             "ratio_vs_box": self.remora_ns / self.box_ns,
             "ratio_vs_slice": self.remora_ns / self.slice_ns,
             "goal_ratio_vs_box": GOAL_LOCAL_RATIO,
+            "timed_ops_per_side": self.ops,
+            "remora_voluntary_cs": self.remora_cs.voluntary,
+            "remora_involuntary_cs": self.remora_cs.involuntary,
+            "remora_voluntary_cs_per_op": rv,
+            "remora_involuntary_cs_per_op": ri,
+            "box_voluntary_cs_per_op": bv,
+            "box_involuntary_cs_per_op": bi,
         })
     }
 }
@@ -169,6 +232,10 @@ struct SwapRow {
     layout: SpanLayout,
     swap: Histogram<u64>,
     raw: Histogram<u64>,
+    /// Context switches during the timed swap-ins that were kept.
+    swap_cs: Switches,
+    /// Context switches during the timed raw READs.
+    raw_cs: Switches,
     discarded: u64,
     errors: u64,
     rounds: u64,
@@ -187,8 +254,14 @@ impl SwapRow {
         Self::us(&self.swap, q) / Self::us(&self.raw, q).max(1e-9)
     }
 
+    /// (voluntary, involuntary) context switches per swap-in and per raw READ.
+    fn switches(&self) -> ((f64, f64), (f64, f64)) {
+        (self.swap_cs.per_op(self.swap.len()), self.raw_cs.per_op(self.raw.len()))
+    }
+
     fn to_json(&self) -> Value {
         let l = &self.layout;
+        let ((sv, si), (rv, ri)) = self.switches();
         json!({
             "object_size": l.object_size,
             "slot_bytes": l.slot_bytes,
@@ -207,6 +280,16 @@ impl SwapRow {
             "ratio_p50": self.ratio(0.5),
             "ratio_p99": self.ratio(0.99),
             "goal_ratio": GOAL_SWAP_RATIO,
+            "swap_in_voluntary_cs": self.swap_cs.voluntary,
+            "swap_in_involuntary_cs": self.swap_cs.involuntary,
+            "swap_in_voluntary_cs_per_op": sv,
+            "swap_in_involuntary_cs_per_op": si,
+            "swap_in_cs_per_op": sv + si,
+            "raw_read_voluntary_cs": self.raw_cs.voluntary,
+            "raw_read_involuntary_cs": self.raw_cs.involuntary,
+            "raw_read_voluntary_cs_per_op": rv,
+            "raw_read_involuntary_cs_per_op": ri,
+            "raw_read_cs_per_op": rv + ri,
             "discarded": self.discarded,
             "errors": self.errors,
             "rounds": self.rounds,
@@ -406,16 +489,21 @@ fn local_hits(args: &RuntimeArgs, cluster: &LocalCluster) -> anyhow::Result<Vec<
             pass_box(&boxes, order);
             pass_slice(&values, order);
             let (mut r, mut b, mut s) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut remora_cs, mut box_cs) = (Switches::default(), Switches::default());
             for p in 0..args.passes {
                 // Rotate which side goes first.
                 for k in 0..3 {
                     let (sum, d, out) = match (p + k) % 3 {
                         0 => {
+                            let cs = Switches::now();
                             let (sum, d) = pass_remora(&rt, &rems, order)?;
+                            remora_cs.add_since(cs);
                             (sum, d, &mut r)
                         }
                         1 => {
+                            let cs = Switches::now();
                             let (sum, d) = pass_box(&boxes, order);
+                            box_cs.add_since(cs);
                             (sum, d, &mut b)
                         }
                         _ => {
@@ -435,6 +523,9 @@ fn local_hits(args: &RuntimeArgs, cluster: &LocalCluster) -> anyhow::Result<Vec<
                 remora_ns: median(r),
                 box_ns: median(b),
                 slice_ns: median(s),
+                remora_cs,
+                box_cs,
+                ops: n * u64::from(args.passes),
             });
         }
         let swapped = rt.stats().swap_ins - before;
@@ -494,6 +585,8 @@ fn swap_ins<const W: usize>(args: &RuntimeArgs, cluster: &LocalCluster, raw: &Ra
         layout,
         swap: new_hist()?,
         raw: new_hist()?,
+        swap_cs: Switches::default(),
+        raw_cs: Switches::default(),
         discarded: 0,
         errors: 0,
         rounds: 0,
@@ -532,15 +625,20 @@ fn swap_ins<const W: usize>(args: &RuntimeArgs, cluster: &LocalCluster, raw: &Ra
             k += 1;
             let raw_first = k % 2 == 0;
             if raw_first {
+                let cs = Switches::now();
                 let t0 = Instant::now();
                 raw.client.read(raw.cap, off, &mut buf).context("raw READ")?;
                 record(&mut row.raw, t0.elapsed());
+                row.raw_cs.add_since(cs);
             }
             let before = rt.stats().swap_ins;
+            let cs = Switches::now();
             let t0 = Instant::now();
             let scope = rt.scope();
             let r = b.deref(&scope);
             let d = t0.elapsed();
+            let mut cs_here = Switches::default();
+            cs_here.add_since(cs);
             let ok = match r {
                 Ok(o) => check(o, base(i, 0)),
                 Err(e) => {
@@ -554,13 +652,17 @@ fn swap_ins<const W: usize>(args: &RuntimeArgs, cluster: &LocalCluster, raw: &Ra
                 row.errors += 1;
             } else if swapped == 1 {
                 record(&mut row.swap, d);
+                row.swap_cs.voluntary += cs_here.voluntary;
+                row.swap_cs.involuntary += cs_here.involuntary;
             } else {
                 row.discarded += 1;
             }
             if !raw_first {
+                let cs = Switches::now();
                 let t0 = Instant::now();
                 raw.client.read(raw.cap, off, &mut buf).context("raw READ")?;
                 record(&mut row.raw, t0.elapsed());
+                row.raw_cs.add_since(cs);
             }
         }
     }
@@ -570,6 +672,11 @@ fn swap_ins<const W: usize>(args: &RuntimeArgs, cluster: &LocalCluster, raw: &Ra
     drop(objs);
     drop(rt);
     Ok(row)
+}
+
+/// A small per-op rate: `0`, or `7.8e-7`.
+fn tiny(x: f64) -> String {
+    if x == 0.0 { "0".to_string() } else { format!("{x:.1e}") }
 }
 
 fn print_report(
@@ -591,22 +698,39 @@ fn print_report(
             args.passes
         );
         println!(
-            "{:>10} {:>11} {:>10} {:>10} {:>10} {:>11} {:>11}",
-            "objects", "order", "remora ns", "Box ns", "slice ns", "vs Box", "vs slice"
+            "{:>10} {:>11} {:>10} {:>10} {:>10} {:>11} {:>11} {:>12} {:>12}",
+            "objects", "order", "remora ns", "Box ns", "slice ns", "vs Box", "vs slice", "cs/op vol", "cs/op invol"
         );
         for r in local {
+            let (v, i) = r.remora_cs.per_op(r.ops);
             println!(
-                "{:>10} {:>11} {:>10.2} {:>10.2} {:>10.2} {:>10.2}x {:>10.2}x",
+                "{:>10} {:>11} {:>10.2} {:>10.2} {:>10.2} {:>10.2}x {:>10.2}x {:>12} {:>12}",
                 r.objects,
                 r.order,
                 r.remora_ns,
                 r.box_ns,
                 r.slice_ns,
                 r.remora_ns / r.box_ns,
-                r.remora_ns / r.slice_ns
+                r.remora_ns / r.slice_ns,
+                tiny(v),
+                tiny(i)
             );
         }
         println!("  goal: remora / Box <= {GOAL_LOCAL_RATIO}x");
+        for r in local {
+            let (bv, bi) = r.box_cs.per_op(r.ops);
+            println!(
+                "  {} {}: {} voluntary + {} involuntary context switches of this process over {} remora \
+                 dereferences (Box passes: {} + {} per op)",
+                r.objects,
+                r.order,
+                r.remora_cs.voluntary,
+                r.remora_cs.involuntary,
+                r.ops,
+                tiny(bv),
+                tiny(bi)
+            );
+        }
     }
     if !swaps.is_empty() {
         println!();
@@ -615,7 +739,7 @@ fn print_report(
             args.memnodes
         );
         println!(
-            "{:>8} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9}",
+            "{:>8} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>11} {:>11} {:>9}",
             "object",
             "span",
             "samples",
@@ -626,11 +750,14 @@ fn print_report(
             "READ n",
             "p50 x",
             "p99 x",
+            "swin cs/op",
+            "READ cs/op",
             "discarded"
         );
         for r in swaps {
+            let ((sv, si), (rv, ri)) = r.switches();
             println!(
-                "{:>8} {:>8} {:>8} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9} {:>7.2}x {:>7.2}x {:>9}",
+                "{:>8} {:>8} {:>8} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9} {:>7.2}x {:>7.2}x {:>11.2} {:>11.2} {:>9}",
                 ByteSize(r.layout.object_size as u64).to_string(),
                 ByteSize(r.layout.span_bytes as u64).to_string(),
                 r.swap.len(),
@@ -641,9 +768,23 @@ fn print_report(
                 r.raw.len(),
                 r.ratio(0.5),
                 r.ratio(0.99),
+                sv + si,
+                rv + ri,
                 r.discarded
             );
         }
         println!("  latencies in µs; goal: swap-in / READ <= {GOAL_SWAP_RATIO}x at p50 and p99");
+        println!(
+            "  cs/op: context switches of this process (all threads) per timed operation, voluntary + involuntary:"
+        );
+        for r in swaps {
+            let ((sv, si), (rv, ri)) = r.switches();
+            println!(
+                "  {}: swap-in {sv:.2} voluntary + {si:.2} involuntary; raw READ {rv:.2} + {ri:.2}; \
+                 {:+.2} per swap-in beyond a READ",
+                ByteSize(r.layout.object_size as u64),
+                (sv + si) - (rv + ri)
+            );
+        }
     }
 }

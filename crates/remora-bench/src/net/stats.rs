@@ -7,38 +7,38 @@ use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 
 /// Latencies of one side at one size, in nanoseconds.
-pub(super) struct Latency {
-    hist: Histogram<u64>,
+pub(crate) struct Latency {
+    pub(crate) hist: Histogram<u64>,
 }
 
 impl Latency {
     /// An empty histogram: 1 ns to 60 s at 3 significant digits.
-    pub(super) fn new() -> anyhow::Result<Self> {
+    pub(crate) fn new() -> anyhow::Result<Self> {
         Ok(Self {
             hist: Histogram::new_with_bounds(1, 60_000_000_000, 3)?,
         })
     }
 
     /// Records one round trip.
-    pub(super) fn record(&mut self, d: Duration) {
+    pub(crate) fn record(&mut self, d: Duration) {
         self.hist
             .saturating_record(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1));
     }
 
     /// Number of samples.
-    pub(super) fn samples(&self) -> u64 {
+    pub(crate) fn samples(&self) -> u64 {
         self.hist.len()
     }
 
     /// The value at quantile `q`, in ns.
-    pub(super) fn at(&self, q: f64) -> u64 {
+    pub(crate) fn at(&self, q: f64) -> u64 {
         self.hist.value_at_quantile(q)
     }
 
     /// A 95 % confidence interval for quantile `q`, in ns, from the order
     /// statistics `j ≈ ⌊np − 1.96√(np(1−p))⌋` and `k ≈ ⌈np + 1.96√(np(1−p))⌉ + 1`
     /// (Lancet, eqs. 4.1–4.2; valid for independent samples).
-    pub(super) fn ci95(&self, q: f64) -> (u64, u64) {
+    pub(crate) fn ci95(&self, q: f64) -> (u64, u64) {
         let n = self.hist.len() as f64;
         if n == 0.0 {
             return (0, 0);
@@ -50,7 +50,7 @@ impl Latency {
     }
 
     /// Everything about it as JSON (ns).
-    pub(super) fn to_json(&self) -> Value {
+    pub(crate) fn to_json(&self) -> Value {
         let h = &self.hist;
         let (p50_lo, p50_hi) = self.ci95(0.5);
         let (p99_lo, p99_hi) = self.ci95(0.99);
