@@ -211,17 +211,32 @@ impl CentralFreeList {
         let mut st = self.lock();
         debug_assert_eq!(span.list_pos(), EVICTING_POS);
         span.set_list_pos(NOT_LISTED);
-        if evicted || span.is_empty() {
+        if evicted {
+            // Every object's word now names the far copy and a grace period has passed.
             st.live -= span.allocated();
-            st.spans -= 1;
-            self.registry.remove(span);
-            drop(st);
-            // SAFETY: evicted: every object's word now names the far copy and a
-            // grace period has passed; empty: no object lives in it.
-            unsafe { self.heap.free_span(span) }.expect("an in-use span of this heap is accepted by it");
+            self.release(st, span);
+        } else {
+            self.settle(st, span);
+        }
+    }
+
+    /// Puts an unlisted span back in service: to the page heap if no object
+    /// lives in it, on the list if it has room.
+    fn settle(&self, mut st: MutexGuard<'_, ListState>, span: &Span) {
+        if span.is_empty() {
+            self.release(st, span);
         } else if !span.is_full() {
             push(&mut st, span);
         }
+    }
+
+    /// Gives an unlisted span whose objects are gone (freed or far) back to the page heap.
+    fn release(&self, mut st: MutexGuard<'_, ListState>, span: &Span) {
+        st.spans -= 1;
+        self.registry.remove(span);
+        drop(st);
+        // SAFETY: unlisted and unregistered, no live local object uses its memory.
+        unsafe { self.heap.free_span(span) }.expect("an in-use span of this heap is accepted by it");
     }
 
     /// Takes a freshly swapped-in span of this class into service with the
@@ -237,15 +252,7 @@ impl CentralFreeList {
         st.live += live.len();
         self.registry.add(span);
         fix(span);
-        if span.is_empty() {
-            st.spans -= 1;
-            self.registry.remove(span);
-            drop(st);
-            // SAFETY: no object lives in it.
-            unsafe { self.heap.free_span(span) }.expect("an in-use span of this heap is accepted by it");
-        } else if !span.is_full() {
-            push(&mut st, span);
-        }
+        self.settle(st, span);
     }
 
     fn unlist(&self, st: &mut ListState, span: &Span) {
