@@ -145,6 +145,8 @@ pub(crate) struct Inner {
     rounds: AtomicU64,
     /// The manager expired our session: far memory is gone.
     expired: AtomicBool,
+    /// A wait for eviction timed out and no span has been evicted since.
+    stalled: AtomicBool,
     stop: AtomicBool,
     /// Wakes eviction threads (pressure) and allocators (progress).
     kick: Mutex<u64>,
@@ -200,6 +202,7 @@ impl Runtime {
             counters: Counters::default(),
             rounds: AtomicU64::new(0),
             expired: AtomicBool::new(false),
+            stalled: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             kick: Mutex::new(0),
             kicked: Condvar::new(),
@@ -234,9 +237,15 @@ impl Runtime {
     /// never wait; this bounds how far they can overshoot.)
     pub fn scope(&self) -> DerefScope<'_> {
         let inner = &*self.inner;
-        if inner.heap.bytes_in_use() as u64 > inner.budget() && !inner.rcu.in_scope() {
+        if inner.heap.bytes_in_use() as u64 > inner.budget()
+            && !inner.stalled.load(StdOrdering::Acquire)
+            && !inner.rcu.in_scope()
+        {
             inner.kick();
             if let Err(e) = inner.wait_below(inner.budget(), inner.patience) {
+                // Don't make every later scope wait as long: until eviction
+                // makes progress again, the budget is left soft.
+                inner.stalled.store(true, StdOrdering::Release);
                 tracing::warn!("entering a scope over budget: {e}");
             }
         }
@@ -955,6 +964,9 @@ fn eviction_loop(weak: &std::sync::Weak<Inner>) {
             let mut stuck = 0;
             while (inner.heap.bytes_in_use() as u64) > inner.low_bytes() && !inner.stop.load(StdOrdering::Acquire) {
                 let n = inner.evict_round();
+                if n > 0 {
+                    inner.stalled.store(false, StdOrdering::Release);
+                }
                 inner.kick();
                 if n == 0 {
                     stuck += 1;
