@@ -1062,6 +1062,15 @@ fn delta(a: &Stats, b: &Stats) -> Stats {
         bytes_evicted_data: b.bytes_evicted_data - a.bytes_evicted_data,
         bytes_read_remote: b.bytes_read_remote - a.bytes_read_remote,
         bytes_written_remote: b.bytes_written_remote - a.bytes_written_remote,
+        deref_misses: b.deref_misses - a.deref_misses,
+        swap_in_bytes: b.swap_in_bytes - a.swap_in_bytes,
+        swap_in_used_bytes: b.swap_in_used_bytes - a.swap_in_used_bytes,
+        room_wait_ns: b.room_wait_ns - a.room_wait_ns,
+        evict_busy_ns: b.evict_busy_ns - a.evict_busy_ns,
+        clean_evictions: b.clean_evictions - a.clean_evictions,
+        clean_bytes_saved: b.clean_bytes_saved - a.clean_bytes_saved,
+        objects_moved: b.objects_moved - a.objects_moved,
+        spans_filtered: b.spans_filtered - a.spans_filtered,
         ..b.clone()
     }
 }

@@ -115,6 +115,27 @@ pub struct Stats {
     pub checksum_repairs: u64,
     /// Rebuilds retried (a rebuilt shard failed its checksum, or a node failed mid-rebuild).
     pub rebuild_retries: u64,
+    /// Dereferences that waited for a swap-in, their own or another thread's (misses).
+    pub deref_misses: u64,
+    /// Bytes of spans swapped in.
+    pub swap_in_bytes: u64,
+    /// Bytes of swapped-in objects dereferenced while their span was local;
+    /// swap-in amplification is `swap_in_bytes / swap_in_used_bytes`.
+    pub swap_in_used_bytes: u64,
+    /// Nanoseconds application threads spent waiting for local room, summed over threads.
+    pub room_wait_ns: u64,
+    /// Nanoseconds eviction threads spent evicting, summed over threads.
+    pub evict_busy_ns: u64,
+    /// Spans re-evicted without a write: clean, their far copy kept.
+    pub clean_evictions: u64,
+    /// Bytes not written thanks to clean re-eviction.
+    pub clean_bytes_saved: u64,
+    /// Far bytes held now by kept far copies of swapped-in clean spans (a level).
+    pub kept_bytes: u64,
+    /// Objects moved between local spans by filtering threads.
+    pub objects_moved: u64,
+    /// Local spans filtering emptied and freed.
+    pub spans_filtered: u64,
 }
 
 #[derive(Default)]
@@ -379,6 +400,7 @@ impl Inner {
             live_bytes: live,
             local_bytes: self.heap.bytes_in_use() as u64,
             objects: self.slots.in_use() as u64,
+            ..Stats::default()
         }
     }
 
