@@ -10,7 +10,7 @@ use crate::central_freelist::CentralFreeList;
 use crate::error::RuntimeError;
 use crate::eviction::EvictionPolicy;
 use crate::page_heap::{PageHeap, PageHeapConfig};
-use crate::pointer::{EVICTING, HOT_MASK, HOT_SHIFT, LOCK, MOVING, PRESENT, SEALED, Slot, hotness, local_addr};
+use crate::pointer::{PRESENT, Slot, hotness, local_addr};
 use crate::size_classes::{ClassIndex, NUM_CLASSES, PAGE_SIZE, SizeClass};
 use crate::span::{EVICTING_POS, NOT_LISTED, Span, SpanKind};
 pub(crate) use crate::span_registry::SpanRef;
@@ -234,18 +234,7 @@ impl ObjectHeap {
                 }
                 let hv = hotness(w);
                 hot.push(hv);
-                let aged = policy.age(hv);
-                // Age only words nobody has marked or locked: a mark's
-                // commit expects the word it marked, hotness included.
-                if aged != hv && w & (EVICTING | SEALED | LOCK | MOVING) == 0 {
-                    let new = (w & !HOT_MASK) | ((aged as u64) << HOT_SHIFT);
-                    let _ = slot.word.compare_exchange(
-                        w,
-                        new,
-                        crate::loom::Ordering::Relaxed,
-                        crate::loom::Ordering::Relaxed,
-                    );
-                }
+                slot.age(w, policy.age(hv));
             }
             scored.push((policy.span_score(&hot, span.object_size()), s));
         }

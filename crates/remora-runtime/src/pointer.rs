@@ -200,6 +200,74 @@ impl Slot {
         debug_assert_eq!(w & LOCK, 0);
         self.word.store(w, Ordering::Release);
     }
+
+    /// Step 2, the mark: sets `bit` (`E` or `M`) on the word of the local
+    /// object at `addr` with a SeqCst `fetch_or` (the Dekker half of the
+    /// grace period). Returns the marked word, or `None` (and nothing marked)
+    /// if the word is locked, already marked, or names another object.
+    pub fn mark(&self, addr: usize, bit: u64) -> Option<u64> {
+        let prev = self.word.fetch_or(bit, Ordering::SeqCst);
+        if prev & (PRESENT | LOCK | MOVING | EVICTING) == PRESENT && local_addr(prev) == addr {
+            Some(prev | bit)
+        } else {
+            if prev & bit == 0 {
+                self.word.fetch_and(!bit, Ordering::SeqCst);
+            }
+            None
+        }
+    }
+
+    /// Sets `add` on the word of the local object at `addr` if it has exactly
+    /// the flags `need` among P, L, M, E, Z, whatever its hotness and dirty
+    /// bits say (steps 4 and 5). Returns the new word, or `None` if the word
+    /// no longer qualifies (the object was freed, or an access aborted the mark).
+    pub fn transition(&self, addr: usize, need: u64, add: u64) -> Option<u64> {
+        const FLAGS: u64 = PRESENT | LOCK | MOVING | EVICTING | SEALED;
+        loop {
+            let w = self.word.load(Ordering::Acquire);
+            if w & FLAGS != need || local_addr(w) != addr {
+                return None;
+            }
+            if self
+                .word
+                .compare_exchange(w, w | add, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                return Some(w | add);
+            }
+        }
+    }
+
+    /// Takes back a mark (`bits`: `E|Z` or `M`) from a word that still names
+    /// the object at `addr`, whatever happened to its hotness or dirty bits
+    /// meanwhile. A word that is locked, freed or already unmarked is left to
+    /// its holder.
+    pub fn unmark(&self, addr: usize, bits: u64) {
+        let mark = bits & (EVICTING | MOVING);
+        loop {
+            let w = self.word.load(Ordering::Acquire);
+            if w & PRESENT == 0 || w & LOCK != 0 || w & mark == 0 || local_addr(w) != addr {
+                return;
+            }
+            if self
+                .word
+                .compare_exchange(w, w & !bits, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                return;
+            }
+        }
+    }
+
+    /// The aging sweep: replaces the hotness of `w` with `aged` if the word
+    /// is still `w` and nobody has marked or locked it (a mark's commit
+    /// expects the word it marked, hotness included). Best effort.
+    pub fn age(&self, w: u64, aged: u8) {
+        if w & (EVICTING | SEALED | LOCK | MOVING) == 0 && hotness(w) != aged {
+            let new = (w & !HOT_MASK) | ((aged as u64) << HOT_SHIFT);
+            let _ = self.word.compare_exchange(w, new, Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
 }
 
 #[cfg(test)]

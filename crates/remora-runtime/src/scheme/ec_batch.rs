@@ -819,6 +819,7 @@ impl Scheme for EcBatch {
             hole_bytes: sh.lock().hole_pages * PAGE_SIZE as u64,
             repairs: sh.repairs.load(Ordering::Relaxed),
             rebuild_retries: sh.rebuild_retries.load(Ordering::Relaxed),
+            kept_bytes: 0,
         }
     }
 }

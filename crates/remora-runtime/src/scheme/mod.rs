@@ -45,6 +45,8 @@ pub struct SchemeReport {
     /// Rebuild attempts that failed (e.g. a rebuilt shard failed its
     /// checksum because a survivor was corrupt) and were retried.
     pub rebuild_retries: u64,
+    /// Far bytes held by kept copies of swapped-in clean spans.
+    pub kept_bytes: u64,
 }
 
 /// A way of keeping evicted spans in far memory.

@@ -1,0 +1,70 @@
+//! The access barrier: the fast and slow paths of a dereference (pointer
+//! protocol steps 1 and 3).
+
+use super::*;
+
+impl Inner {
+    /// Resolves a pointer to its object's header address, swapping the span
+    /// in if needed. Must be called inside a deref scope of this runtime.
+    #[inline]
+    pub(crate) fn access(&self, slot: NonNull<Slot>, write: bool) -> Result<usize, RuntimeError> {
+        let s = slot_ref(slot);
+        let w = s.word.load(Ordering::Acquire);
+        if w & FAST_MASK == PRESENT {
+            self.touch(s, w, write);
+            return Ok(local_addr(w));
+        }
+        self.access_slow(s, write)
+    }
+
+    /// The read/write barrier: raises hotness (and dirty on a write) only if
+    /// not already set, so a hot object costs no atomic write per access.
+    #[inline]
+    pub(super) fn touch(&self, s: &Slot, w: u64, write: bool) {
+        let want = if write { HOT_MASK | DIRTY } else { HOT_MASK };
+        if w & want != want {
+            s.word.fetch_or(
+                ((self.policy.on_access() as u64) << HOT_SHIFT) | (want & DIRTY),
+                Ordering::Relaxed,
+            );
+        }
+    }
+
+    #[cold]
+    pub(super) fn access_slow(&self, s: &Slot, write: bool) -> Result<usize, RuntimeError> {
+        loop {
+            let w = s.word.load(Ordering::Acquire);
+            if w & LOCK != 0 {
+                crate::loom::spin_yield();
+                continue;
+            }
+            if w & PRESENT == 0 {
+                if let Err(e) = self.swap_in(far_loc(w)) {
+                    return Err(if self.expired.load(StdOrdering::Acquire) {
+                        RuntimeError::SessionExpired
+                    } else {
+                        e
+                    });
+                }
+                continue;
+            }
+            if w & SEALED != 0 {
+                // The evictor is past its grace period: wait for its verdict.
+                crate::loom::spin_yield();
+                continue;
+            }
+            if w & (EVICTING | MOVING) != 0 {
+                // Race the background thread for the lock; winning aborts its operation.
+                if s.try_lock_exact(w) {
+                    let hot = (self.policy.on_access() as u64) << HOT_SHIFT;
+                    let dirty = if write { DIRTY } else { 0 };
+                    s.unlock_with((w & !(EVICTING | MOVING | HOT_MASK)) | hot | dirty);
+                    return Ok(local_addr(w));
+                }
+                continue;
+            }
+            self.touch(s, w, write);
+            return Ok(local_addr(w));
+        }
+    }
+}

@@ -1,0 +1,71 @@
+//! The runtime's background threads: eviction and the manager's notices.
+
+use super::*;
+
+/// Turns the manager's notices into recovery.
+pub(super) fn notice_loop(
+    weak: &std::sync::Weak<Inner>,
+    events: &std::sync::mpsc::Receiver<remora_proto::SessionEvent>,
+) {
+    loop {
+        let ev = match events.recv_timeout(Duration::from_millis(100)) {
+            Ok(ev) => ev,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => match weak.upgrade() {
+                Some(inner) if !inner.stop.load(StdOrdering::Acquire) => continue,
+                _ => return,
+            },
+            Err(_) => return,
+        };
+        let Some(inner) = weak.upgrade() else { return };
+        match ev {
+            remora_proto::SessionEvent::Manager(e) => match e.kind {
+                remora_proto::EventKind::NodeDead { node, addr, regions } => {
+                    tracing::warn!(
+                        "memory node {node} at {addr} died, holding {} of our regions",
+                        regions.len()
+                    );
+                    inner.scheme.node_failed(&inner.far, node);
+                }
+                remora_proto::EventKind::NodeDraining { node, addr, .. } => {
+                    tracing::info!("memory node {node} at {addr} is draining");
+                }
+            },
+            remora_proto::SessionEvent::Resync => tracing::info!("manager restarted"),
+            remora_proto::SessionEvent::Expired => {
+                inner.expired.store(true, StdOrdering::Release);
+                tracing::error!("the manager declared this compute node dead: far memory is gone")
+            }
+        }
+    }
+}
+
+pub(super) fn eviction_loop(weak: &std::sync::Weak<Inner>) {
+    loop {
+        let Some(inner) = weak.upgrade() else { return };
+        if inner.stop.load(StdOrdering::Acquire) {
+            return;
+        }
+        let used = inner.heap.bytes_in_use() as u64;
+        if used > inner.high_bytes() {
+            let mut stuck = 0;
+            while (inner.heap.bytes_in_use() as u64) > inner.low_bytes() && !inner.stop.load(StdOrdering::Acquire) {
+                let n = inner.evict_round();
+                if n > 0 {
+                    inner.stalled.store(false, StdOrdering::Release);
+                }
+                inner.kick();
+                if n == 0 {
+                    stuck += 1;
+                    if stuck > 3 {
+                        break;
+                    }
+                    thread::sleep(Duration::from_millis(1));
+                } else {
+                    stuck = 0;
+                }
+            }
+        }
+        let k = inner.kick.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = inner.kicked.wait_timeout(k, Duration::from_millis(10));
+    }
+}

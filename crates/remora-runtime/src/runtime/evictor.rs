@@ -1,0 +1,172 @@
+//! The evictor: marks cold spans, waits one grace period per batch, writes
+//! them out through the scheme and commits (pointer protocol steps 2, 4, 5).
+
+use super::*;
+
+impl Inner {
+    /// One round of eviction: pick cold spans and swap them out.
+    pub(super) fn evict_round(&self) -> usize {
+        self.rounds.fetch_add(1, StdOrdering::AcqRel);
+        let n = self.evict_round_inner();
+        self.rounds.fetch_sub(1, StdOrdering::AcqRel);
+        n
+    }
+
+    pub(super) fn evict_round_inner(&self) -> usize {
+        let candidates = self.heap.pick_cold(&*self.policy, self.batch);
+        if candidates.is_empty() {
+            return 0;
+        }
+        // Phase 1: mark E on every object of each span.
+        let mut marked: Vec<(SpanRef, Marked)> = Vec::new();
+        for span in candidates {
+            if !self.heap.begin_evict(span) {
+                continue;
+            }
+            match self.mark_span(span) {
+                Some(objs) => marked.push((span, objs)),
+                None => {
+                    self.counters.aborted.fetch_add(1, StdOrdering::Relaxed);
+                    self.heap.end_evict(span, false);
+                }
+            }
+        }
+        if marked.is_empty() {
+            return 0;
+        }
+        // Phase 2: one grace period for the whole batch, then seal: from here
+        // on an access waits for the eviction instead of abandoning it.
+        self.rcu.synchronize();
+        let mut sealed: Vec<(SpanRef, Marked)> = Vec::with_capacity(marked.len());
+        for (span, mut objs) in marked {
+            let mut ok = true;
+            for (slot, exp, _) in objs.iter_mut() {
+                match slot_ref(*slot).transition(local_addr(*exp), PRESENT | EVICTING, SEALED) {
+                    Some(w) => *exp = w,
+                    None => {
+                        ok = false;
+                        break;
+                    }
+                }
+            }
+            if ok {
+                sealed.push((span, objs));
+            } else {
+                unmark(&objs);
+                self.counters.aborted.fetch_add(1, StdOrdering::Relaxed);
+                self.heap.end_evict(span, false);
+            }
+        }
+        let marked = sealed;
+        if marked.is_empty() {
+            return 0;
+        }
+        // Phase 3: write the spans out; nothing local is released yet.
+        let bufs: Vec<&[u8]> = marked
+            .iter()
+            .map(|(span, _)| {
+                // SAFETY: the span is local and pinned by begin_evict. Its bytes
+                // may change only if an application thread aborts the eviction
+                // by clearing E, and then this copy is discarded in phase 4.
+                unsafe { std::slice::from_raw_parts(span.get().start() as *const u8, span.get().bytes()) }
+            })
+            .collect();
+        let sums: Vec<u64> = bufs.iter().map(|b| checksum(b)).collect();
+        let placed = match self.scheme.swap_out(&self.far, &bufs, &sums) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!("swap-out of {} spans failed: {e}", marked.len());
+                for (span, objs) in marked {
+                    unmark(&objs);
+                    self.heap.end_evict(span, false);
+                }
+                return 0;
+            }
+        };
+        // Phase 4: commit each span, or abort it if its owner freed an object meanwhile.
+        let mut evicted = 0;
+        for (((span, mut objs), at), sum) in marked.into_iter().zip(placed).zip(sums) {
+            let sp = span.get();
+            let mut locked = 0;
+            for (slot, exp, _) in objs.iter_mut() {
+                match slot_ref(*slot).transition(local_addr(*exp), PRESENT | EVICTING | SEALED, LOCK) {
+                    Some(w) => *exp = w & !LOCK,
+                    None => break,
+                }
+                locked += 1;
+            }
+            if locked < objs.len() {
+                // The owner freed an object meanwhile: keep the span local.
+                for (slot, exp, _) in &objs[..locked] {
+                    slot_ref(*slot).unlock_with(exp & !(EVICTING | SEALED));
+                }
+                unmark(&objs[locked..]);
+                self.scheme.release(&self.far, at, sp.pages() as u32);
+                self.counters.aborted.fetch_add(1, StdOrdering::Relaxed);
+                self.heap.end_evict(span, false);
+                continue;
+            }
+            let mut live = vec![0u64; sp.capacity().div_ceil(64)];
+            for (_, _, i) in &objs {
+                live[i / 64] |= 1 << (i % 64);
+            }
+            let fs = Arc::new(FarSpan::new(
+                at.region,
+                at.page,
+                sp.pages() as u32,
+                self.heap.class_code(sp),
+                sp.capacity() as u32,
+                live,
+                sum,
+            ));
+            // Published before the words, so whoever sees a far word finds it.
+            self.far_map.insert(Arc::clone(&fs));
+            for (slot, exp, i) in &objs {
+                let loc = fs.loc(*i as u16);
+                slot_ref(*slot).unlock_with(far_word(loc, *exp, pointer::hotness(*exp)));
+            }
+            self.counters.swap_outs.fetch_add(1, StdOrdering::Relaxed);
+            self.counters
+                .evicted_bytes
+                .fetch_add(sp.bytes() as u64, StdOrdering::Relaxed);
+            self.heap.end_evict(span, true);
+            evicted += 1;
+        }
+        evicted
+    }
+
+    /// Sets E on every live object of `span`; `None` (and nothing marked) if
+    /// an object is busy or being freed.
+    pub(super) fn mark_span(&self, span: SpanRef) -> Option<Marked> {
+        let sp = span.get();
+        let mut objs = Vec::with_capacity(sp.allocated());
+        for i in 0..sp.capacity() {
+            if !sp.is_allocated(i) {
+                continue;
+            }
+            let addr = sp.object_addr(i);
+            // SAFETY: slot i is allocated in a pinned local span.
+            let h = unsafe { header(addr) }.load(StdOrdering::Acquire);
+            let ok =
+                NonNull::new(h as *mut Slot).and_then(|slot| slot_ref(slot).mark(addr, EVICTING).map(|w| (slot, w, i)));
+            match ok {
+                Some(o) => objs.push(o),
+                None => {
+                    unmark(&objs);
+                    return None;
+                }
+            }
+        }
+        Some(objs)
+    }
+}
+
+/// The objects of a span marked for eviction: slot, word as marked, index.
+type Marked = Vec<(NonNull<Slot>, u64, usize)>;
+
+/// Takes back the marks (E and Z) of `objs`.
+fn unmark(objs: &[(NonNull<Slot>, u64, usize)]) {
+    for (slot, exp, _) in objs {
+        slot_ref(*slot).unmark(local_addr(*exp), EVICTING | SEALED);
+    }
+}

@@ -1,0 +1,111 @@
+//! Freeing objects, local or far.
+
+use super::*;
+
+impl Inner {
+    /// Frees the object owned by `slot` (dropping its value first if `T`
+    /// needs it) and the slot.
+    ///
+    /// Frees nested in another free on the same thread (a value's fields
+    /// dropping their own pointers) are queued and run by the outermost one,
+    /// so dropping a long linked structure uses constant stack.
+    ///
+    /// # Safety
+    /// `slot` comes from a runtime's slot table and its last owner is giving it up.
+    pub(crate) unsafe fn free_object<T: Remotable>(slot: NonNull<Slot>) {
+        type Pending = (NonNull<Slot>, unsafe fn(NonNull<Slot>));
+        thread_local! {
+            static PENDING: std::cell::RefCell<Option<Vec<Pending>>> = const { std::cell::RefCell::new(None) };
+        }
+        let nested = PENDING.with(|p| {
+            let mut p = p.borrow_mut();
+            match p.as_mut() {
+                Some(q) => {
+                    q.push((slot, Self::free_one::<T>));
+                    true
+                }
+                None => {
+                    *p = Some(Vec::new());
+                    false
+                }
+            }
+        });
+        if nested {
+            return;
+        }
+        // SAFETY: forwarded from our caller.
+        unsafe { Self::free_one::<T>(slot) };
+        while let Some((s, f)) = PENDING.with(|p| p.borrow_mut().as_mut().and_then(Vec::pop)) {
+            // SAFETY: queued by a nested call under the same contract.
+            unsafe { f(s) };
+        }
+        PENDING.with(|p| *p.borrow_mut() = None);
+    }
+
+    /// Frees one object (see [`Inner::free_object`]).
+    ///
+    /// # Safety
+    /// As [`Inner::free_object`].
+    pub(super) unsafe fn free_one<T: Remotable>(slot: NonNull<Slot>) {
+        // SAFETY: per the contract, the slot's chunk is live and names its runtime.
+        let inner = unsafe { &*(owner_of(slot) as *const Inner) };
+        let s = slot_ref(slot);
+        let mut value: Option<T> = None;
+        loop {
+            let w = s.word.load(Ordering::Acquire);
+            if w & LOCK != 0 {
+                crate::loom::spin_yield();
+                continue;
+            }
+            if w & PRESENT != 0 {
+                if !s.try_lock_exact(w) {
+                    continue;
+                }
+                // We hold L on a present object: no one can move it now; a
+                // pending eviction of its span will see the slot change and abort.
+                let addr = local_addr(w);
+                if std::mem::needs_drop::<T>() {
+                    // SAFETY: the object is live and local; we read it out exactly once.
+                    value = Some(unsafe { ((addr + HEADER) as *const T).read() });
+                }
+                // SAFETY: the header of a live local object.
+                unsafe { header(addr) }.store(0, StdOrdering::Release);
+                inner.heap.free(addr);
+                break;
+            }
+            if std::mem::needs_drop::<T>() {
+                // Its drop glue must run on the real bytes: bring it back first.
+                if let Err(e) = inner.swap_in(far_loc(w)) {
+                    tracing::error!("leaking an unreadable far object on drop: {e}");
+                    break;
+                }
+                continue;
+            }
+            let loc = far_loc(w);
+            let Some(fs) = inner.far_map.get(loc.region, loc.page) else {
+                continue; // swapped in meanwhile; retry as local
+            };
+            let mut st = fs.lock();
+            if st.gone || s.word.load(Ordering::Acquire) != w {
+                continue;
+            }
+            let i = loc.object as usize;
+            st.live[i / 64] &= !(1 << (i % 64));
+            st.live_count -= 1;
+            if st.live_count == 0 {
+                st.gone = true;
+                inner.far_map.remove(fs.region, fs.page);
+                let at = SpanAddr {
+                    region: fs.region,
+                    page: fs.page,
+                };
+                inner.scheme.release(&inner.far, at, fs.pages);
+            }
+            break;
+        }
+        inner.slots.free(slot);
+        drop(value);
+        // SAFETY: balances the count taken when the object was allocated.
+        unsafe { Arc::decrement_strong_count(inner as *const Inner) };
+    }
+}

@@ -1,0 +1,360 @@
+//! The runtime handle and the operations that tie the modules together:
+//! dereference (fast and slow path), allocation, free, swap-in and eviction.
+//! The pointer protocol these follow is written down in [`crate::pointer`].
+
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as StdOrdering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+mod access;
+mod background;
+mod evictor;
+mod free;
+mod room;
+mod stats;
+mod swap_in;
+
+use remora_proto::{ComputeSession, ConnOptions};
+
+use self::background::{eviction_loop, notice_loop};
+use self::stats::Counters;
+pub use self::stats::Stats;
+
+use crate::error::RuntimeError;
+use crate::eviction::{Clock, EvictionPolicy};
+use crate::far_memory::FarMemory;
+use crate::far_page_map::{FarPageMap, FarSpan};
+use crate::loom::Ordering;
+use crate::object::{HEADER, RemBox, RemRc, Remotable};
+use crate::object_heap::{ObjectHeap, SpanRef};
+use crate::pointer::{
+    self, DIRTY, EVICTING, FAST_MASK, HOT_MASK, HOT_SHIFT, LOCK, MOVING, PRESENT, SEALED, SHARED, Slot, far_loc,
+    far_word, local_addr, local_word,
+};
+use crate::region_table::RegionTable;
+use crate::scheme::{NonFt, Scheme, SpanAddr};
+use crate::scope::{Rcu, ScopeGuard};
+use crate::slots::{SlotTable, owner_of};
+use remora_proto::checksum::checksum;
+
+/// How a runtime is set up.
+pub struct RuntimeConfig {
+    /// The manager's address.
+    pub manager: String,
+    /// Name shown by `remora status`.
+    pub name: String,
+    /// Local memory budget in bytes (spans holding objects).
+    pub local_budget: usize,
+    /// Eviction starts above this fraction of the budget...
+    pub high_watermark: f64,
+    /// ...and stops below this one.
+    pub low_watermark: f64,
+    /// Fault-tolerance scheme.
+    pub scheme: Box<dyn Scheme>,
+    /// Which spans are cold.
+    pub policy: Box<dyn EvictionPolicy>,
+    /// Number of eviction threads.
+    pub eviction_threads: usize,
+    /// Spans evicted per batch (one grace period per batch).
+    pub eviction_batch: usize,
+    /// Connection options for the manager and memory nodes.
+    pub conn: ConnOptions,
+    /// How long an allocation outside a scope waits for eviction, and how
+    /// long to wait for far memory when the manager has none.
+    pub patience: Duration,
+}
+
+impl RuntimeConfig {
+    /// Defaults for a manager at `manager` and a local budget in bytes:
+    /// `non-ft`, CLOCK, one eviction thread, watermarks 95 % / 85 %.
+    pub fn new(manager: impl Into<String>, local_budget: usize) -> Self {
+        Self {
+            manager: manager.into(),
+            name: format!("remora-runtime-{}", std::process::id()),
+            local_budget,
+            high_watermark: 0.95,
+            low_watermark: 0.85,
+            scheme: Box::new(NonFt),
+            policy: Box::new(Clock),
+            eviction_threads: 1,
+            eviction_batch: 16,
+            conn: ConnOptions::default(),
+            patience: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Shared state of a runtime; kept alive by the handle and by every live object.
+pub(crate) struct Inner {
+    rcu: Rcu,
+    slots: SlotTable,
+    heap: ObjectHeap,
+    far: Arc<FarMemory>,
+    far_map: FarPageMap,
+    scheme: Box<dyn Scheme>,
+    policy: Box<dyn EvictionPolicy>,
+    budget: AtomicU64,
+    high: f64,
+    low: f64,
+    batch: usize,
+    patience: Duration,
+    counters: Counters,
+    /// Eviction rounds under way (a round holds far pages until it commits or aborts).
+    rounds: AtomicU64,
+    /// The manager expired our session: far memory is gone.
+    expired: AtomicBool,
+    /// A wait for eviction timed out and no span has been evicted since.
+    stalled: AtomicBool,
+    stop: AtomicBool,
+    /// Wakes eviction threads (pressure) and allocators (progress).
+    kick: Mutex<u64>,
+    kicked: Condvar,
+}
+
+/// A connection to far memory and the local heap: the handle applications use.
+/// Dropping it stops the background threads; objects still alive keep the
+/// shared state (and their far memory) until they are dropped.
+pub struct Runtime {
+    inner: Arc<Inner>,
+    threads: Vec<thread::JoinHandle<()>>,
+}
+
+/// A deref scope of a runtime (see the `scope` module): references obtained
+/// through it are valid until it is dropped. Not `Send`.
+pub struct DerefScope<'rt> {
+    inner: &'rt Inner,
+    guard: ScopeGuard<'rt>,
+}
+
+impl DerefScope<'_> {
+    pub(crate) fn inner(&self) -> &Inner {
+        self.inner
+    }
+
+    /// Leaves and re-enters the scope so eviction can make progress in long
+    /// loops (`&mut self`: no reference from the scope may be alive).
+    pub fn renew(&mut self) {
+        self.guard.renew();
+    }
+}
+
+impl Runtime {
+    /// Registers with the manager and starts the eviction threads.
+    pub fn connect(cfg: RuntimeConfig) -> Result<Self, RuntimeError> {
+        let session = Arc::new(ComputeSession::open(&cfg.manager, &cfg.name, cfg.conn)?);
+        let events = session.take_events();
+        let far = Arc::new(FarMemory::new(session, RegionTable::new(cfg.conn), cfg.patience));
+        let inner = Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| Inner {
+            rcu: Rcu::new(),
+            slots: SlotTable::new(weak.as_ptr() as *const ()),
+            heap: ObjectHeap::new(),
+            far,
+            far_map: FarPageMap::default(),
+            scheme: cfg.scheme,
+            policy: cfg.policy,
+            budget: AtomicU64::new(cfg.local_budget as u64),
+            high: cfg.high_watermark,
+            low: cfg.low_watermark,
+            batch: cfg.eviction_batch.max(1),
+            patience: cfg.patience,
+            counters: Counters::default(),
+            rounds: AtomicU64::new(0),
+            expired: AtomicBool::new(false),
+            stalled: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            kick: Mutex::new(0),
+            kicked: Condvar::new(),
+        });
+        let mut threads = Vec::new();
+        for i in 0..cfg.eviction_threads.max(1) {
+            let weak = Arc::downgrade(&inner);
+            threads.push(
+                thread::Builder::new()
+                    .name(format!("remora-evict-{i}"))
+                    .spawn(move || eviction_loop(&weak))
+                    .map_err(|e| RuntimeError::LocalMemory(format!("cannot spawn eviction thread: {e}")))?,
+            );
+        }
+        if let Some(events) = events {
+            let weak = Arc::downgrade(&inner);
+            threads.push(
+                thread::Builder::new()
+                    .name("remora-notices".into())
+                    .spawn(move || notice_loop(&weak, &events))
+                    .map_err(|e| RuntimeError::LocalMemory(format!("cannot spawn notice thread: {e}")))?,
+            );
+        }
+        Ok(Self { inner, threads })
+    }
+
+    /// Enters a deref scope on this thread.
+    ///
+    /// Entering an outermost scope is where an application thread waits when
+    /// local memory is over budget: it holds no reference then, so the
+    /// eviction threads can never be waiting for it. (Inside a scope, swap-ins
+    /// never wait; this bounds how far they can overshoot.)
+    pub fn scope(&self) -> DerefScope<'_> {
+        let inner = &*self.inner;
+        if inner.heap.bytes_in_use() as u64 > inner.budget()
+            && !inner.stalled.load(StdOrdering::Acquire)
+            && !inner.rcu.in_scope()
+        {
+            inner.kick();
+            if let Err(e) = inner.wait_below(inner.budget(), inner.patience) {
+                // Don't make every later scope wait as long: until eviction
+                // makes progress again, the budget is left soft.
+                inner.stalled.store(true, StdOrdering::Release);
+                tracing::warn!("entering a scope over budget: {e}");
+            }
+        }
+        DerefScope {
+            inner: &self.inner,
+            guard: self.inner.rcu.enter(),
+        }
+    }
+
+    /// Places `value` in a new object owned by a unique pointer.
+    pub fn alloc<T: Remotable>(&self, value: T) -> Result<RemBox<T>, RuntimeError> {
+        Ok(RemBox::from_slot(self.inner.alloc_object(value, 0)?))
+    }
+
+    /// Places `value` in a new object owned by a shared pointer.
+    pub fn alloc_shared<T: Remotable>(&self, value: T) -> Result<RemRc<T>, RuntimeError> {
+        Ok(RemRc::from_slot(self.inner.alloc_object(value, SHARED)?))
+    }
+
+    /// Counters and levels.
+    pub fn stats(&self) -> Stats {
+        self.inner.stats()
+    }
+
+    /// The scheme's name.
+    pub fn scheme(&self) -> &'static str {
+        self.inner.scheme.name()
+    }
+
+    /// Changes the local memory budget.
+    pub fn set_local_budget(&self, bytes: usize) {
+        self.inner.budget.store(bytes as u64, StdOrdering::Relaxed);
+        self.inner.kick();
+    }
+
+    /// Waits until local memory is below the low watermark and no eviction
+    /// round is under way (or `timeout`).
+    pub fn wait_for_eviction(&self, timeout: Duration) -> Result<(), RuntimeError> {
+        let start = Instant::now();
+        self.inner.wait_below(self.inner.low_bytes(), timeout)?;
+        while self.inner.rounds.load(StdOrdering::Acquire) > 0 {
+            if start.elapsed() > timeout {
+                return Err(RuntimeError::EvictionStalled(timeout));
+            }
+            thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
+    }
+
+    /// The far-memory regions this runtime holds now, by region-table index
+    /// (for tools and fault-injection tests).
+    pub fn regions(&self) -> Vec<(u16, remora_proto::RegionGrant)> {
+        (0..self.inner.far.regions.len() as u16)
+            .map(|i| (i, self.inner.far.regions.get(i).grant.clone()))
+            .collect()
+    }
+
+    /// This compute node's id at the manager.
+    pub fn compute_id(&self) -> remora_proto::ComputeId {
+        self.inner.far.session.id()
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        self.inner.stop.store(true, StdOrdering::Release);
+        self.inner.kick();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The object header (reverse reference) at `addr`, viewed atomically: the
+/// evictor reads it while its owner may be freeing the object.
+///
+/// # Safety
+/// `addr` must be the 8-aligned start of an object slot in a live local span.
+unsafe fn header(addr: usize) -> &'static std::sync::atomic::AtomicU64 {
+    // SAFETY: per the contract the address is valid, aligned, and spans are
+    // never unmapped while the heap lives.
+    unsafe { &*(addr as *const std::sync::atomic::AtomicU64) }
+}
+
+fn slot_ref<'a>(s: NonNull<Slot>) -> &'a Slot {
+    // SAFETY: slots live in chunks owned by the runtime, freed only when the
+    // runtime's state is dropped, after every object.
+    unsafe { s.as_ref() }
+}
+
+impl Inner {
+    fn kick(&self) {
+        let mut k = self.kick.lock().unwrap_or_else(|p| p.into_inner());
+        *k += 1;
+        self.kicked.notify_all();
+    }
+
+    fn budget(&self) -> u64 {
+        self.budget.load(StdOrdering::Relaxed)
+    }
+
+    fn high_bytes(&self) -> u64 {
+        (self.budget() as f64 * self.high) as u64
+    }
+
+    fn low_bytes(&self) -> u64 {
+        (self.budget() as f64 * self.low) as u64
+    }
+
+    fn alloc_object<T: Remotable>(self: &Arc<Self>, value: T, flags: u64) -> Result<NonNull<Slot>, RuntimeError> {
+        const {
+            assert!(
+                std::mem::align_of::<T>() <= 8,
+                "remotable objects are at most 8-aligned"
+            )
+        };
+        let size = HEADER + std::mem::size_of::<T>();
+        let used = self.heap.bytes_in_use() as u64;
+        if used >= self.high_bytes() {
+            self.kick();
+            // Waiting inside a scope could deadlock with the evictor's grace
+            // period, so there the budget is a soft limit.
+            if used >= self.budget() && !self.rcu.in_scope() {
+                self.wait_below(self.budget().saturating_sub(size as u64), self.patience)?;
+            }
+        }
+        let slot = self.slots.alloc(0);
+        let hot = self.policy.on_access();
+        let res = self.heap.alloc_with(size, |addr| {
+            // SAFETY: `addr` is a fresh slot of `size` bytes in a local span,
+            // reserved for us under the class lock; nothing else can see it.
+            unsafe {
+                header(addr).store(slot.as_ptr() as u64, StdOrdering::Release);
+                ((addr + HEADER) as *mut T).write(value);
+            }
+            slot_ref(slot)
+                .word
+                .store(local_word(addr, flags | DIRTY, hot), Ordering::Release);
+        });
+        match res {
+            Ok(()) => {
+                // Each live object keeps the runtime's state alive.
+                std::mem::forget(Arc::clone(self));
+                Ok(slot)
+            }
+            Err(e) => {
+                self.slots.free(slot);
+                Err(e)
+            }
+        }
+    }
+}

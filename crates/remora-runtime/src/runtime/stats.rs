@@ -1,0 +1,127 @@
+//! The runtime's counters and the [`Stats`] snapshot benchmarks and tests read.
+
+use super::*;
+
+/// Counters and levels, for benchmarks and tests.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Stats {
+    /// Spans swapped in.
+    pub swap_ins: u64,
+    /// Remote reads issued by swap-ins.
+    pub swap_in_reads: u64,
+    /// Spans swapped out.
+    pub swap_outs: u64,
+    /// Evictions abandoned because an application thread touched the span.
+    pub evictions_aborted: u64,
+    /// Bytes of whole data spans swapped out.
+    pub bytes_evicted_data: u64,
+    /// Bytes read from memory nodes.
+    pub bytes_read_remote: u64,
+    /// Bytes written to memory nodes by swap-outs.
+    pub bytes_written_remote: u64,
+    /// Far bytes allocated to spans now.
+    pub remote_bytes_used: u64,
+    /// Far bytes of live data spans now.
+    pub live_bytes: u64,
+    /// Local bytes in spans now.
+    pub local_bytes: u64,
+    /// Live objects.
+    pub objects: u64,
+    /// Swap-ins served by decoding from survivors.
+    pub degraded_reads: u64,
+    /// Bytes rebuilt on replacement regions after memory-node failures.
+    pub reconstructed_bytes: u64,
+    /// Seconds spent rebuilding, summed over recoveries.
+    pub reconstruct_seconds: f64,
+    /// Recoveries finished / under way.
+    pub recoveries: u64,
+    /// Recoveries under way.
+    pub recovering: u64,
+    /// Far bytes held by holes (swapped-in spans parity still covers).
+    pub hole_bytes: u64,
+    /// Far spans that failed their checksum and were rebuilt and rewritten.
+    pub checksum_repairs: u64,
+    /// Rebuilds retried (a rebuilt shard failed its checksum, or a node failed mid-rebuild).
+    pub rebuild_retries: u64,
+    /// Dereferences that waited for a swap-in, their own or another thread's (misses).
+    pub deref_misses: u64,
+    /// Bytes of spans swapped in.
+    pub swap_in_bytes: u64,
+    /// Bytes of swapped-in objects dereferenced while their span was local;
+    /// swap-in amplification is `swap_in_bytes / swap_in_used_bytes`.
+    pub swap_in_used_bytes: u64,
+    /// Nanoseconds application threads spent waiting for local room, summed over threads.
+    pub room_wait_ns: u64,
+    /// Nanoseconds eviction threads spent evicting, summed over threads.
+    pub evict_busy_ns: u64,
+    /// Spans re-evicted without a write: clean, their far copy kept.
+    pub clean_evictions: u64,
+    /// Bytes not written thanks to clean re-eviction.
+    pub clean_bytes_saved: u64,
+    /// Far bytes held now by kept far copies of swapped-in clean spans (a level).
+    pub kept_bytes: u64,
+    /// Objects moved between local spans by filtering threads.
+    pub objects_moved: u64,
+    /// Local spans filtering emptied and freed.
+    pub spans_filtered: u64,
+}
+
+/// Counters the runtime's paths bump (relaxed: they are statistics).
+#[derive(Default)]
+pub(super) struct Counters {
+    pub(super) swap_ins: AtomicU64,
+    pub(super) swap_in_reads: AtomicU64,
+    pub(super) swap_outs: AtomicU64,
+    pub(super) aborted: AtomicU64,
+    pub(super) evicted_bytes: AtomicU64,
+    pub(super) deref_misses: AtomicU64,
+    pub(super) swap_in_bytes: AtomicU64,
+    pub(super) swap_in_used_bytes: AtomicU64,
+    pub(super) room_wait_ns: AtomicU64,
+    pub(super) evict_busy_ns: AtomicU64,
+    pub(super) clean_evictions: AtomicU64,
+    pub(super) clean_bytes_saved: AtomicU64,
+    pub(super) objects_moved: AtomicU64,
+    pub(super) spans_filtered: AtomicU64,
+}
+
+impl Inner {
+    pub(super) fn stats(&self) -> Stats {
+        let (_, live) = self.far_map.totals();
+        let t = &self.far.traffic;
+        let rep = self.scheme.report();
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(StdOrdering::Relaxed);
+        Stats {
+            degraded_reads: rep.degraded_reads,
+            reconstructed_bytes: rep.reconstructed_bytes,
+            reconstruct_seconds: rep.reconstruct_time.as_secs_f64(),
+            recoveries: rep.recoveries,
+            recovering: rep.recovering,
+            hole_bytes: rep.hole_bytes,
+            checksum_repairs: rep.repairs,
+            rebuild_retries: rep.rebuild_retries,
+            swap_ins: self.counters.swap_ins.load(StdOrdering::Relaxed),
+            swap_in_reads: self.counters.swap_in_reads.load(StdOrdering::Relaxed),
+            swap_outs: self.counters.swap_outs.load(StdOrdering::Relaxed),
+            evictions_aborted: self.counters.aborted.load(StdOrdering::Relaxed),
+            bytes_evicted_data: self.counters.evicted_bytes.load(StdOrdering::Relaxed),
+            bytes_read_remote: t.bytes_read.load(StdOrdering::Relaxed),
+            bytes_written_remote: t.bytes_written.load(StdOrdering::Relaxed),
+            remote_bytes_used: self.scheme.remote_bytes_used(&self.far),
+            live_bytes: live,
+            local_bytes: self.heap.bytes_in_use() as u64,
+            objects: self.slots.in_use() as u64,
+            deref_misses: get(&c.deref_misses),
+            swap_in_bytes: get(&c.swap_in_bytes),
+            swap_in_used_bytes: get(&c.swap_in_used_bytes),
+            room_wait_ns: get(&c.room_wait_ns),
+            evict_busy_ns: get(&c.evict_busy_ns),
+            clean_evictions: get(&c.clean_evictions),
+            clean_bytes_saved: get(&c.clean_bytes_saved),
+            kept_bytes: rep.kept_bytes,
+            objects_moved: get(&c.objects_moved),
+            spans_filtered: get(&c.spans_filtered),
+        }
+    }
+}

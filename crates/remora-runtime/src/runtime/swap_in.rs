@@ -1,0 +1,94 @@
+//! Swap-in: bring a far span back with one remote read and point its
+//! objects' words at it.
+
+use super::*;
+
+impl Inner {
+    /// Brings the far span holding `loc` back with one remote read and fixes
+    /// the words of its live objects.
+    pub(super) fn swap_in(&self, loc: pointer::FarLoc) -> Result<(), RuntimeError> {
+        let Some(fs) = self.far_map.get(loc.region, loc.page) else {
+            return Ok(()); // already swapped in by another thread
+        };
+        let mut st = fs.lock();
+        if st.gone {
+            return Ok(());
+        }
+        let span = self.heap.new_span(fs.class, fs.pages as usize)?;
+        // SAFETY: the span was just allocated for us and is not yet visible
+        // to anyone; its memory is `bytes()` long and mapped.
+        let dest = unsafe { std::slice::from_raw_parts_mut(span.get().start() as *mut u8, span.get().bytes()) };
+        let at = SpanAddr {
+            region: fs.region,
+            page: fs.page,
+        };
+        let mut reads = match self.scheme.swap_in(&self.far, at, dest) {
+            Ok(r) => r,
+            Err(e) => {
+                self.heap.discard_span(span);
+                return Err(e);
+            }
+        };
+        if checksum(dest) != fs.checksum {
+            // A corrupt far copy is handled like a lost one: rebuild it from
+            // redundancy, then write the good bytes back so the redundancy
+            // that covers it stays consistent.
+            tracing::warn!("span r{}:p{} failed its checksum; rebuilding it", fs.region, fs.page);
+            let rebuilt = self.scheme.degraded_read(&self.far, at, dest);
+            match rebuilt {
+                Ok(r) if checksum(dest) == fs.checksum => {
+                    reads += r;
+                    if let Err(e) = self.scheme.repair(&self.far, at, dest) {
+                        tracing::warn!("could not rewrite repaired span r{}:p{}: {e}", fs.region, fs.page);
+                    }
+                }
+                other => {
+                    self.heap.discard_span(span);
+                    return Err(match other {
+                        Err(e) => e,
+                        Ok(_) => RuntimeError::DataLost(format!(
+                            "span r{}:p{} failed its checksum and so did its reconstruction",
+                            fs.region, fs.page
+                        )),
+                    });
+                }
+            }
+        }
+        let live: Vec<usize> = (0..fs.capacity as usize)
+            .filter(|&i| st.live[i / 64] & (1 << (i % 64)) != 0)
+            .collect();
+        self.heap.adopt_span(span, &live, |sp| {
+            for &i in &live {
+                let addr = sp.object_addr(i);
+                // SAFETY: slot i of the new span holds the object's bytes as evicted.
+                let slot = unsafe { header(addr) }.load(StdOrdering::Acquire) as *const Slot;
+                // SAFETY: a live object's header names its slot, which lives while the object does.
+                let s = unsafe { &*slot };
+                let expect = fs.loc(i as u16);
+                loop {
+                    let w = s.word.load(Ordering::Acquire);
+                    debug_assert!(w & PRESENT == 0 && far_loc(w) == expect, "far word mismatch");
+                    let new = local_word(addr, w & SHARED, pointer::hotness(w));
+                    if s.word
+                        .compare_exchange(w, new, Ordering::AcqRel, Ordering::Relaxed)
+                        .is_ok()
+                    {
+                        break;
+                    }
+                }
+            }
+        });
+        st.gone = true;
+        self.far_map.remove(fs.region, fs.page);
+        self.scheme.release(&self.far, at, fs.pages);
+        self.counters.swap_ins.fetch_add(1, StdOrdering::Relaxed);
+        self.counters
+            .swap_in_reads
+            .fetch_add(reads as u64, StdOrdering::Relaxed);
+        drop(st);
+        if self.heap.bytes_in_use() as u64 >= self.high_bytes() {
+            self.kick();
+        }
+        Ok(())
+    }
+}
