@@ -45,27 +45,31 @@ pub(super) fn eviction_loop(weak: &std::sync::Weak<Inner>) {
         if inner.stop.load(StdOrdering::Acquire) {
             return;
         }
-        let used = inner.heap.bytes_in_use() as u64;
-        if used > inner.high_bytes() {
+        if inner.heap.bytes_in_use() as u64 > inner.high_bytes() {
             let mut stuck = 0;
             while (inner.heap.bytes_in_use() as u64) > inner.low_bytes() && !inner.stop.load(StdOrdering::Acquire) {
                 let n = inner.evict_round();
                 if n > 0 {
                     inner.stalled.store(false, StdOrdering::Release);
-                }
-                inner.kick();
-                if n == 0 {
+                    stuck = 0;
+                } else {
                     stuck += 1;
                     if stuck > 3 {
                         break;
                     }
                     thread::sleep(Duration::from_millis(1));
-                } else {
-                    stuck = 0;
                 }
             }
         }
+        // Sleep until kicked. Announce the sleep, then look at the level
+        // again: a kick between the two sees us idle (both sides SeqCst).
         let k = inner.kick.lock().unwrap_or_else(|p| p.into_inner());
-        let _ = inner.kicked.wait_timeout(k, Duration::from_millis(10));
+        inner.idle_evictors.fetch_add(1, StdOrdering::SeqCst);
+        if inner.heap.bytes_in_use() as u64 <= inner.high_bytes() && !inner.stop.load(StdOrdering::Acquire) {
+            let _ = inner.kicked.wait_timeout(k, Duration::from_millis(100));
+        } else {
+            drop(k);
+        }
+        inner.idle_evictors.fetch_sub(1, StdOrdering::SeqCst);
     }
 }

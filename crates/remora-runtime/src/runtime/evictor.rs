@@ -6,9 +6,16 @@ use super::*;
 impl Inner {
     /// One round of eviction: pick cold spans and swap them out.
     pub(super) fn evict_round(&self) -> usize {
+        let start = Instant::now();
         self.rounds.fetch_add(1, StdOrdering::AcqRel);
         let n = self.evict_round_inner();
         self.rounds.fetch_sub(1, StdOrdering::AcqRel);
+        if n > 0 {
+            self.wake_room();
+        }
+        self.counters
+            .evict_busy_ns
+            .fetch_add(start.elapsed().as_nanos() as u64, StdOrdering::Relaxed);
         n
     }
 

@@ -71,6 +71,7 @@ impl Inner {
                 // SAFETY: the header of a live local object.
                 unsafe { header(addr) }.store(0, StdOrdering::Release);
                 inner.heap.free(addr);
+                inner.wake_room();
                 break;
             }
             if std::mem::needs_drop::<T>() {

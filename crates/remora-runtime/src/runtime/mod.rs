@@ -68,18 +68,18 @@ pub struct RuntimeConfig {
 
 impl RuntimeConfig {
     /// Defaults for a manager at `manager` and a local budget in bytes:
-    /// `non-ft`, CLOCK, one eviction thread, watermarks 95 % / 85 %.
+    /// `non-ft`, CLOCK, one eviction thread, watermarks 90 % / 85 %.
     pub fn new(manager: impl Into<String>, local_budget: usize) -> Self {
         Self {
             manager: manager.into(),
             name: format!("remora-runtime-{}", std::process::id()),
             local_budget,
-            high_watermark: 0.95,
+            high_watermark: 0.90,
             low_watermark: 0.85,
             scheme: Box::new(NonFt),
             policy: Box::new(Clock),
             eviction_threads: 1,
-            eviction_batch: 16,
+            eviction_batch: 32,
             conn: ConnOptions::default(),
             patience: Duration::from_secs(30),
         }
@@ -108,9 +108,13 @@ pub(crate) struct Inner {
     /// A wait for eviction timed out and no span has been evicted since.
     stalled: AtomicBool,
     stop: AtomicBool,
-    /// Wakes eviction threads (pressure) and allocators (progress).
-    kick: Mutex<u64>,
+    /// Wakes eviction threads (pressure); see `kick`.
+    kick: Mutex<()>,
     kicked: Condvar,
+    /// Eviction threads asleep on `kicked`.
+    idle_evictors: AtomicU64,
+    /// Application threads waiting for local room.
+    room: room::Room,
 }
 
 /// A connection to far memory and the local heap: the handle applications use.
@@ -164,8 +168,10 @@ impl Runtime {
             expired: AtomicBool::new(false),
             stalled: AtomicBool::new(false),
             stop: AtomicBool::new(false),
-            kick: Mutex::new(0),
+            kick: Mutex::new(()),
             kicked: Condvar::new(),
+            idle_evictors: AtomicU64::new(0),
+            room: room::Room::default(),
         });
         let mut threads = Vec::new();
         for i in 0..cfg.eviction_threads.max(1) {
@@ -239,6 +245,7 @@ impl Runtime {
     pub fn set_local_budget(&self, bytes: usize) {
         self.inner.budget.store(bytes as u64, StdOrdering::Relaxed);
         self.inner.kick();
+        self.inner.wake_room();
     }
 
     /// Waits until local memory is below the low watermark and no eviction
@@ -272,7 +279,11 @@ impl Runtime {
 impl Drop for Runtime {
     fn drop(&mut self) {
         self.inner.stop.store(true, StdOrdering::Release);
-        self.inner.kick();
+        {
+            let _k = self.inner.kick.lock().unwrap_or_else(|p| p.into_inner());
+            self.inner.kicked.notify_all();
+        }
+        self.inner.room.wake_all();
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -297,10 +308,18 @@ fn slot_ref<'a>(s: NonNull<Slot>) -> &'a Slot {
 }
 
 impl Inner {
+    /// Wakes the eviction threads if any sleeps: one atomic load otherwise,
+    /// so the swap-in path can call it freely.
     fn kick(&self) {
-        let mut k = self.kick.lock().unwrap_or_else(|p| p.into_inner());
-        *k += 1;
-        self.kicked.notify_all();
+        if self.idle_evictors.load(StdOrdering::SeqCst) > 0 {
+            let _k = self.kick.lock().unwrap_or_else(|p| p.into_inner());
+            self.kicked.notify_all();
+        }
+    }
+
+    /// Wakes the application threads whose room now exists.
+    fn wake_room(&self) {
+        self.room.wake(self.heap.bytes_in_use() as u64);
     }
 
     fn budget(&self) -> u64 {
