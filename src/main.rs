@@ -60,6 +60,8 @@ enum BenchCmd {
     Micro(remora_bench::micro::MicroArgs),
     /// Runtime costs: local-hit deref vs a plain reference, span swap-in vs a raw READ.
     Runtime(remora_bench::runtime_bench::RuntimeArgs),
+    /// Eviction drain rate: fill local memory, lower the budget, time until eviction has drained it.
+    Drain(remora_bench::drain::DrainArgs),
 }
 
 fn main() {
@@ -74,6 +76,7 @@ fn main() {
             BenchCmd::Net(a) => remora_bench::net::run(&a),
             BenchCmd::Micro(a) => remora_bench::micro::run(&a),
             BenchCmd::Runtime(a) => remora_bench::runtime_bench::run(&a),
+            BenchCmd::Drain(a) => remora_bench::drain::run(&a),
         },
         Cmd::Demo(a) => remora_bench::demo::run(&a),
     };

@@ -3,6 +3,7 @@
 //! the same run, as ratios.
 
 pub mod demo;
+pub mod drain;
 pub mod micro;
 pub mod net;
 pub mod runtime_bench;
