@@ -351,7 +351,7 @@ impl Shared {
                     bufs.push((p, vec![0u8; row_bytes]));
                     continue;
                 }
-                match far.regions.client(regions[p]) {
+                match far.regions.reader(regions[p]) {
                     Ok((r, c)) => match c.send_read(r.grant.cap, offset(row), len) {
                         Ok(t) => inflight.push((p, c, t, len)),
                         Err(e) => tracing::debug!("degraded read: member {p} unreachable: {e}"),
@@ -691,7 +691,7 @@ impl Scheme for EcBatch {
         if failed {
             return self.sh.degraded(far, at, dest);
         }
-        let (r, c) = match far.regions.client(at.region) {
+        let (r, c) = match far.regions.reader(at.region) {
             Ok(x) => x,
             Err(_) => {
                 self.sh.suspect(far.regions.get(at.region).grant.node);

@@ -75,9 +75,11 @@ impl Scheme for NonFt {
     }
 
     fn swap_in(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<u32, RuntimeError> {
-        let r = far.regions.get(at.region);
-        r.client
-            .read(r.grant.cap, at.page as u64 * PAGE_SIZE as u64, dest)
+        let (r, c) = far.regions.reader(at.region).map_err(|e| match e {
+            RuntimeError::Rpc(e) => lost(at, e),
+            other => other,
+        })?;
+        c.read(r.grant.cap, at.page as u64 * PAGE_SIZE as u64, dest)
             .map_err(|e| lost(at, e))?;
         far.count_read(dest.len());
         Ok(1)
