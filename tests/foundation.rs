@@ -634,24 +634,25 @@ fn daemons_exit_when_their_launcher_is_killed() {
             .collect()
     };
     let deadline = Instant::now() + Duration::from_secs(30);
+    let is_daemon = |k: &u32| {
+        let cmd = std::fs::read_to_string(format!("/proc/{k}/cmdline")).unwrap_or_default();
+        cmd.contains("manager") || cmd.contains("memnode")
+    };
     let kids = loop {
         let k = children(parent);
-        if k.len() >= 8 {
-            break k; // manager + 7 memory nodes
+        // Manager + 7 memory nodes, each past its exec (a child caught
+        // between fork and exec still shows the demo's command line).
+        if k.len() >= 8 && k.iter().all(is_daemon) {
+            break k;
         }
         assert!(Instant::now() < deadline, "the demo did not start its cluster: {k:?}");
         std::thread::sleep(Duration::from_millis(50));
     };
-    for k in &kids {
-        let cmd = std::fs::read_to_string(format!("/proc/{k}/cmdline")).unwrap_or_default();
-        assert!(
-            cmd.contains("manager") || cmd.contains("memnode"),
-            "unexpected child {k}: {cmd:?}"
-        );
-    }
     demo.kill().unwrap();
     demo.wait().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // Generous: a memory node's exit joins its heartbeat thread, which may be
+    // inside a manager call on a loaded machine.
+    let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let alive: Vec<u32> = kids
             .iter()

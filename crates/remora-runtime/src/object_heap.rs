@@ -156,6 +156,18 @@ impl ObjectHeap {
         }
     }
 
+    /// The slot size of the object at `addr` (0 if it is not in the heap).
+    pub(crate) fn object_size_at(&self, addr: usize) -> usize {
+        self.pages.span_of(addr).map_or(0, |s| s.object_size())
+    }
+
+    /// The in-use span starting at `start`, if there is one.
+    pub(crate) fn span_at(&self, start: usize) -> Option<&Span> {
+        self.pages
+            .span_of(start)
+            .filter(|s| s.start() == start && s.kind().is_some())
+    }
+
     /// The code recorded in far metadata for a span's kind: its class, or 0 for large.
     pub(crate) fn class_code(&self, span: &Span) -> u8 {
         match span.kind() {

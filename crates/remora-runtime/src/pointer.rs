@@ -10,7 +10,7 @@
 //! ```text
 //!  63                          16 15        8  7   6   5   4   3   2   1   0
 //! +------------------------------+-----------+---+---+---+---+---+---+---+---+
-//! |           payload            |  hotness  | - | Z | D | E | M | S | L | P |
+//! |           payload            |  hotness  | F | Z | D | E | M | S | L | P |
 //! +------------------------------+-----------+---+---+---+---+---+---+---+---+
 //!   P = 1: payload = local address of the object's header (48-bit user space)
 //!   P = 0: payload = region index (16) | span page in region (20) | object index (12)
@@ -18,8 +18,13 @@
 //!
 //! P Present, L Lock, S Shared, M Moving, E Evicting, D Dirty (written since
 //! its last swap-out), Z sealed (the eviction is past its grace period and
-//! will not be abandoned for an access), hotness: set to 255 on access, aged
-//! by the policy.
+//! will not be abandoned for an access), F fresh (swapped in, not yet
+//! dereferenced), hotness: set to 255 on access, aged by the policy.
+//!
+//! `D` is the dirty rule clean re-eviction relies on: whenever an object's
+//! bytes at its local address may differ from its span's kept far copy, its
+//! word has `D`. A writer sets it before it writes (the barrier), allocation
+//! sets it, and a move between spans sets it.
 //!
 //! # Protocol
 //!
@@ -87,6 +92,11 @@ pub const DIRTY: u64 = 1 << 5;
 /// Sealed: the eviction is past its grace period and will complete or be
 /// abandoned by the evictor alone.
 pub const SEALED: u64 = 1 << 6;
+/// Fresh: swapped in and not dereferenced since (counts the bytes a
+/// swap-in brought that were used: swap-in amplification). Set only by
+/// swap-in, so its first dereference of each object takes the slow path
+/// once; objects allocated locally never have it.
+pub const FRESH: u64 = 1 << 7;
 /// Shift of the hotness byte.
 pub const HOT_SHIFT: u32 = 8;
 /// Mask of the hotness byte.
@@ -94,7 +104,7 @@ pub const HOT_MASK: u64 = 0xFF << HOT_SHIFT;
 /// Shift of the payload.
 pub const PAYLOAD_SHIFT: u32 = 16;
 /// The bits that make a fast-path dereference impossible, plus `P`.
-pub const FAST_MASK: u64 = PRESENT | LOCK | MOVING | EVICTING;
+pub const FAST_MASK: u64 = PRESENT | LOCK | MOVING | EVICTING | FRESH;
 
 /// Where a far object lives: region-table index, span page and object index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -257,6 +267,16 @@ impl Slot {
                 return;
             }
         }
+    }
+
+    /// The first dereference after a swap-in clears `F` on `w`; true if this
+    /// call did (so the caller counts the object as used).
+    pub fn clear_fresh(&self, w: u64) -> bool {
+        w & FRESH != 0
+            && self
+                .word
+                .compare_exchange(w, w & !FRESH, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
     }
 
     /// The aging sweep: replaces the hotness of `w` with `aged` if the word

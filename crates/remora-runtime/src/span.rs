@@ -78,6 +78,9 @@ pub struct Span {
     allocated: AtomicU32,
     /// Position in the class's list of spans with free slots, or `NOT_LISTED`.
     list_pos: AtomicUsize,
+    /// Names the kept far copy of a swapped-in span (0: none); reset
+    /// whenever the span is initialised for a new use.
+    kept: AtomicU64,
     free: [AtomicU64; BITMAP_WORDS],
 }
 
@@ -92,6 +95,7 @@ impl Span {
             capacity: AtomicU32::new(0),
             allocated: AtomicU32::new(0),
             list_pos: AtomicUsize::new(NOT_LISTED),
+            kept: AtomicU64::new(0),
             free: Default::default(),
         }
     }
@@ -134,6 +138,7 @@ impl Span {
         self.capacity.store(capacity as u32, Ordering::Relaxed);
         self.allocated.store(0, Ordering::Relaxed);
         self.list_pos.store(NOT_LISTED, Ordering::Relaxed);
+        self.kept.store(0, Ordering::Relaxed);
         self.kind.store(code, Ordering::Release);
     }
 
@@ -309,6 +314,21 @@ impl Span {
 
     pub(crate) fn list_pos(&self) -> usize {
         self.list_pos.load(Ordering::Relaxed)
+    }
+
+    /// The id of this span's kept far copy (0: none).
+    pub(crate) fn kept(&self) -> u64 {
+        self.kept.load(Ordering::Acquire)
+    }
+
+    /// Records the id of this span's kept far copy.
+    pub(crate) fn set_kept(&self, id: u64) {
+        self.kept.store(id, Ordering::Release);
+    }
+
+    /// Takes the id of this span's kept far copy, leaving none.
+    pub(crate) fn take_kept(&self) -> u64 {
+        self.kept.swap(0, Ordering::AcqRel)
     }
 
     pub(crate) fn set_list_pos(&self, pos: usize) {

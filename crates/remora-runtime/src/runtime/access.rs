@@ -32,6 +32,16 @@ impl Inner {
 
     #[cold]
     pub(super) fn access_slow(&self, s: &Slot, write: bool) -> Result<usize, RuntimeError> {
+        let r = self.access_slow_inner(s, write);
+        if let Ok((_, true)) = r {
+            self.counters.deref_misses.fetch_add(1, StdOrdering::Relaxed);
+        }
+        r.map(|(addr, _)| addr)
+    }
+
+    /// The slow path; also says whether the object was far when we came (a miss).
+    fn access_slow_inner(&self, s: &Slot, write: bool) -> Result<(usize, bool), RuntimeError> {
+        let mut missed = false;
         loop {
             let w = s.word.load(Ordering::Acquire);
             if w & LOCK != 0 {
@@ -39,6 +49,7 @@ impl Inner {
                 continue;
             }
             if w & PRESENT == 0 {
+                missed = true;
                 if let Err(e) = self.swap_in(far_loc(w)) {
                     return Err(if self.expired.load(StdOrdering::Acquire) {
                         RuntimeError::SessionExpired
@@ -58,13 +69,28 @@ impl Inner {
                 if s.try_lock_exact(w) {
                     let hot = (self.policy.on_access() as u64) << HOT_SHIFT;
                     let dirty = if write { DIRTY } else { 0 };
-                    s.unlock_with((w & !(EVICTING | MOVING | HOT_MASK)) | hot | dirty);
-                    return Ok(local_addr(w));
+                    s.unlock_with((w & !(EVICTING | MOVING | HOT_MASK | FRESH)) | hot | dirty);
+                    if w & FRESH != 0 {
+                        self.count_used(local_addr(w));
+                    }
+                    return Ok((local_addr(w), missed));
+                }
+                continue;
+            }
+            if w & FRESH != 0 {
+                if s.clear_fresh(w) {
+                    self.count_used(local_addr(w));
                 }
                 continue;
             }
             self.touch(s, w, write);
-            return Ok(local_addr(w));
+            return Ok((local_addr(w), missed));
         }
+    }
+
+    /// Counts the object at `addr` as used since its span was swapped in.
+    fn count_used(&self, addr: usize) {
+        let size = self.heap.object_size_at(addr) as u64;
+        self.counters.swap_in_used_bytes.fetch_add(size, StdOrdering::Relaxed);
     }
 }

@@ -39,11 +39,19 @@ pub(super) fn notice_loop(
     }
 }
 
+/// How often an eviction thread drops kept far copies whose span went away.
+const KEPT_SWEEP_EVERY: Duration = Duration::from_millis(200);
+
 pub(super) fn eviction_loop(weak: &std::sync::Weak<Inner>) {
+    let mut last_sweep = Instant::now();
     loop {
         let Some(inner) = weak.upgrade() else { return };
         if inner.stop.load(StdOrdering::Acquire) {
             return;
+        }
+        if last_sweep.elapsed() >= KEPT_SWEEP_EVERY {
+            inner.sweep_kept();
+            last_sweep = Instant::now();
         }
         if inner.heap.bytes_in_use() as u64 > inner.high_bytes() {
             let mut stuck = 0;

@@ -68,10 +68,17 @@ impl Inner {
         if marked.is_empty() {
             return 0;
         }
-        // Phase 3: write the spans out; nothing local is released yet.
+        // Phase 3: reuse the kept far copies of clean spans, write the others
+        // out; nothing local is released yet.
+        let kept: Vec<Option<kept::Kept>> = marked
+            .iter()
+            .map(|(span, objs)| self.reuse_kept(span.get(), objs))
+            .collect();
         let bufs: Vec<&[u8]> = marked
             .iter()
-            .map(|(span, _)| {
+            .zip(&kept)
+            .filter(|(_, k)| k.is_none())
+            .map(|((span, _), _)| {
                 // SAFETY: the span is local and pinned by begin_evict. Its bytes
                 // may change only if an application thread aborts the eviction
                 // by clearing E, and then this copy is discarded in phase 4.
@@ -79,20 +86,38 @@ impl Inner {
             })
             .collect();
         let sums: Vec<u64> = bufs.iter().map(|b| checksum(b)).collect();
-        let placed = match self.scheme.swap_out(&self.far, &bufs, &sums) {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::warn!("swap-out of {} spans failed: {e}", marked.len());
-                for (span, objs) in marked {
-                    unmark(&objs);
-                    self.heap.end_evict(span, false);
+        let written = if bufs.is_empty() {
+            Vec::new()
+        } else {
+            match self.scheme.swap_out(&self.far, &bufs, &sums) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!("swap-out of {} spans failed: {e}", bufs.len());
+                    for ((span, objs), k) in marked.into_iter().zip(kept) {
+                        if let Some(k) = k {
+                            self.scheme.release(&self.far, k.at, k.pages);
+                        }
+                        unmark(&objs);
+                        self.heap.end_evict(span, false);
+                    }
+                    return 0;
                 }
-                return 0;
             }
         };
+        let mut written = written.into_iter().zip(sums);
+        let placed: Vec<(SpanAddr, u64, bool)> = kept
+            .into_iter()
+            .map(|k| match k {
+                Some(k) => (k.at, k.checksum, true),
+                None => {
+                    let (at, sum) = written.next().expect("one placement per written span");
+                    (at, sum, false)
+                }
+            })
+            .collect();
         // Phase 4: commit each span, or abort it if its owner freed an object meanwhile.
         let mut evicted = 0;
-        for (((span, mut objs), at), sum) in marked.into_iter().zip(placed).zip(sums) {
+        for ((span, mut objs), (at, sum, clean)) in marked.into_iter().zip(placed) {
             let sp = span.get();
             let mut locked = 0;
             for (slot, exp, _) in objs.iter_mut() {
@@ -112,6 +137,12 @@ impl Inner {
                 self.counters.aborted.fetch_add(1, StdOrdering::Relaxed);
                 self.heap.end_evict(span, false);
                 continue;
+            }
+            if clean {
+                self.counters.clean_evictions.fetch_add(1, StdOrdering::Relaxed);
+                self.counters
+                    .clean_bytes_saved
+                    .fetch_add(sp.bytes() as u64, StdOrdering::Relaxed);
             }
             let mut live = vec![0u64; sp.capacity().div_ceil(64)];
             for (_, _, i) in &objs {
@@ -133,9 +164,11 @@ impl Inner {
                 slot_ref(*slot).unlock_with(far_word(loc, *exp, pointer::hotness(*exp)));
             }
             self.counters.swap_outs.fetch_add(1, StdOrdering::Relaxed);
-            self.counters
-                .evicted_bytes
-                .fetch_add(sp.bytes() as u64, StdOrdering::Relaxed);
+            if !clean {
+                self.counters
+                    .evicted_bytes
+                    .fetch_add(sp.bytes() as u64, StdOrdering::Relaxed);
+            }
             self.heap.end_evict(span, true);
             evicted += 1;
         }
@@ -169,7 +202,7 @@ impl Inner {
 }
 
 /// The objects of a span marked for eviction: slot, word as marked, index.
-type Marked = Vec<(NonNull<Slot>, u64, usize)>;
+pub(super) type Marked = Vec<(NonNull<Slot>, u64, usize)>;
 
 /// Takes back the marks (E and Z) of `objs`.
 fn unmark(objs: &[(NonNull<Slot>, u64, usize)]) {

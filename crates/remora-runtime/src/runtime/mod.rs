@@ -12,6 +12,7 @@ mod access;
 mod background;
 mod evictor;
 mod free;
+mod kept;
 mod room;
 mod stats;
 mod swap_in;
@@ -30,7 +31,7 @@ use crate::loom::Ordering;
 use crate::object::{HEADER, RemBox, RemRc, Remotable};
 use crate::object_heap::{ObjectHeap, SpanRef};
 use crate::pointer::{
-    self, DIRTY, EVICTING, FAST_MASK, HOT_MASK, HOT_SHIFT, LOCK, MOVING, PRESENT, SEALED, SHARED, Slot, far_loc,
+    self, DIRTY, EVICTING, FAST_MASK, FRESH, HOT_MASK, HOT_SHIFT, LOCK, MOVING, PRESENT, SEALED, SHARED, Slot, far_loc,
     far_word, local_addr, local_word,
 };
 use crate::region_table::RegionTable;
@@ -76,7 +77,7 @@ impl RuntimeConfig {
             local_budget,
             high_watermark: 0.90,
             low_watermark: 0.85,
-            scheme: Box::new(NonFt),
+            scheme: Box::new(NonFt::default()),
             policy: Box::new(Clock),
             eviction_threads: 1,
             eviction_batch: 32,
@@ -115,6 +116,8 @@ pub(crate) struct Inner {
     idle_evictors: AtomicU64,
     /// Application threads waiting for local room.
     room: room::Room,
+    /// Kept far copies of swapped-in clean spans.
+    kept: kept::KeptTable,
 }
 
 /// A connection to far memory and the local heap: the handle applications use.
@@ -172,6 +175,7 @@ impl Runtime {
             kicked: Condvar::new(),
             idle_evictors: AtomicU64::new(0),
             room: room::Room::default(),
+            kept: kept::KeptTable::default(),
         });
         let mut threads = Vec::new();
         for i in 0..cfg.eviction_threads.max(1) {
@@ -249,7 +253,8 @@ impl Runtime {
     }
 
     /// Waits until local memory is below the low watermark and no eviction
-    /// round is under way (or `timeout`).
+    /// round is under way (or `timeout`), then gives back the kept far copies
+    /// of spans that went away.
     pub fn wait_for_eviction(&self, timeout: Duration) -> Result<(), RuntimeError> {
         let start = Instant::now();
         self.inner.wait_below(self.inner.low_bytes(), timeout)?;
@@ -259,6 +264,7 @@ impl Runtime {
             }
             thread::sleep(Duration::from_millis(1));
         }
+        self.inner.sweep_kept();
         Ok(())
     }
 

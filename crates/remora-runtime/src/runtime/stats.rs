@@ -13,7 +13,8 @@ pub struct Stats {
     pub swap_outs: u64,
     /// Evictions abandoned because an application thread touched the span.
     pub evictions_aborted: u64,
-    /// Bytes of whole data spans swapped out.
+    /// Bytes of whole data spans written out by swap-outs (clean re-evictions
+    /// write nothing and are counted in `clean_bytes_saved` instead).
     pub bytes_evicted_data: u64,
     /// Bytes read from memory nodes.
     pub bytes_read_remote: u64,

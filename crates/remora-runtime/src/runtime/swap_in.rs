@@ -29,6 +29,8 @@ impl Inner {
                 return Err(e);
             }
         };
+        // Whether the far copy holds exactly these bytes, so it can be kept.
+        let mut keepable = true;
         if checksum(dest) != fs.checksum {
             // A corrupt far copy is handled like a lost one: rebuild it from
             // redundancy, then write the good bytes back so the redundancy
@@ -39,6 +41,7 @@ impl Inner {
                 Ok(r) if checksum(dest) == fs.checksum => {
                     reads += r;
                     if let Err(e) = self.scheme.repair(&self.far, at, dest) {
+                        keepable = false;
                         tracing::warn!("could not rewrite repaired span r{}:p{}: {e}", fs.region, fs.page);
                     }
                 }
@@ -68,7 +71,7 @@ impl Inner {
                 loop {
                     let w = s.word.load(Ordering::Acquire);
                     debug_assert!(w & PRESENT == 0 && far_loc(w) == expect, "far word mismatch");
-                    let new = local_word(addr, w & SHARED, pointer::hotness(w));
+                    let new = local_word(addr, (w & SHARED) | FRESH, pointer::hotness(w));
                     if s.word
                         .compare_exchange(w, new, Ordering::AcqRel, Ordering::Relaxed)
                         .is_ok()
@@ -80,8 +83,15 @@ impl Inner {
         });
         st.gone = true;
         self.far_map.remove(fs.region, fs.page);
-        self.scheme.release(&self.far, at, fs.pages);
+        if keepable {
+            self.keep_or_release(span.get(), at, fs.pages, fs.checksum, st.live.clone());
+        } else {
+            self.scheme.release(&self.far, at, fs.pages);
+        }
         self.counters.swap_ins.fetch_add(1, StdOrdering::Relaxed);
+        self.counters
+            .swap_in_bytes
+            .fetch_add(span.get().bytes() as u64, StdOrdering::Relaxed);
         self.counters
             .swap_in_reads
             .fetch_add(reads as u64, StdOrdering::Relaxed);

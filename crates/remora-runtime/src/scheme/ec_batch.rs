@@ -51,14 +51,20 @@ struct Group {
 struct Member {
     /// Length in pages; 0 for a virtual (all-zero, never written) member.
     pages: u32,
-    /// Holds a live span (false: a hole, or virtual).
+    /// Holds a live span (false: a hole, a kept copy, or virtual).
     live: bool,
+    /// A hole whose span is local and clean: it may come back without a
+    /// write (see [`Scheme::keep`]). It never keeps the row alive.
+    kept: bool,
     /// Checksum of its bytes as written (a hole keeps its bytes, so its
     /// checksum stays valid until the row is freed).
     sum: u64,
 }
 
 struct Spanset {
+    /// Unique over the scheme's life: names this spanset in keep tokens, so a
+    /// token outlives neither the row's freeing nor its reuse.
+    id: u64,
     pages: u32,
     members: Vec<Member>,
     /// Checksums of the parity shards.
@@ -74,6 +80,8 @@ struct State {
     position: HashMap<u16, (usize, usize)>,
     used_pages: u64,
     hole_pages: u64,
+    kept_pages: u64,
+    next_spanset: u64,
 }
 
 struct Shared {
@@ -133,6 +141,49 @@ impl EcBatch {
 }
 
 impl Shared {
+    /// A data member's span left far memory (swapped in, or freed): it
+    /// becomes a hole, or a kept copy when `keep` (returning the token). The
+    /// row is freed once no member is live; its kept copies are cancelled
+    /// with it, so a kept copy never keeps a row alive.
+    fn unlive(&self, at: SpanAddr, keep: bool) -> Option<u64> {
+        let mut st = self.lock();
+        let &(g, pos) = st.position.get(&at.region)?;
+        let ss = st.rows.get_mut(&(g, at.page))?;
+        let mem = &mut ss.members[pos];
+        if !mem.live {
+            return None;
+        }
+        mem.live = false;
+        let pages = mem.pages as u64;
+        if ss.members.iter().any(|m| m.live) {
+            let id = ss.id;
+            if keep {
+                ss.members[pos].kept = true;
+                st.kept_pages += pages;
+                return Some(id);
+            }
+            st.hole_pages += pages;
+            return None;
+        }
+        // Every data span of the row is gone: the whole row is free again.
+        let ss = st.rows.remove(&(g, at.page)).expect("present");
+        let (mut holes, mut kept) = (0, 0);
+        for (i, m) in ss.members.iter().enumerate() {
+            if i == pos {
+                continue;
+            }
+            if m.kept {
+                kept += m.pages as u64;
+            } else {
+                holes += m.pages as u64;
+            }
+        }
+        st.hole_pages -= holes;
+        st.kept_pages -= kept;
+        self.free_row(&mut st, g, at.page, ss.pages);
+        None
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.st.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -643,19 +694,24 @@ impl Scheme for EcBatch {
                         Some(&i) => Member {
                             pages: (spans[i].len() / PAGE_SIZE) as u32,
                             live: true,
+                            kept: false,
                             sum: sums[i],
                         },
                         None => Member {
                             pages: 0,
                             live: false,
+                            kept: false,
                             sum: 0,
                         },
                     })
                     .collect();
                 let parity_sums = parity.iter().map(|p| remora_proto::checksum::checksum(p)).collect();
+                st.next_spanset += 1;
+                let id = st.next_spanset;
                 st.rows.insert(
                     (g, row),
                     Spanset {
+                        id,
                         pages: row_pages,
                         members,
                         parity_sums,
@@ -725,8 +781,34 @@ impl Scheme for EcBatch {
     }
 
     fn release(&self, _far: &FarMemory, at: SpanAddr, _pages: u32) {
-        let sh = &*self.sh;
-        let mut st = sh.lock();
+        self.sh.unlive(at, false);
+    }
+
+    fn keep(&self, _far: &FarMemory, at: SpanAddr, _pages: u32) -> Option<u64> {
+        self.sh.unlive(at, true)
+    }
+
+    fn reuse(&self, _far: &FarMemory, at: SpanAddr, _pages: u32, token: u64) -> bool {
+        let mut st = self.sh.lock();
+        let Some(&(g, pos)) = st.position.get(&at.region) else {
+            return false;
+        };
+        let Some(ss) = st.rows.get_mut(&(g, at.page)) else {
+            return false;
+        };
+        let mem = &mut ss.members[pos];
+        if ss.id != token || !mem.kept {
+            return false;
+        }
+        mem.kept = false;
+        mem.live = true;
+        let pages = mem.pages as u64;
+        st.kept_pages -= pages;
+        true
+    }
+
+    fn drop_kept(&self, _far: &FarMemory, at: SpanAddr, _pages: u32, token: u64) {
+        let mut st = self.sh.lock();
         let Some(&(g, pos)) = st.position.get(&at.region) else {
             return;
         };
@@ -734,20 +816,15 @@ impl Scheme for EcBatch {
             return;
         };
         let mem = &mut ss.members[pos];
-        if !mem.live {
+        if ss.id != token || !mem.kept {
             return;
         }
-        mem.live = false;
-        let hole = mem.pages as u64;
-        if ss.members.iter().any(|m| m.live) {
-            st.hole_pages += hole;
-            return;
-        }
-        // Every data span of the row is gone: the whole row is free again.
-        let ss = st.rows.remove(&(g, at.page)).expect("present");
-        let holes: u64 = ss.members.iter().map(|m| m.pages as u64).sum::<u64>() - hole;
-        st.hole_pages -= holes;
-        sh.free_row(&mut st, g, at.page, ss.pages);
+        // A plain hole now; the row already has a live member (or it would
+        // have been freed, cancelling this copy).
+        mem.kept = false;
+        let pages = mem.pages as u64;
+        st.kept_pages -= pages;
+        st.hole_pages += pages;
     }
 
     fn node_failed(&self, far: &Arc<FarMemory>, node: NodeId) {
@@ -810,16 +887,20 @@ impl Scheme for EcBatch {
 
     fn report(&self) -> SchemeReport {
         let sh = &*self.sh;
+        let (hole_pages, kept_pages) = {
+            let st = sh.lock();
+            (st.hole_pages, st.kept_pages)
+        };
         SchemeReport {
             degraded_reads: sh.degraded.load(Ordering::Relaxed),
             reconstructed_bytes: sh.rebuilt.load(Ordering::Relaxed),
             reconstruct_time: Duration::from_nanos(sh.rebuild_nanos.load(Ordering::Relaxed)),
             recoveries: sh.recoveries.load(Ordering::Relaxed),
             recovering: sh.recovering.load(Ordering::Relaxed),
-            hole_bytes: sh.lock().hole_pages * PAGE_SIZE as u64,
+            hole_bytes: hole_pages * PAGE_SIZE as u64,
+            kept_bytes: kept_pages * PAGE_SIZE as u64,
             repairs: sh.repairs.load(Ordering::Relaxed),
             rebuild_retries: sh.rebuild_retries.load(Ordering::Relaxed),
-            kept_bytes: 0,
         }
     }
 }

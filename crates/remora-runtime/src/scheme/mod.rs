@@ -83,6 +83,30 @@ pub trait Scheme: Send + Sync {
     /// The far copy at `at` (of `pages` pages) is no longer needed.
     fn release(&self, far: &FarMemory, at: SpanAddr, pages: u32);
 
+    /// The span at `at` was swapped in and its local copy is clean: keep the
+    /// far copy so the span can be re-evicted without a write. Returns a
+    /// token for [`Scheme::reuse`] and [`Scheme::drop_kept`], or `None` if
+    /// the copy was released instead (as by [`Scheme::release`]).
+    ///
+    /// The rule every scheme follows: a kept copy holds its far bytes but
+    /// never keeps anything else alive (an EC row whose other members are
+    /// gone is freed, cancelling the copy), and it is reported in
+    /// [`SchemeReport::kept_bytes`], apart from live data and holes.
+    fn keep(&self, far: &FarMemory, at: SpanAddr, pages: u32) -> Option<u64> {
+        self.release(far, at, pages);
+        None
+    }
+
+    /// Turns a kept copy back into the live far copy of its span (a clean
+    /// re-eviction). False if the copy was cancelled meanwhile: the caller
+    /// then writes the span normally.
+    fn reuse(&self, _far: &FarMemory, _at: SpanAddr, _pages: u32, _token: u64) -> bool {
+        false
+    }
+
+    /// The local span changed or went away: its kept copy is not needed.
+    fn drop_kept(&self, _far: &FarMemory, _at: SpanAddr, _pages: u32, _token: u64) {}
+
     /// The manager declared memory node `node` dead: recover what it held.
     fn node_failed(&self, _far: &Arc<FarMemory>, _node: NodeId) {}
 
@@ -103,7 +127,7 @@ pub const SCHEMES: &[&str] = &["non-ft", "ec-batch"];
 /// Picks a scheme by name (`ec-batch` is RS(4,2)).
 pub fn by_name(name: &str) -> Option<Box<dyn Scheme>> {
     match name {
-        "non-ft" => Some(Box::new(NonFt)),
+        "non-ft" => Some(Box::new(NonFt::default())),
         "ec-batch" | "ec-batch-local" => EcBatch::new(4, 2).ok().map(|s| Box::new(s) as Box<dyn Scheme>),
         _ => None,
     }

@@ -3,14 +3,19 @@
 
 use remora_proto::RpcError;
 
-use super::{Scheme, SpanAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::{Scheme, SchemeReport, SpanAddr};
 use crate::error::RuntimeError;
 use crate::far_memory::FarMemory;
 use crate::size_classes::PAGE_SIZE;
 
 /// The non-fault-tolerant scheme (AIFM-like placement of spans).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct NonFt;
+#[derive(Debug, Default)]
+pub struct NonFt {
+    /// Far pages held by kept copies.
+    kept_pages: AtomicU64,
+}
 
 fn lost(at: SpanAddr, e: RpcError) -> RuntimeError {
     if e.is_transport() {
@@ -87,5 +92,28 @@ impl Scheme for NonFt {
 
     fn release(&self, far: &FarMemory, at: SpanAddr, pages: u32) {
         far.pages.free(at.region, at.page, pages);
+    }
+
+    fn keep(&self, _far: &FarMemory, _at: SpanAddr, pages: u32) -> Option<u64> {
+        // The pages stay allocated: nothing else can take them.
+        self.kept_pages.fetch_add(pages as u64, Ordering::Relaxed);
+        Some(0)
+    }
+
+    fn reuse(&self, _far: &FarMemory, _at: SpanAddr, pages: u32, _token: u64) -> bool {
+        self.kept_pages.fetch_sub(pages as u64, Ordering::Relaxed);
+        true
+    }
+
+    fn drop_kept(&self, far: &FarMemory, at: SpanAddr, pages: u32, _token: u64) {
+        self.kept_pages.fetch_sub(pages as u64, Ordering::Relaxed);
+        far.pages.free(at.region, at.page, pages);
+    }
+
+    fn report(&self) -> SchemeReport {
+        SchemeReport {
+            kept_bytes: self.kept_pages.load(Ordering::Relaxed) * PAGE_SIZE as u64,
+            ..SchemeReport::default()
+        }
     }
 }
