@@ -3,14 +3,12 @@
 //! that eviction sweeps. Adds to the allocator what eviction and swap-in need:
 //! pinning a span while it is written out, and adopting a swapped-in span.
 
-use std::sync::atomic::Ordering as StdOrdering;
 use std::sync::{Arc, Mutex};
 
 use crate::central_freelist::CentralFreeList;
 use crate::error::RuntimeError;
-use crate::eviction::EvictionPolicy;
+use crate::eviction::{EvictionPolicy, Sweep};
 use crate::page_heap::{PageHeap, PageHeapConfig};
-use crate::pointer::{PRESENT, Slot, hotness, local_addr};
 use crate::size_classes::{ClassIndex, NUM_CLASSES, PAGE_SIZE, SizeClass};
 use crate::span::{EVICTING_POS, NOT_LISTED, Span, SpanKind};
 pub(crate) use crate::span_registry::SpanRef;
@@ -34,9 +32,9 @@ fn local(e: AllocError) -> RuntimeError {
 }
 
 impl ObjectHeap {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(policy: Arc<dyn EvictionPolicy>) -> Self {
         let pages = Arc::new(PageHeap::new(PageHeapConfig::default()));
-        let registry = Arc::new(SpanRegistry::default());
+        let registry = Arc::new(SpanRegistry::with_policy(policy));
         let classes = (1..NUM_CLASSES)
             .map(|c| {
                 CentralFreeList::with_registry(
@@ -212,54 +210,81 @@ impl ObjectHeap {
         }
     }
 
-    /// Sweeps the clock hand over a window of spans: ranks each by the
-    /// policy (aging its objects' hotness as it goes) and returns up to `n`
-    /// of the coldest.
+    /// Asks the policy for up to `n` victims among the local spans.
     pub(crate) fn pick_cold(&self, policy: &dyn EvictionPolicy, n: usize) -> Vec<SpanRef> {
         let mut ring = self.registry.lock();
-        let total = ring.spans.len();
-        if total == 0 {
-            return Vec::new();
-        }
-        let window = (n * 8).max(64).min(total);
-        let mut scored: Vec<(f64, SpanRef)> = Vec::with_capacity(window);
-        let mut hot = Vec::new();
-        for k in 0..window {
-            let s = ring.spans[(ring.hand + k) % total];
-            let span = s.get();
-            if span.list_pos() == EVICTING_POS || span.is_empty() {
-                continue;
-            }
-            hot.clear();
-            for i in 0..span.capacity() {
-                if !span.is_allocated(i) {
-                    continue;
-                }
-                let addr = span.object_addr(i);
-                // SAFETY: an allocated slot of a registered span; headers are
-                // read atomically and may be stale (hotness is advisory).
-                let h = unsafe { &*(addr as *const std::sync::atomic::AtomicU64) }.load(StdOrdering::Acquire);
-                let Some(slot) = slot_of(h) else { continue };
-                let w = slot.word.load(crate::loom::Ordering::Relaxed);
-                if w & PRESENT == 0 || local_addr(w) != addr {
-                    continue;
-                }
-                let hv = hotness(w);
-                hot.push(hv);
-                slot.age(w, policy.age(hv));
-            }
-            scored.push((policy.span_score(&hot, span.object_size()), s));
-        }
-        ring.hand = (ring.hand + window) % total.max(1);
-        drop(ring);
-        scored.sort_by(|a, b| a.0.total_cmp(&b.0));
-        scored.into_iter().take(n).map(|(_, s)| s).collect()
+        let mut sweep = Sweep::new(&mut ring);
+        policy.pick(&mut sweep, n);
+        sweep.into_chosen()
     }
 }
 
-/// The slot a header names, if any.
-fn slot_of<'a>(header: u64) -> Option<&'a Slot> {
-    // SAFETY: a non-null header names a slot in a chunk that lives as long
-    // as the runtime; a stale one still points at a valid (reused) slot.
-    unsafe { (header as *const Slot).as_ref() }
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::eviction::Clock;
+    use crate::pointer::{Slot, local_word};
+
+    /// Fills `spans` spans of 1 KiB objects; objects of the spans in `hot`
+    /// get a set hotness byte. Returns the slots (kept alive by the caller;
+    /// boxed because headers name them, so they must not move).
+    #[allow(clippy::vec_box)]
+    fn fill(heap: &ObjectHeap, spans: usize, hot: &[usize]) -> Vec<Box<Slot>> {
+        let mut slots = Vec::new();
+        let per_span = 14; // 1 KiB + header: the 1152-byte class, 14 per 16 KiB span
+        for s in 0..spans {
+            for _ in 0..per_span {
+                let slot = Box::new(Slot::new(0));
+                let h = if hot.contains(&s) { 255 } else { 0 };
+                let ptr = &*slot as *const Slot as u64;
+                heap.alloc_with(1032, |addr| {
+                    // SAFETY: a fresh object slot of the heap.
+                    unsafe { &*(addr as *const std::sync::atomic::AtomicU64) }
+                        .store(ptr, std::sync::atomic::Ordering::Release);
+                    slot.word.store(local_word(addr, 0, h), crate::loom::Ordering::Release);
+                })
+                .unwrap();
+                slots.push(slot);
+            }
+        }
+        slots
+    }
+
+    fn span_of_slot(heap: &ObjectHeap, s: &Slot) -> usize {
+        let w = s.word.load(crate::loom::Ordering::Relaxed);
+        heap.pages.span_of(crate::pointer::local_addr(w)).unwrap().start()
+    }
+
+    #[test]
+    fn clock_picks_unreferenced_spans_first_then_ages() {
+        let heap = ObjectHeap::new(Arc::new(Clock));
+        let slots = fill(&heap, 3, &[1]);
+        let hot_span = span_of_slot(&heap, &slots[14]);
+        let victims = heap.pick_cold(&Clock, 2);
+        assert_eq!(victims.len(), 2);
+        assert!(
+            victims.iter().all(|v| v.get().start() != hot_span),
+            "a referenced span was chosen first"
+        );
+        // The hand aged the hot span as it passed: a full revolution later it
+        // is a victim too.
+        let again = heap.pick_cold(&Clock, 3);
+        assert!(again.iter().any(|v| v.get().start() == hot_span));
+        assert!(
+            slots
+                .iter()
+                .all(|s| crate::pointer::hotness(s.word.load(crate::loom::Ordering::Relaxed)) == 0)
+        );
+    }
+
+    #[test]
+    fn clock_takes_cold_spans_from_filtering_at_once() {
+        let heap = ObjectHeap::new(Arc::new(Clock));
+        let slots = fill(&heap, 2, &[0, 1]);
+        let cold = heap.pages.span_of(span_of_slot(&heap, &slots[0])).unwrap();
+        cold.set_cold(true);
+        let victims = heap.pick_cold(&Clock, 1);
+        assert_eq!(victims.len(), 1);
+        assert_eq!(victims[0].get().start(), cold.start());
+    }
 }

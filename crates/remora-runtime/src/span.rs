@@ -81,6 +81,8 @@ pub struct Span {
     /// Names the kept far copy of a swapped-in span (0: none); reset
     /// whenever the span is initialised for a new use.
     kept: AtomicU64,
+    /// Filled by a filtering thread with objects it found cold.
+    cold: std::sync::atomic::AtomicBool,
     free: [AtomicU64; BITMAP_WORDS],
 }
 
@@ -96,6 +98,7 @@ impl Span {
             allocated: AtomicU32::new(0),
             list_pos: AtomicUsize::new(NOT_LISTED),
             kept: AtomicU64::new(0),
+            cold: std::sync::atomic::AtomicBool::new(false),
             free: Default::default(),
         }
     }
@@ -139,6 +142,7 @@ impl Span {
         self.allocated.store(0, Ordering::Relaxed);
         self.list_pos.store(NOT_LISTED, Ordering::Relaxed);
         self.kept.store(0, Ordering::Relaxed);
+        self.cold.store(false, Ordering::Relaxed);
         self.kind.store(code, Ordering::Release);
     }
 
@@ -314,6 +318,16 @@ impl Span {
 
     pub(crate) fn list_pos(&self) -> usize {
         self.list_pos.load(Ordering::Relaxed)
+    }
+
+    /// Whether a filtering thread filled this span with cold objects.
+    pub fn is_cold(&self) -> bool {
+        self.cold.load(Ordering::Relaxed)
+    }
+
+    /// Marks this span as filled with cold objects (or not).
+    pub fn set_cold(&self, cold: bool) {
+        self.cold.store(cold, Ordering::Relaxed);
     }
 
     /// The id of this span's kept far copy (0: none).

@@ -1,9 +1,13 @@
 //! Every local span that holds objects, in a ring the eviction policy's
-//! clock hand sweeps. Lock order: a class lock, then this registry's lock.
+//! clock hand sweeps, offered to the policy through [`crate::eviction::Sweep`];
+//! the policy is told of spans coming and going. Lock order: a class lock,
+//! then this registry's lock.
 
 use std::collections::HashMap;
 use std::ptr::NonNull;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::eviction::EvictionPolicy;
 
 use crate::span::Span;
 
@@ -41,9 +45,19 @@ pub(crate) struct Ring {
 #[derive(Default)]
 pub(crate) struct SpanRegistry {
     ring: Mutex<Ring>,
+    /// Told of spans coming and going (the runtime's eviction policy).
+    policy: Option<Arc<dyn EvictionPolicy>>,
 }
 
 impl SpanRegistry {
+    /// A registry that tells `policy` of spans coming and going.
+    pub(crate) fn with_policy(policy: Arc<dyn EvictionPolicy>) -> Self {
+        Self {
+            ring: Mutex::default(),
+            policy: Some(policy),
+        }
+    }
+
     pub(crate) fn lock(&self) -> MutexGuard<'_, Ring> {
         self.ring.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -55,6 +69,9 @@ impl SpanRegistry {
             let n = g.spans.len();
             g.pos.insert(r, n);
             g.spans.push(r);
+            if let Some(p) = &self.policy {
+                p.span_added(s);
+            }
         }
     }
 
@@ -65,6 +82,9 @@ impl SpanRegistry {
             g.spans.swap_remove(i);
             if let Some(&moved) = g.spans.get(i) {
                 g.pos.insert(moved, i);
+            }
+            if let Some(p) = &self.policy {
+                p.span_removed(s);
             }
         }
     }

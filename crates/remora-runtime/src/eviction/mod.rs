@@ -1,32 +1,54 @@
 //! Eviction (§3.3, §3.6): when local memory crosses the high watermark,
-//! eviction threads pick the coldest spans, write them to far memory through
-//! the scheme, and release their local pages only once the write is
-//! acknowledged. Which spans are cold is the policy's business, one file per
-//! policy behind [`EvictionPolicy`] (CLOCK by default).
+//! eviction threads ask the policy for victims, write them to far memory
+//! through the scheme, and release their local pages only once the write is
+//! acknowledged.
+//!
+//! Which spans are cold is the policy's business, one file per policy behind
+//! [`EvictionPolicy`] (CLOCK by default), shaped like foyer's eviction
+//! trait: the policy hears when spans come and go and owns candidate
+//! selection ("pick the next n victims"). The runtime owns the ring of local
+//! spans and offers it to the policy through a [`Sweep`], one span at a
+//! time from a hand that persists between calls.
+//!
+//! Access costs a policy nothing per dereference of a hot object: the
+//! barrier writes the object's hotness byte ([`EvictionPolicy::on_access`])
+//! only when it differs, and the policy ages the bytes during its sweep.
+//! A counting policy (LFU, S3-FIFO's frequency bits) keeps its counts in
+//! that byte: `on_access` is written once, and `age` decays it.
 
 mod clock;
 
 pub use clock::Clock;
 
-/// Ranks spans by how recently their objects were used.
-///
-/// Access sets an object's hotness byte to [`EvictionPolicy::on_access`]; an
-/// aging sweep replaces each byte `h` with [`EvictionPolicy::age`]`(h)` and
-/// ranks the span by [`EvictionPolicy::span_score`] of the bytes it saw
-/// before aging. Lower scores are evicted first.
+use crate::pointer::{PRESENT, Slot, hotness, local_addr};
+use crate::span::Span;
+use crate::span_registry::{Ring, SpanRef};
+
+/// Ranks local spans for eviction; see the module docs.
 pub trait EvictionPolicy: Send + Sync {
     /// The policy's name.
     fn name(&self) -> &'static str;
-    /// Hotness written on access.
+
+    /// Hotness written on access (only when the byte differs).
     fn on_access(&self) -> u8 {
         u8::MAX
     }
-    /// Hotness after one aging sweep.
+
+    /// Hotness after one aging pass (the sweep and the filtering threads).
     fn age(&self, hotness: u8) -> u8;
-    /// Score of a span from the hotness of its live objects and their size;
-    /// spans of large objects should rank colder at equal hotness, since
-    /// swapping them back in wastes less (swap-in amplification, §3.3).
-    fn span_score(&self, hotness: &[u8], object_size: usize) -> f64;
+
+    /// A span joined the local heap (allocated or swapped in).
+    fn span_added(&self, _span: &Span) {}
+
+    /// A span left the local heap (evicted or freed).
+    fn span_removed(&self, _span: &Span) {}
+
+    /// A span came back from far memory (after `span_added`).
+    fn span_swapped_in(&self, _span: &Span) {}
+
+    /// Chooses up to `n` victims with [`Sweep::choose`], looking at the spans
+    /// the [`Sweep`] offers as an iterator (each at most twice per call).
+    fn pick(&self, sweep: &mut Sweep<'_>, n: usize);
 }
 
 /// Picks a policy by name.
@@ -34,5 +56,117 @@ pub fn policy_by_name(name: &str) -> Option<Box<dyn EvictionPolicy>> {
     match name {
         "clock" => Some(Box::new(Clock)),
         _ => None,
+    }
+}
+
+/// The ring of local spans, offered to a policy from the hand on.
+pub struct Sweep<'a> {
+    ring: &'a mut Ring,
+    /// Spans offered so far in this call.
+    visited: usize,
+    limit: usize,
+    chosen: Vec<SpanRef>,
+}
+
+impl<'a> Sweep<'a> {
+    pub(crate) fn new(ring: &'a mut Ring) -> Self {
+        let limit = 2 * ring.spans.len();
+        Self {
+            ring,
+            visited: 0,
+            limit,
+            chosen: Vec::new(),
+        }
+    }
+
+    /// Makes `c` a victim.
+    pub fn choose(&mut self, c: Candidate<'a>) {
+        self.chosen.push(c.at);
+    }
+
+    /// Victims chosen so far.
+    pub fn chosen(&self) -> usize {
+        self.chosen.len()
+    }
+
+    pub(crate) fn into_chosen(self) -> Vec<SpanRef> {
+        self.chosen
+    }
+}
+
+/// The span under the hand, which then advances; `None` once every span has
+/// been offered twice in this call. Spans being evicted or empty are skipped.
+impl<'a> Iterator for Sweep<'a> {
+    type Item = Candidate<'a>;
+
+    fn next(&mut self) -> Option<Candidate<'a>> {
+        while self.visited < self.limit && !self.ring.spans.is_empty() {
+            let total = self.ring.spans.len();
+            let s = self.ring.spans[self.ring.hand % total];
+            self.ring.hand = (self.ring.hand + 1) % total;
+            self.visited += 1;
+            let span = s.get();
+            if span.list_pos() == crate::span::EVICTING_POS || span.is_empty() || self.chosen.contains(&s) {
+                continue;
+            }
+            return Some(Candidate { span: s.get(), at: s });
+        }
+        None
+    }
+}
+
+/// One local span offered by a [`Sweep`].
+pub struct Candidate<'a> {
+    span: &'a Span,
+    at: SpanRef,
+}
+
+impl Candidate<'_> {
+    /// Bytes per object slot.
+    pub fn object_size(&self) -> usize {
+        self.span.object_size()
+    }
+
+    /// Live objects.
+    pub fn objects(&self) -> usize {
+        self.span.allocated()
+    }
+
+    /// Filled by the filtering threads with objects they found cold.
+    pub fn is_cold(&self) -> bool {
+        self.span.is_cold()
+    }
+
+    /// Visits the hotness byte of every live object, replacing it with
+    /// `age(h)` (best effort: a word someone marked or locked is left
+    /// alone). Returns how many objects had a non-zero byte before aging.
+    pub fn age(&self, mut age: impl FnMut(u8) -> u8) -> usize {
+        let span = self.span;
+        let mut referenced = 0;
+        for i in 0..span.capacity() {
+            if !span.is_allocated(i) {
+                continue;
+            }
+            let addr = span.object_addr(i);
+            // SAFETY: an allocated slot of a registered span; headers are
+            // read atomically and may be stale (hotness is advisory).
+            let h =
+                unsafe { &*(addr as *const std::sync::atomic::AtomicU64) }.load(std::sync::atomic::Ordering::Acquire);
+            // SAFETY: a non-null header names a slot in a chunk that lives as
+            // long as the runtime; a stale one still points at a valid slot.
+            let Some(slot) = (unsafe { (h as *const Slot).as_ref() }) else {
+                continue;
+            };
+            let w = slot.word.load(crate::loom::Ordering::Relaxed);
+            if w & PRESENT == 0 || local_addr(w) != addr {
+                continue;
+            }
+            let hv = hotness(w);
+            if hv > 0 {
+                referenced += 1;
+            }
+            slot.age(w, age(hv));
+        }
+        referenced
     }
 }

@@ -95,7 +95,7 @@ pub(crate) struct Inner {
     far: Arc<FarMemory>,
     far_map: FarPageMap,
     scheme: Box<dyn Scheme>,
-    policy: Box<dyn EvictionPolicy>,
+    policy: Arc<dyn EvictionPolicy>,
     budget: AtomicU64,
     high: f64,
     low: f64,
@@ -153,14 +153,15 @@ impl Runtime {
         let session = Arc::new(ComputeSession::open(&cfg.manager, &cfg.name, cfg.conn)?);
         let events = session.take_events();
         let far = Arc::new(FarMemory::new(session, RegionTable::new(cfg.conn), cfg.patience));
+        let policy: Arc<dyn EvictionPolicy> = Arc::from(cfg.policy);
         let inner = Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| Inner {
             rcu: Rcu::new(),
             slots: SlotTable::new(weak.as_ptr() as *const ()),
-            heap: ObjectHeap::new(),
+            heap: ObjectHeap::new(Arc::clone(&policy)),
             far,
             far_map: FarPageMap::default(),
             scheme: cfg.scheme,
-            policy: cfg.policy,
+            policy,
             budget: AtomicU64::new(cfg.local_budget as u64),
             high: cfg.high_watermark,
             low: cfg.low_watermark,

@@ -81,6 +81,7 @@ impl Inner {
                 }
             }
         });
+        self.policy.span_swapped_in(span.get());
         st.gone = true;
         self.far_map.remove(fs.region, fs.page);
         if keepable {
