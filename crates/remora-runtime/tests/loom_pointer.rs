@@ -4,7 +4,10 @@
 //! path), `mark_span`, the seal, the commit and `unmark` of `evict_round`,
 //! `free_object`, and the hotness aging of `pick_cold`.
 //!
-//! The word and its lock are the crate's own [`Slot`] (its atomics are loom's
+//! Under the current protocol the word transitions are the crate's own
+//! functions from `pointer.rs` (`Slot::mark`, `transition`, `unmark`, `age`),
+//! so the model checks the code that runs; the `BEFORE_FIXES` variants keep
+//! the model's copies of the old steps. The word and its lock are the crate's own [`Slot`] (its atomics are loom's
 //! under `--cfg loom`, through `crate::loom`). `Rcu` keeps its registry in a
 //! std `Mutex` and its depth in std atomics, which loom cannot see, so the
 //! handshake is modelled here with one loom `AtomicU64` per reader and the
@@ -276,31 +279,50 @@ fn evict(w: &World, released_by_owner: Option<&AtomicBool>) -> Evict {
     if w.header.load(Ordering::Acquire) == 0 {
         return Evict::NotMarked;
     }
-    let prev = w.slot.word.fetch_or(EVICTING, Ordering::SeqCst);
-    if prev & (PRESENT | LOCK | MOVING | EVICTING) != PRESENT || local_addr(prev) != ADDR {
-        if prev & EVICTING == 0 {
-            w.slot.word.fetch_and(!EVICTING, Ordering::SeqCst);
+    // The current protocol runs the crate's own word transitions (pointer.rs).
+    let exp = if w.proto.unmark == Unmark::Ours {
+        match w.slot.mark(ADDR, EVICTING) {
+            Some(exp) => exp,
+            None => return Evict::NotMarked,
         }
-        return Evict::NotMarked;
-    }
-    let exp = prev | EVICTING;
+    } else {
+        let prev = w.slot.word.fetch_or(EVICTING, Ordering::SeqCst);
+        if prev & (PRESENT | LOCK | MOVING | EVICTING) != PRESENT || local_addr(prev) != ADDR {
+            if prev & EVICTING == 0 {
+                w.slot.word.fetch_and(!EVICTING, Ordering::SeqCst);
+            }
+            return Evict::NotMarked;
+        }
+        prev | EVICTING
+    };
     // Phase 2: one grace period, then the seal.
     w.synchronize();
-    if w.slot
-        .word
-        .compare_exchange(exp, exp | SEALED, Ordering::AcqRel, Ordering::Relaxed)
-        .is_err()
-    {
+    let sealed = if w.proto.unmark == Unmark::Ours {
+        w.slot.transition(ADDR, PRESENT | EVICTING, SEALED)
+    } else {
+        w.slot
+            .word
+            .compare_exchange(exp, exp | SEALED, Ordering::AcqRel, Ordering::Relaxed)
+            .ok()
+            .map(|_| exp | SEALED)
+    };
+    let Some(exp) = sealed else {
         unmark(w, exp);
         return Evict::Unsealed;
-    }
-    let exp = exp | SEALED;
+    };
     // Phase 3: copy the span out. Once sealed no thread writes the object,
     // so the copy is its last value.
     // SAFETY: loom checks this read against every write.
     let copy = w.local.with(|p| unsafe { *p });
     // Phase 4: commit.
-    if w.slot.try_lock_exact(exp) {
+    let locked = if w.proto.unmark == Unmark::Ours {
+        w.slot
+            .transition(ADDR, PRESENT | EVICTING | SEALED, LOCK)
+            .map(|l| l & !LOCK)
+    } else {
+        w.slot.try_lock_exact(exp).then_some(exp)
+    };
+    if let Some(exp) = locked {
         // SAFETY: loom checks the access; the far copy is published before the far word.
         w.far.with_mut(|p| unsafe { *p = copy });
         store(&w.slot.word, far_word(LOC, exp, hotness(exp)));
@@ -328,21 +350,9 @@ fn unmark(w: &World, exp: u64) {
                 .word
                 .compare_exchange(exp, exp & !(EVICTING | SEALED), Ordering::AcqRel, Ordering::Relaxed);
         }
-        Unmark::Ours => {
-            let mut cur = w.slot.word.load(Ordering::Relaxed);
-            // While the span is pinned its memory is not reused, so a present
-            // word with this address is still our object.
-            while cur & (PRESENT | EVICTING) == PRESENT | EVICTING && local_addr(cur) == local_addr(exp) {
-                match w
-                    .slot
-                    .word
-                    .compare_exchange(cur, cur & !(EVICTING | SEALED), Ordering::AcqRel, Ordering::Relaxed)
-                {
-                    Ok(_) => break,
-                    Err(now) => cur = now,
-                }
-            }
-        }
+        // The crate's own `Slot::unmark`: while the span is pinned its memory
+        // is not reused, so a present word with this address is still ours.
+        Unmark::Ours => w.slot.unmark(local_addr(exp), EVICTING | SEALED),
     }
 }
 
@@ -582,7 +592,12 @@ fn ager_vs_evictor(proto: Protocol) {
         // `pick_cold` with CLOCK (`age` returns 0).
         let cur = w.slot.word.load(Ordering::Relaxed);
         if cur & PRESENT != 0 && local_addr(cur) == ADDR && hotness(cur) != 0 {
-            w.slot.word.fetch_and(!HOT_MASK, Ordering::Relaxed);
+            if w.proto.unmark == Unmark::Ours {
+                // The crate's own aging step (`Candidate::age` calls it).
+                w.slot.age(cur, 0);
+            } else {
+                w.slot.word.fetch_and(!HOT_MASK, Ordering::Relaxed);
+            }
         }
         let e = ev.join().unwrap();
         let word = w.slot.word.load(Ordering::Relaxed);
