@@ -75,6 +75,12 @@ pub struct DrainArgs {
     /// Give up on a drain that has not reached the low watermark after this long.
     #[arg(long, default_value = "300s", value_parser = parse_duration)]
     pub timeout: Duration,
+    /// Eviction threads of the runtime (default: the runtime's default).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub eviction_threads: Option<u32>,
+    /// Spans per eviction batch (default: the runtime's default).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub eviction_batch: Option<u32>,
     /// Also write the results as JSON (`{"results":[...]}`, one record per scheme) to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -407,6 +413,12 @@ fn run_scheme<const W: usize>(
     let mut cfg = RuntimeConfig::new(cluster.manager_addr(), usize::try_from(plan.fill_budget)?);
     cfg.name = format!("bench-drain-{scheme}");
     cfg.scheme = remora_runtime::scheme::by_name(scheme).ok_or_else(|| anyhow!("unknown scheme {scheme:?}"))?;
+    if let Some(t) = args.eviction_threads {
+        cfg.eviction_threads = t as usize;
+    }
+    if let Some(b) = args.eviction_batch {
+        cfg.eviction_batch = b as usize;
+    }
     let (low, eviction_threads, eviction_batch) = (cfg.low_watermark, cfg.eviction_threads, cfg.eviction_batch);
     let rt = Runtime::connect(cfg).context("connecting the runtime")?;
 
