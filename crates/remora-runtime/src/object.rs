@@ -45,7 +45,9 @@ use crate::runtime::{DerefScope, Inner};
 /// to another machine and back into a different local address: no
 /// references, raw pointers into local memory, or owning heap pointers
 /// (`Box`, `Vec`, `String`); remotable pointers are fine. Alignment must be
-/// at most 8.
+/// at most 8. No interior mutability (atomics, `Cell`): the bytes may change
+/// only through `deref_mut`, which marks the object dirty, or a span swapped
+/// back out without a write (clean re-eviction) would lose the change.
 pub unsafe trait Remotable: Send + Sync + 'static {}
 
 macro_rules! plain {

@@ -98,8 +98,9 @@ pub trait Scheme: Send + Sync {
     }
 
     /// Turns a kept copy back into the live far copy of its span (a clean
-    /// re-eviction). False if the copy was cancelled meanwhile: the caller
-    /// then writes the span normally.
+    /// re-eviction). False if the copy was cancelled meanwhile or should not
+    /// be trusted: the caller then drops it ([`Scheme::drop_kept`]) and
+    /// writes the span normally.
     fn reuse(&self, _far: &FarMemory, _at: SpanAddr, _pages: u32, _token: u64) -> bool {
         false
     }

@@ -100,11 +100,17 @@ impl Scheme for NonFt {
         Some(0)
     }
 
-    fn reuse(&self, _far: &FarMemory, _at: SpanAddr, pages: u32, _token: u64) -> bool {
+    fn reuse(&self, far: &FarMemory, at: SpanAddr, pages: u32, _token: u64) -> bool {
+        // The kept copy is the only one: never bet the span on a node we
+        // can no longer reach (the caller then writes it elsewhere).
+        if far.regions.get(at.region).client.conn().is_broken() {
+            return false;
+        }
         self.kept_pages.fetch_sub(pages as u64, Ordering::Relaxed);
         true
     }
 
+    // A copy that `reuse` refused stays kept until the caller drops it.
     fn drop_kept(&self, far: &FarMemory, at: SpanAddr, pages: u32, _token: u64) {
         self.kept_pages.fetch_sub(pages as u64, Ordering::Relaxed);
         far.pages.free(at.region, at.page, pages);
