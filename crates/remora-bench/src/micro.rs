@@ -56,13 +56,15 @@
 mod cache_sim;
 mod open_loop;
 mod record;
+mod redis_cache;
+mod redis_server;
 mod remora_store;
 mod report;
 mod worker;
 
 use std::path::PathBuf;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -74,9 +76,11 @@ use remora_proto::{ByteSize, parse_duration};
 use remora_runtime::size_classes::{PAGE_SIZE, SizeClass};
 use serde_json::json;
 
+use self::cache_sim::SimMisses;
 use self::open_loop::MAX_RATE;
 use self::record::Record;
 use self::remora_store::run_scheme;
+use self::worker::Run;
 
 /// Memory nodes of the benchmark's cluster: k + m + 1 for RS(4,2), for every scheme.
 pub const MEMNODES: usize = 7;
@@ -238,9 +242,100 @@ pub fn run(args: &MicroArgs) -> anyhow::Result<()> {
         ));
     }
 
+    let specs = args
+        .schemes
+        .iter()
+        .map(|s| Spec::parse(s).ok_or_else(|| anyhow!("unknown scheme {s:?}")))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+
+    // The Redis baseline needs redis-server: without it, say how to get it
+    // and run the other schemes (or fail, if REMORA_REQUIRE_REDIS asks to).
+    let mut skipped = Vec::new();
+    let mut redis_bin = None;
+    if specs.iter().any(|s| matches!(s, Spec::Redis(_))) {
+        match redis_server::locate() {
+            Ok(bin) => redis_bin = Some(bin),
+            Err(why) => {
+                let msg = format!("{why}; {}", redis_server::INSTALL_HINT);
+                if redis_server::required() {
+                    bail!(
+                        "the redis-cache scheme needs redis-server ({}=1 makes its absence an error): {msg}",
+                        redis_server::REQUIRE_ENV
+                    );
+                }
+                eprintln!("[bench micro] redis-cache SKIPPED: {msg}");
+                for (name, s) in args.schemes.iter().zip(&specs) {
+                    if matches!(s, Spec::Redis(_)) {
+                        skipped.push((name.clone(), msg.clone()));
+                    }
+                }
+            }
+        }
+    }
+
+    let remora_schemes = specs.iter().filter(|s| matches!(s, Spec::Remora(_))).count() as u64;
+    let cluster = if remora_schemes > 0 {
+        Some(start_cluster(data_bytes, remora_schemes)?)
+    } else {
+        None
+    };
+
+    let mut records: Vec<Record> = Vec::new();
+    for (name, spec) in args.schemes.iter().zip(&specs) {
+        let r = match (spec, &cluster, &redis_bin) {
+            (Spec::Remora(scheme), Some(cluster), _) => run_remora(args, &plan, cluster, scheme),
+            (Spec::Redis(replicas), _, Some(bin)) => redis_cache::run_scheme(args, &plan, bin, *replicas),
+            _ => continue,
+        }
+        .with_context(|| format!("scheme {name}"))?;
+        records.extend(r);
+    }
+    drop(cluster);
+
+    report::print_report(args, &plan, &records, &skipped);
+    if let Some(path) = &args.json {
+        let v = json!({
+            "results": records.iter().map(|r| r.to_json(args, &plan)).collect::<Vec<_>>(),
+            "skipped": skipped.iter().map(|(s, why)| json!({ "scheme": s, "reason": why })).collect::<Vec<_>>(),
+        });
+        let text = serde_json::to_string_pretty(&v)?;
+        std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
+        progress(format_args!("results written to {}", path.display()));
+    }
+    Ok(())
+}
+
+/// What one `--scheme` names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Spec {
+    /// A remora fault-tolerance scheme.
+    Remora(String),
+    /// The baseline: a local cache in front of Redis with this many replicas.
+    Redis(u32),
+}
+
+/// Replicas `redis-cache` gets when the name gives none.
+const DEFAULT_REPLICAS: u32 = 2;
+/// Most replicas `redis-cache:R` accepts.
+const MAX_REPLICAS: u32 = 8;
+
+impl Spec {
+    fn parse(s: &str) -> Option<Self> {
+        if s == "redis-cache" {
+            return Some(Self::Redis(DEFAULT_REPLICAS));
+        }
+        if let Some(r) = s.strip_prefix("redis-cache:") {
+            return r.parse().ok().filter(|&r| r <= MAX_REPLICAS).map(Self::Redis);
+        }
+        remora_runtime::scheme::by_name(s).map(|_| Self::Remora(s.to_string()))
+    }
+}
+
+/// The local cluster the remora schemes run on.
+fn start_cluster(data_bytes: u64, schemes: u64) -> anyhow::Result<LocalCluster> {
     // Far memory for every scheme's run (a finished run's regions are only
     // reclaimed after its heartbeat timeout) with room for 3x redundancy.
-    let far_need = data_bytes.saturating_mul(3 * args.schemes.len() as u64);
+    let far_need = data_bytes.saturating_mul(3 * schemes);
     let per_node = far_need.div_ceil(MEMNODES as u64).div_ceil(REGION_SIZE) * REGION_SIZE + 2 * REGION_SIZE;
     let binary = std::env::current_exe().context("locating the remora binary")?;
     let mut cfg = ClusterConfig::new(&binary);
@@ -268,36 +363,39 @@ pub fn run(args: &MicroArgs) -> anyhow::Result<()> {
             }
         });
     }
+    Ok(cluster)
+}
 
-    let mut records: Vec<Record> = Vec::new();
-    for scheme in &args.schemes {
-        let r = match args.object_size.0 {
-            64 => run_scheme::<8>(args, &plan, &cluster, scheme),
-            128 => run_scheme::<16>(args, &plan, &cluster, scheme),
-            256 => run_scheme::<32>(args, &plan, &cluster, scheme),
-            512 => run_scheme::<64>(args, &plan, &cluster, scheme),
-            1024 => run_scheme::<128>(args, &plan, &cluster, scheme),
-            2048 => run_scheme::<256>(args, &plan, &cluster, scheme),
-            4096 => run_scheme::<512>(args, &plan, &cluster, scheme),
-            8192 => run_scheme::<1024>(args, &plan, &cluster, scheme),
-            16384 => run_scheme::<2048>(args, &plan, &cluster, scheme),
-            32768 => run_scheme::<4096>(args, &plan, &cluster, scheme),
-            65536 => run_scheme::<8192>(args, &plan, &cluster, scheme),
-            other => Err(anyhow!("unsupported object size {other}")),
-        }
-        .with_context(|| format!("scheme {scheme}"))?;
-        records.extend(r);
+/// Runs a remora scheme with objects of `--object-size` (a const generic).
+fn run_remora(args: &MicroArgs, plan: &Plan, cluster: &LocalCluster, scheme: &str) -> anyhow::Result<Vec<Record>> {
+    match args.object_size.0 {
+        64 => run_scheme::<8>(args, plan, cluster, scheme),
+        128 => run_scheme::<16>(args, plan, cluster, scheme),
+        256 => run_scheme::<32>(args, plan, cluster, scheme),
+        512 => run_scheme::<64>(args, plan, cluster, scheme),
+        1024 => run_scheme::<128>(args, plan, cluster, scheme),
+        2048 => run_scheme::<256>(args, plan, cluster, scheme),
+        4096 => run_scheme::<512>(args, plan, cluster, scheme),
+        8192 => run_scheme::<1024>(args, plan, cluster, scheme),
+        16384 => run_scheme::<2048>(args, plan, cluster, scheme),
+        32768 => run_scheme::<4096>(args, plan, cluster, scheme),
+        65536 => run_scheme::<8192>(args, plan, cluster, scheme),
+        other => Err(anyhow!("unsupported object size {other}")),
     }
-    drop(cluster);
+}
 
-    report::print_report(args, &plan, &records, &[]);
-    if let Some(path) = &args.json {
-        let v = json!({ "results": records.iter().map(|r| r.to_json(args, &plan)).collect::<Vec<_>>() });
-        let text = serde_json::to_string_pretty(&v)?;
-        std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
-        progress(format_args!("results written to {}", path.display()));
-    }
-    Ok(())
+/// Simulates LRU and S3-FIFO over a finished run's access stream (and frees it).
+fn simulate(plan: &Plan, scheme: &str, run: &mut Run) -> SimMisses {
+    let trace = std::mem::take(&mut run.trace);
+    let t0 = Instant::now();
+    let sim = cache_sim::simulate(&trace, run.trace_dropped, plan.cache_objects, plan.n);
+    progress(format_args!(
+        "[{scheme}] simulated LRU and S3-FIFO of {} objects over {} ops in {:.1} s",
+        plan.cache_objects,
+        trace.len(),
+        t0.elapsed().as_secs_f64()
+    ));
+    sim
 }
 
 fn check_args(args: &MicroArgs) -> anyhow::Result<()> {
@@ -333,8 +431,11 @@ fn check_args(args: &MicroArgs) -> anyhow::Result<()> {
         }
     }
     for s in &args.schemes {
-        if remora_runtime::scheme::by_name(s).is_none() {
-            bail!("unknown scheme {s:?} (known: non-ft)");
+        if Spec::parse(s).is_none() {
+            bail!(
+                "unknown scheme {s:?} (known: {}, redis-cache[:R] with R <= {MAX_REPLICAS})",
+                remora_runtime::scheme::SCHEMES.join(", ")
+            );
         }
     }
     Ok(())

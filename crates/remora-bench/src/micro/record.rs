@@ -8,6 +8,7 @@ use remora_runtime::Stats;
 use serde_json::{Value, json};
 
 use super::cache_sim::SimMisses;
+use super::redis_cache::RedisFigures;
 use super::worker::Run;
 use super::{MEMNODES, MicroArgs, Plan};
 use crate::net::stats::Latency;
@@ -25,6 +26,7 @@ pub(crate) struct Record {
 /// The figures only one kind of store has.
 pub(crate) enum Figures {
     Remora(RemoraFigures),
+    Redis(RedisFigures),
 }
 
 /// remora's runtime counters over the measured phase.
@@ -126,6 +128,14 @@ impl Record {
     pub(crate) fn remora(&self) -> Option<&RemoraFigures> {
         match &self.figures {
             Figures::Remora(f) => Some(f),
+            Figures::Redis(_) => None,
+        }
+    }
+
+    pub(crate) fn redis(&self) -> Option<&RedisFigures> {
+        match &self.figures {
+            Figures::Redis(f) => Some(f),
+            Figures::Remora(_) => None,
         }
     }
 
@@ -134,6 +144,7 @@ impl Record {
     pub(crate) fn measured_misses(&self) -> u64 {
         match &self.figures {
             Figures::Remora(f) => f.delta.deref_misses,
+            Figures::Redis(f) => f.misses,
         }
     }
 
@@ -153,6 +164,7 @@ impl Record {
     pub(crate) fn far_bytes(&self) -> f64 {
         match &self.figures {
             Figures::Remora(f) => f.avg_remote_used,
+            Figures::Redis(f) => f.avg_used_memory,
         }
     }
 
@@ -160,6 +172,7 @@ impl Record {
     pub(crate) fn data_bytes(&self) -> f64 {
         match &self.figures {
             Figures::Remora(f) => f.avg_live,
+            Figures::Redis(f) => f.data_bytes as f64,
         }
     }
 
@@ -167,6 +180,15 @@ impl Record {
     pub(crate) fn local_bytes(&self) -> f64 {
         match &self.figures {
             Figures::Remora(f) => f.avg_local,
+            Figures::Redis(f) => f.avg_cache_objects * f.object_size as f64,
+        }
+    }
+
+    /// Samples the level averages are over.
+    pub(crate) fn level_samples(&self) -> u64 {
+        match &self.figures {
+            Figures::Remora(f) => f.level_samples,
+            Figures::Redis(f) => f.level_samples,
         }
     }
 
@@ -181,7 +203,10 @@ impl Record {
         let open = run.offered.is_some();
         let mut v = json!({
             "scheme": self.scheme,
-            "store": match self.figures { Figures::Remora(_) => "remora" },
+            "store": match self.figures {
+                Figures::Remora(_) => "remora",
+                Figures::Redis(_) => "redis-cache",
+            },
             "latency_mode": self.mode(),
             "closed_loop": !open,
             "open_loop_rate": run.offered,
@@ -212,6 +237,7 @@ impl Record {
         });
         extend(&mut v, self.memory_json());
         extend(&mut v, self.remora_json(args));
+        extend(&mut v, self.redis_json());
         if open {
             extend(
                 &mut v,
@@ -256,6 +282,7 @@ impl Record {
     fn memory_json(&self) -> Value {
         json!({
             "remote_bytes_used": self.far_bytes(),
+            "level_samples": self.level_samples(),
             "far_data_bytes": self.data_bytes(),
             "far_over_data": self.far_over_data(),
             "local_bytes": self.local_bytes(),
@@ -273,6 +300,34 @@ impl Record {
         })
     }
 
+    /// The Redis baseline's figures (all `null` for other stores).
+    fn redis_json(&self) -> Value {
+        let Some(f) = self.redis() else {
+            return json!({
+                "redis_replicas": null, "redis_wait": null, "redis_version": null, "redis_servers": null,
+                "redis_pids": null, "redis_ports": null, "redis_used_memory": null,
+                "redis_info_errors": null, "cache_capacity_objects": null, "cache_hits": null,
+                "cache_misses": null, "cache_hit_ratio": null, "cache_objects": null, "short_waits": null,
+            });
+        };
+        json!({
+            "redis_replicas": f.replicas,
+            "redis_wait": f.wait,
+            "redis_version": f.version,
+            "redis_servers": f.pids.len(),
+            "redis_pids": f.pids,
+            "redis_ports": f.ports,
+            "redis_used_memory": f.avg_used_memory,
+            "redis_info_errors": f.info_errors,
+            "cache_capacity_objects": f.cache_capacity,
+            "cache_hits": f.hits,
+            "cache_misses": f.misses,
+            "cache_hit_ratio": f.hit_ratio(),
+            "cache_objects": f.avg_cache_objects,
+            "short_waits": f.short_waits,
+        })
+    }
+
     /// remora's runtime figures (all `null` for other stores).
     fn remora_json(&self, args: &MicroArgs) -> Value {
         let Some(f) = self.remora() else {
@@ -280,7 +335,7 @@ impl Record {
                 "swap_ins": null, "swap_in_reads": null, "swap_outs": null, "evictions_aborted": null,
                 "reads_per_swap_in": null, "swap_ins_per_op": null, "bytes_read_remote": null,
                 "bytes_written_remote": null, "bytes_evicted_data": null, "live_bytes": null,
-                "level_samples": null, "miss_ratio": null, "deref_misses": null,
+                "miss_ratio": null, "deref_misses": null,
                 "swap_in_amplification": null, "evict_mib_s": null, "evict_mib_per_busy_s": null,
                 "room_wait_pct": null, "clean_evictions": null, "clean_bytes_saved": null,
                 "kept_bytes": null, "objects_moved": null, "spans_filtered": null,
@@ -299,7 +354,6 @@ impl Record {
             "bytes_written_remote": d.bytes_written_remote,
             "bytes_evicted_data": d.bytes_evicted_data,
             "live_bytes": f.avg_live,
-            "level_samples": f.level_samples,
             "miss_ratio": self.measured_miss_ratio(),
             "deref_misses": d.deref_misses,
             "swap_in_bytes": d.swap_in_bytes,

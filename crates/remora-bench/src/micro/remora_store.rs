@@ -12,7 +12,6 @@ use remora_cluster::LocalCluster;
 use remora_proto::ByteSize;
 use remora_runtime::{RemBox, Runtime, RuntimeConfig, Stats};
 
-use super::cache_sim;
 use super::record::{Figures, Record, RemoraFigures, delta};
 use super::worker::{self, Outcome, Store};
 use super::{MicroArgs, Plan, STACK, bar, base, check, fill, progress};
@@ -181,12 +180,7 @@ pub(super) fn run_scheme<const W: usize>(
                 Some(rate) => format!("open loop at {rate} ops/s"),
                 None => "closed loop".to_string(),
             })?;
-        let sim = cache_sim::simulate(
-            &std::mem::take(&mut run.trace),
-            run.trace_dropped,
-            plan.cache_objects,
-            n,
-        );
+        let sim = super::simulate(plan, scheme, &mut run);
         records.push(Record {
             scheme: scheme.to_string(),
             fill_time,

@@ -6,6 +6,7 @@
 use remora_proto::ByteSize;
 
 use super::record::{Record, ci_us, mib, us};
+use super::redis_cache::RedisFigures;
 use super::{MEMNODES, MicroArgs, Plan, threads_label};
 use crate::net::stats::Latency;
 
@@ -69,17 +70,22 @@ pub(crate) fn print_report(args: &MicroArgs, plan: &Plan, records: &[Record], sk
     );
     if open {
         println!(
-            "  cluster: {MEMNODES} memory nodes; latency is open-loop: Poisson arrivals at the offered rate split over \
-             {}, each op timed from its scheduled start (a stall delays every op scheduled behind it)",
+            "  latency is open-loop: Poisson arrivals at the offered rate split over {}, each op timed from its \
+             scheduled start (a stall delays every op scheduled behind it)",
             threads_label(args.threads)
         );
     } else {
-        println!(
-            "  cluster: {MEMNODES} memory nodes; latency is closed-loop (each thread issues its next op when one completes)"
-        );
+        println!("  latency is closed-loop (each thread issues its next op when one completes)");
+    }
+    if records.iter().any(|r| r.remora().is_some()) {
+        println!("  remora schemes: a local cluster of {MEMNODES} memory nodes");
     }
     for (scheme, why) in skipped {
         println!("  {scheme}: SKIPPED: {why}");
+    }
+    if records.is_empty() {
+        println!("  no scheme ran");
+        return;
     }
     println!();
     println!(
@@ -194,6 +200,12 @@ pub(crate) fn print_report(args: &MicroArgs, plan: &Plan, records: &[Record], sk
         }
     }
 
+    if records.iter().any(|r| r.redis().is_some()) {
+        redis_table(records, w);
+    }
+    if !records.iter().any(|r| r.remora().is_some()) {
+        return;
+    }
     println!();
     println!("remora runtime figures over the measured phase (levels: averages of samples every 100 ms)");
     println!(
@@ -237,6 +249,43 @@ pub(crate) fn print_report(args: &MicroArgs, plan: &Plan, records: &[Record], sk
     );
 }
 
+/// The Redis baseline's own figures.
+fn redis_table(records: &[Record], w: usize) {
+    println!();
+    if let Some(f) = records.iter().find_map(|r| r.redis()) {
+        println!(
+            "redis-cache:R: an in-process quick_cache of {} objects in front of redis-server {} (a primary and R \
+             replicas on loopback), write-through; +wait: WAIT R after every SET",
+            f.cache_capacity, f.version
+        );
+    }
+    println!(
+        "{:<w$} {:>10} {:>8} {:>6} {:>10} {:>12} {:>12} {:>11} {:>10} {:>11}",
+        "scheme", "load", "replicas", "wait", "hit ratio", "hits", "misses", "cache objs", "used MiB", "short WAITs"
+    );
+    for r in records {
+        let f = r.redis();
+        let int = |g: fn(&RedisFigures) -> u64| f.map_or("-".to_string(), |f| g(f).to_string());
+        println!(
+            "{:<w$} {:>10} {:>8} {:>6} {:>10} {:>12} {:>12} {:>11} {:>10} {:>11}",
+            r.scheme,
+            load_label(r.run.offered),
+            int(|f| u64::from(f.replicas)),
+            f.map_or("-", |f| if f.wait { "yes" } else { "no" }),
+            opt(f.and_then(RedisFigures::hit_ratio), 4),
+            int(|f| f.hits),
+            int(|f| f.misses),
+            opt(f.map(|f| f.avg_cache_objects), 0),
+            opt(f.map(|f| mib(f.avg_used_memory)), 1),
+            int(|f| f.short_waits)
+        );
+    }
+    println!(
+        "  cache objs: objects cached (average); used MiB: Redis used_memory summed over the primary and its \
+         replicas (average); short WAITs: writes fewer than R replicas acknowledged in time (counted as errors)"
+    );
+}
+
 /// The per-record line under the first table.
 fn per_record_line(r: &Record) {
     let secs = r.run.elapsed.as_secs_f64().max(1e-9);
@@ -254,6 +303,33 @@ fn per_record_line(r: &Record) {
             f.delta.evictions_aborted,
             r.fill_time.as_secs_f64()
         );
+    }
+    if let Some(f) = r.redis() {
+        println!(
+            "  {} ({}): {} reads, {} writes; {} cache misses ({:.3} per op); {} replica(s){}; used_memory {:.1} MiB \
+             over {} servers; fill took {:.2} s",
+            r.scheme,
+            load_label(r.run.offered),
+            r.run.reads,
+            r.run.writes,
+            f.misses,
+            r.measured_miss_ratio(),
+            f.replicas,
+            if f.wait {
+                ", WAIT after every SET"
+            } else {
+                ", asynchronous"
+            },
+            mib(f.avg_used_memory),
+            f.pids.len(),
+            r.fill_time.as_secs_f64()
+        );
+        if f.info_errors > 0 {
+            println!(
+                "  {}: {} INFO requests failed while sampling used_memory; the average undercounts",
+                r.scheme, f.info_errors
+            );
+        }
     }
     if r.errors() > 0 {
         println!(
