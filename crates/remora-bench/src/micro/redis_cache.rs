@@ -34,7 +34,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
-use quick_cache::sync::Cache;
+use quick_cache::sync::{Cache, DefaultLifecycle};
+use quick_cache::{DefaultHashBuilder, OptionsBuilder, UnitWeighter};
 use remora_proto::ByteSize;
 
 use super::record::{Figures, Record};
@@ -148,6 +149,28 @@ fn decode(bytes: &[u8], words: usize) -> Option<Arc<[u64]>> {
     )
 }
 
+/// A cache of exactly `objects` objects: quick_cache splits its capacity
+/// evenly over its shards (rounding up), so the shards are the largest power
+/// of two up to 16 that divides `objects` and leaves each at least 32.
+fn bounded_cache(objects: u64) -> anyhow::Result<Cache<u32, Arc<[u64]>>> {
+    let mut shards = 16;
+    while shards > 1 && (objects % shards != 0 || objects / shards < 32) {
+        shards /= 2;
+    }
+    let opts = OptionsBuilder::new()
+        .estimated_items_capacity(usize::try_from(objects)?)
+        .weight_capacity(objects)
+        .shards(shards as usize)
+        .build()
+        .map_err(|e| anyhow!("cache options: {e}"))?;
+    Ok(Cache::with_options(
+        opts,
+        UnitWeighter,
+        DefaultHashBuilder::default(),
+        DefaultLifecycle::default(),
+    ))
+}
+
 fn connect(url: &str) -> anyhow::Result<redis::Connection> {
     let c = redis::Client::open(url)?.get_connection_with_timeout(Duration::from_secs(5))?;
     c.set_read_timeout(Some(IO_TIMEOUT))?;
@@ -171,7 +194,7 @@ impl<'a> RedisCache<'a> {
         Ok(Self {
             group,
             words: plan.layout.object_size / 8,
-            cache: Cache::new(usize::try_from(plan.cache_objects)?),
+            cache: bounded_cache(plan.cache_objects)?,
             locks: (0..plan.n).map(|_| RwLock::new(())).collect(),
             versions: (0..plan.n).map(|_| AtomicU64::new(0)).collect(),
             wait: if wait { group.replicas.len() as u32 } else { 0 },
@@ -497,5 +520,17 @@ mod tests {
         assert!(decode(&buf, 2).is_none());
         assert!(decode(&buf[..23], 3).is_none());
         assert_eq!(key(258), [2, 1, 0, 0]);
+    }
+
+    #[test]
+    fn cache_holds_exactly_the_budgets_objects() {
+        for objects in [1u64, 31, 518, 520, 87_381, 1 << 16] {
+            let c = bounded_cache(objects).unwrap();
+            assert_eq!(c.capacity(), objects);
+            for i in 0..objects as u32 * 2 {
+                c.insert(i, Arc::from(&[u64::from(i)][..]));
+            }
+            assert!(c.len() as u64 <= objects, "{objects}: {}", c.len());
+        }
     }
 }
