@@ -52,6 +52,21 @@
 //! Runtime counters are deltas over the measured phase; levels (`remote
 //! bytes used`, `live bytes`, `local bytes`) are averages of `Runtime::stats`
 //! sampled every 100 ms during it.
+//!
+//! **The baseline.** `--scheme redis-cache:R` (`redis-cache` = R of 2) runs
+//! the same workload, through the same worker loop (`worker.rs`: every store
+//! behind a small `Store` trait), against what users run instead of far
+//! memory: a bounded in-process cache of as many objects as the local budget
+//! holds, write-through to a `redis-server` primary with R replicas on
+//! loopback; `redis-cache:R+wait` adds `WAIT R` after every SET. See
+//! `redis_cache.rs`. Without `redis-server` the scheme is skipped with
+//! install instructions (`REMORA_REQUIRE_REDIS=1` makes that an error).
+//!
+//! **Miss ratios.** Each record keeps its measured access stream and
+//! simulates an ideal LRU and an S3-FIFO cache of budget / slot bytes
+//! objects over it (`cache_sim.rs`), printed beside its measured miss ratio
+//! (remora: dereferences that waited for a swap-in; the baseline: cache
+//! misses), so a policy's distance from an ideal one is read off one run.
 
 mod cache_sim;
 mod open_loop;
@@ -69,8 +84,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, anyhow, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::SeedableRng;
-use rand::rngs::StdRng;
+use rand::rngs::{SmallRng, StdRng};
 use rand::seq::SliceRandom;
+use rand_distr::Zipf;
 use remora_cluster::{ClusterConfig, ClusterEvent, LocalCluster};
 use remora_proto::{ByteSize, parse_duration};
 use remora_runtime::size_classes::{PAGE_SIZE, SizeClass};
@@ -384,15 +400,22 @@ fn run_remora(args: &MicroArgs, plan: &Plan, cluster: &LocalCluster, scheme: &st
     }
 }
 
-/// Simulates LRU and S3-FIFO over a finished run's access stream (and frees it).
-fn simulate(plan: &Plan, scheme: &str, run: &mut Run) -> SimMisses {
+/// Simulates LRU and S3-FIFO over a finished run's access stream (and frees
+/// it), each warmed first by a stream of the same distribution.
+fn simulate(args: &MicroArgs, plan: &Plan, scheme: &str, run: &mut Run, zipf: Option<&Zipf<f64>>) -> SimMisses {
     let trace = std::mem::take(&mut run.trace);
     let t0 = Instant::now();
-    let sim = cache_sim::simulate(&trace, run.trace_dropped, plan.cache_objects, plan.n);
+    let seed = splitmix(args.seed ^ 0x7761_726D_5F75_7073);
+    let warm_stream = || {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        move || worker::draw(&plan.perm, zipf, &mut rng) as u32
+    };
+    let sim = cache_sim::simulate(&trace, run.trace_dropped, plan.cache_objects, plan.n, warm_stream);
     progress(format_args!(
-        "[{scheme}] simulated LRU and S3-FIFO of {} objects over {} ops in {:.1} s",
+        "[{scheme}] simulated LRU and S3-FIFO of {} objects over {} ops (after {} warm-up accesses) in {:.1} s",
         plan.cache_objects,
         trace.len(),
+        sim.warm_ops,
         t0.elapsed().as_secs_f64()
     ));
     sim

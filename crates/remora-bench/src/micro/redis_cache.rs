@@ -491,7 +491,7 @@ pub(super) fn run_scheme(args: &MicroArgs, plan: &Plan, bin: &Path, replicas: u3
                     Some(rate) => format!("{scheme}: open loop at {rate} ops/s"),
                     None => format!("{scheme}: closed loop"),
                 })?;
-            let sim = super::simulate(plan, &scheme, &mut run);
+            let sim = super::simulate(args, plan, &scheme, &mut run, zipf.as_ref());
             records.push(Record {
                 scheme: scheme.clone(),
                 fill_time,

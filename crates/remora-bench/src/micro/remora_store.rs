@@ -180,7 +180,7 @@ pub(super) fn run_scheme<const W: usize>(
                 Some(rate) => format!("open loop at {rate} ops/s"),
                 None => "closed loop".to_string(),
             })?;
-        let sim = super::simulate(plan, scheme, &mut run);
+        let sim = super::simulate(args, plan, scheme, &mut run, zipf.as_ref());
         records.push(Record {
             scheme: scheme.to_string(),
             fill_time,

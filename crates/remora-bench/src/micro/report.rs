@@ -171,8 +171,9 @@ pub(crate) fn print_report(args: &MicroArgs, plan: &Plan, records: &[Record], sk
     println!(
         "miss ratios: measured (remora: dereferences that waited for a swap-in; Redis: in-process cache misses) \
          beside an ideal LRU and S3-FIFO of {} objects (budget / slot bytes) simulated over the same measured \
-         access stream, warmed by one pass over it",
-        plan.cache_objects
+         access stream, each warmed first by {} accesses of the same distribution",
+        plan.cache_objects,
+        records.first().map_or(0, |r| r.sim.warm_ops)
     );
     println!(
         "{:<w$} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9} {:>12}",

@@ -183,12 +183,7 @@ struct Ctx<'a, S: Store> {
 impl<S: Store> Ctx<'_, S> {
     /// Draws an object and whether to write it, and runs the operation.
     fn op(&self, w: &mut S::Worker, rng: &mut SmallRng) -> (usize, bool, Outcome) {
-        let n = self.perm.len() as u64;
-        let rank = match self.zipf {
-            Some(z) => (z.sample(rng) as u64).clamp(1, n) - 1,
-            None => rng.random_range(0..n),
-        };
-        let i = self.perm[rank as usize] as usize;
+        let i = draw(self.perm, self.zipf, rng);
         let write = self.write_ratio > 0.0 && rng.random_bool(self.write_ratio);
         let res = if write {
             self.store.write(w, i)
@@ -315,6 +310,16 @@ impl<S: Store> Ctx<'_, S> {
         }
         Ok(out)
     }
+}
+
+/// Draws an object: a rank from `zipf` (uniform if `None`) mapped through `perm`.
+pub(crate) fn draw(perm: &[u32], zipf: Option<&Zipf<f64>>, rng: &mut SmallRng) -> usize {
+    let n = perm.len() as u64;
+    let rank = match zipf {
+        Some(z) => (z.sample(rng) as u64).clamp(1, n) - 1,
+        None => rng.random_range(0..n),
+    };
+    perm[rank as usize] as usize
 }
 
 /// The Zipf distribution of ranks over `1..=n` (`None` for uniform accesses).
