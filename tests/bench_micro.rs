@@ -92,6 +92,8 @@ fn micro_rejects_bad_flags_without_panicking() {
     for args in [
         &["bench", "micro", "--object-size", "3000"][..],
         &["bench", "micro", "--scheme", "nope"],
+        &["bench", "micro", "--scheme", "redis-cache:99"],
+        &["bench", "micro", "--scheme", "redis-cache:x"],
         &["bench", "micro", "--local-ratio", "0"],
         &["bench", "micro", "--write-ratio", "1.5"],
         &["bench", "micro", "--zipf", "-1"],

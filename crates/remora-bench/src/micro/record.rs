@@ -1,0 +1,398 @@
+//! What one measured run (one scheme at one load) of `remora bench micro`
+//! measured, and its JSON form. Fields that do not apply to a store (swap-ins
+//! for the Redis baseline, cache hits for remora) are `null`.
+
+use std::time::Duration;
+
+use remora_runtime::Stats;
+use serde_json::{Value, json};
+
+use super::cache_sim::SimMisses;
+use super::redis_cache::RedisFigures;
+use super::worker::Run;
+use super::{MEMNODES, MicroArgs, Plan};
+use crate::net::stats::Latency;
+
+/// One record: a scheme at one load.
+pub(crate) struct Record {
+    pub(crate) scheme: String,
+    pub(crate) fill_time: Duration,
+    pub(crate) run: Run,
+    pub(crate) figures: Figures,
+    /// Ideal LRU and S3-FIFO over the run's access stream.
+    pub(crate) sim: SimMisses,
+}
+
+/// The figures only one kind of store has.
+pub(crate) enum Figures {
+    Remora(RemoraFigures),
+    Redis(RedisFigures),
+}
+
+/// remora's runtime counters over the measured phase.
+pub(crate) struct RemoraFigures {
+    /// Counters: deltas over the measured phase; levels: as at its end.
+    pub(crate) delta: Stats,
+    pub(crate) avg_remote_used: f64,
+    pub(crate) avg_live: f64,
+    pub(crate) avg_local: f64,
+    pub(crate) avg_kept: f64,
+    pub(crate) level_samples: u64,
+}
+
+impl RemoraFigures {
+    pub(crate) fn reads_per_swap_in(&self) -> Option<f64> {
+        let d = &self.delta;
+        (d.swap_ins > 0).then(|| d.swap_in_reads as f64 / d.swap_ins as f64)
+    }
+
+    /// Bytes of spans swapped in per byte of them dereferenced while local.
+    pub(crate) fn swap_in_amplification(&self) -> Option<f64> {
+        let d = &self.delta;
+        (d.swap_in_used_bytes > 0).then(|| d.swap_in_bytes as f64 / d.swap_in_used_bytes as f64)
+    }
+
+    /// Data evicted per second of the measured phase, MiB/s.
+    pub(crate) fn evict_mib_s(&self, elapsed: Duration) -> f64 {
+        mib(self.delta.bytes_evicted_data as f64) / elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// Data evicted per second the eviction threads were busy, MiB/s.
+    pub(crate) fn evict_mib_per_busy_s(&self) -> Option<f64> {
+        let d = &self.delta;
+        (d.evict_busy_ns > 0).then(|| mib(d.bytes_evicted_data as f64) / (d.evict_busy_ns as f64 / 1e9))
+    }
+
+    /// Share of the application threads' time spent waiting for local room, in %.
+    pub(crate) fn room_wait_pct(&self, threads: u32, elapsed: Duration) -> f64 {
+        let total = f64::from(threads) * elapsed.as_nanos() as f64;
+        100.0 * self.delta.room_wait_ns as f64 / total.max(1.0)
+    }
+}
+
+pub(crate) fn mib(b: f64) -> f64 {
+    b / (1 << 20) as f64
+}
+
+/// Microseconds at quantile `q` of `l` (0 when empty).
+pub(crate) fn us(l: &Latency, q: f64) -> f64 {
+    if l.samples() == 0 { 0.0 } else { l.at(q) as f64 / 1000.0 }
+}
+
+/// The 95 % confidence interval of quantile `q` of `l`, in µs.
+pub(crate) fn ci_us(l: &Latency, q: f64) -> [f64; 2] {
+    let (lo, hi) = l.ci95(q);
+    [lo as f64 / 1000.0, hi as f64 / 1000.0]
+}
+
+/// Adds the entries of object `b` to object `a`.
+fn extend(a: &mut Value, b: Value) {
+    if let (Value::Object(m), Value::Object(o)) = (a, b) {
+        m.extend(o);
+    }
+}
+
+impl Record {
+    pub(crate) fn throughput(&self) -> f64 {
+        self.run.completed as f64 / self.run.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    pub(crate) fn us(&self, q: f64) -> f64 {
+        us(&self.run.lat, q)
+    }
+
+    /// Open loop: the operations completed in the window over the arrivals scheduled in it.
+    pub(crate) fn achieved_fraction(&self) -> Option<f64> {
+        self.run
+            .offered
+            .map(|_| self.run.completed as f64 / self.run.scheduled.max(1) as f64)
+    }
+
+    /// Open loop: whether less than 95 % of the offered load completed.
+    pub(crate) fn saturated(&self) -> bool {
+        self.achieved_fraction().is_some_and(|f| f < 0.95)
+    }
+
+    fn mode(&self) -> &'static str {
+        if self.run.offered.is_some() {
+            "open-loop"
+        } else {
+            "closed-loop"
+        }
+    }
+
+    pub(crate) fn errors(&self) -> u64 {
+        self.run.op_errors + self.run.wrong_bytes
+    }
+
+    pub(crate) fn remora(&self) -> Option<&RemoraFigures> {
+        match &self.figures {
+            Figures::Remora(f) => Some(f),
+            Figures::Redis(_) => None,
+        }
+    }
+
+    pub(crate) fn redis(&self) -> Option<&RedisFigures> {
+        match &self.figures {
+            Figures::Redis(f) => Some(f),
+            Figures::Remora(_) => None,
+        }
+    }
+
+    /// Operations that missed the local memory (remora: dereferences that
+    /// waited for a swap-in; the baseline: in-process cache misses).
+    pub(crate) fn measured_misses(&self) -> u64 {
+        match &self.figures {
+            Figures::Remora(f) => f.delta.deref_misses,
+            Figures::Redis(f) => f.misses,
+        }
+    }
+
+    pub(crate) fn measured_miss_ratio(&self) -> f64 {
+        self.measured_misses() as f64 / self.run.ops.max(1) as f64
+    }
+
+    /// The measured miss ratio over the ideal LRU's.
+    pub(crate) fn over_lru(&self) -> Option<f64> {
+        self.sim
+            .lru_ratio()
+            .filter(|&l| l > 0.0)
+            .map(|l| self.measured_miss_ratio() / l)
+    }
+
+    /// Far memory in use, bytes (average over the measured phase).
+    pub(crate) fn far_bytes(&self) -> f64 {
+        match &self.figures {
+            Figures::Remora(f) => f.avg_remote_used,
+            Figures::Redis(f) => f.avg_used_memory,
+        }
+    }
+
+    /// Bytes of data the far memory holds (average over the measured phase).
+    pub(crate) fn data_bytes(&self) -> f64 {
+        match &self.figures {
+            Figures::Remora(f) => f.avg_live,
+            Figures::Redis(f) => f.data_bytes as f64,
+        }
+    }
+
+    /// Local bytes in use (average over the measured phase).
+    pub(crate) fn local_bytes(&self) -> f64 {
+        match &self.figures {
+            Figures::Remora(f) => f.avg_local,
+            Figures::Redis(f) => f.avg_cache_objects * f.object_size as f64,
+        }
+    }
+
+    /// Samples the level averages are over.
+    pub(crate) fn level_samples(&self) -> u64 {
+        match &self.figures {
+            Figures::Remora(f) => f.level_samples,
+            Figures::Redis(f) => f.level_samples,
+        }
+    }
+
+    /// Far memory over the data it holds.
+    pub(crate) fn far_over_data(&self) -> Option<f64> {
+        (self.data_bytes() > 0.0).then(|| self.far_bytes() / self.data_bytes())
+    }
+
+    pub(crate) fn to_json(&self, args: &MicroArgs, plan: &Plan) -> Value {
+        let run = &self.run;
+        let h = &run.lat.hist;
+        let open = run.offered.is_some();
+        let mut v = json!({
+            "scheme": self.scheme,
+            "store": match self.figures {
+                Figures::Remora(_) => "remora",
+                Figures::Redis(_) => "redis-cache",
+            },
+            "latency_mode": self.mode(),
+            "closed_loop": !open,
+            "open_loop_rate": run.offered,
+            "throughput_ops": self.throughput(),
+            "p50_us": self.us(0.5),
+            "p90_us": self.us(0.9),
+            "p99_us": self.us(0.99),
+            "p999_us": self.us(0.999),
+            "max_us": h.max() as f64 / 1000.0,
+            "mean_us": h.mean() / 1000.0,
+            "p50_ci95_us": ci_us(&run.lat, 0.5),
+            "p99_ci95_us": ci_us(&run.lat, 0.99),
+            "p999_ci95_us": ci_us(&run.lat, 0.999),
+            "ci_level": 0.95,
+            "samples": run.lat.samples(),
+            "lag1_autocorr": run.lag.r(),
+            "lag1_pairs": run.lag.pairs(),
+            "samples_independent": !run.lag.dependent(),
+            "ops": run.ops,
+            "reads": run.reads,
+            "writes": run.writes,
+            "completed_in_window": run.completed,
+            "measured_s": run.elapsed.as_secs_f64(),
+            "errors": self.errors(),
+            "op_errors": run.op_errors,
+            "wrong_bytes": run.wrong_bytes,
+            "fill_s": self.fill_time.as_secs_f64(),
+        });
+        extend(&mut v, self.memory_json());
+        extend(&mut v, self.remora_json(args));
+        extend(&mut v, self.redis_json());
+        if open {
+            extend(
+                &mut v,
+                json!({
+                    "scheduled_ops": run.scheduled,
+                    "offered_ops_realized": run.scheduled as f64 / run.elapsed.as_secs_f64().max(1e-9),
+                    "achieved_fraction": self.achieved_fraction(),
+                    "saturated": self.saturated(),
+                    "unissued": run.unissued,
+                    "generator_late_samples": run.late.samples(),
+                    "generator_late_p50_us": us(&run.late, 0.5),
+                    "generator_late_p99_us": us(&run.late, 0.99),
+                }),
+            );
+        }
+        extend(
+            &mut v,
+            json!({
+                "objects": plan.n,
+                "object_size": plan.layout.object_size,
+                "slot_bytes": plan.layout.slot_bytes,
+                "span_bytes": plan.layout.span_bytes,
+                "objects_per_span": plan.layout.objects_per_span,
+                "data_span_bytes": plan.data_bytes,
+                "local_ratio": args.local_ratio,
+                "local_budget_bytes": plan.budget,
+                "local_budget_clamped": plan.budget_clamped,
+                "local_budget_objects": plan.cache_objects,
+                "zipf": args.zipf,
+                "threads": args.threads,
+                "duration_s": args.duration.as_secs_f64(),
+                "warmup_s": args.warmup.as_secs_f64(),
+                "write_ratio": args.write_ratio,
+                "seed": args.seed,
+                "memnodes": MEMNODES,
+            }),
+        );
+        v
+    }
+
+    /// Memory and miss-ratio figures every store has.
+    fn memory_json(&self) -> Value {
+        json!({
+            "remote_bytes_used": self.far_bytes(),
+            "level_samples": self.level_samples(),
+            "far_data_bytes": self.data_bytes(),
+            "far_over_data": self.far_over_data(),
+            "local_bytes": self.local_bytes(),
+            "measured_misses": self.measured_misses(),
+            "measured_miss_ratio": self.measured_miss_ratio(),
+            "sim_capacity_objects": self.sim.capacity,
+            "sim_trace_ops": self.sim.trace_ops,
+            "sim_trace_dropped": self.sim.dropped,
+            "sim_warmup": "a stream of the same distribution (own seed) until full, then 4 capacities more",
+            "sim_warmup_ops": self.sim.warm_ops,
+            "lru_misses": self.sim.lru,
+            "lru_miss_ratio": self.sim.lru_ratio(),
+            "s3fifo_misses": self.sim.s3fifo,
+            "s3fifo_miss_ratio": self.sim.s3fifo_ratio(),
+            "measured_over_lru": self.over_lru(),
+        })
+    }
+
+    /// The Redis baseline's figures (all `null` for other stores).
+    fn redis_json(&self) -> Value {
+        let Some(f) = self.redis() else {
+            return json!({
+                "redis_replicas": null, "redis_wait": null, "redis_version": null, "redis_servers": null,
+                "redis_pids": null, "redis_ports": null, "redis_used_memory": null,
+                "redis_info_errors": null, "cache_capacity_objects": null, "cache_hits": null,
+                "cache_misses": null, "cache_hit_ratio": null, "cache_objects": null, "short_waits": null,
+            });
+        };
+        json!({
+            "redis_replicas": f.replicas,
+            "redis_wait": f.wait,
+            "redis_version": f.version,
+            "redis_servers": f.pids.len(),
+            "redis_pids": f.pids,
+            "redis_ports": f.ports,
+            "redis_used_memory": f.avg_used_memory,
+            "redis_info_errors": f.info_errors,
+            "cache_capacity_objects": f.cache_capacity,
+            "cache_hits": f.hits,
+            "cache_misses": f.misses,
+            "cache_hit_ratio": f.hit_ratio(),
+            "cache_objects": f.avg_cache_objects,
+            "short_waits": f.short_waits,
+        })
+    }
+
+    /// remora's runtime figures (all `null` for other stores).
+    fn remora_json(&self, args: &MicroArgs) -> Value {
+        let Some(f) = self.remora() else {
+            return json!({
+                "swap_ins": null, "swap_in_reads": null, "swap_outs": null, "evictions_aborted": null,
+                "reads_per_swap_in": null, "swap_ins_per_op": null, "bytes_read_remote": null,
+                "bytes_written_remote": null, "bytes_evicted_data": null, "live_bytes": null,
+                "miss_ratio": null, "deref_misses": null,
+                "swap_in_amplification": null, "evict_mib_s": null, "evict_mib_per_busy_s": null,
+                "room_wait_pct": null, "clean_evictions": null, "clean_bytes_saved": null,
+                "kept_bytes": null, "objects_moved": null, "spans_filtered": null,
+            });
+        };
+        let d = &f.delta;
+        let elapsed = self.run.elapsed;
+        json!({
+            "swap_ins": d.swap_ins,
+            "swap_in_reads": d.swap_in_reads,
+            "swap_outs": d.swap_outs,
+            "evictions_aborted": d.evictions_aborted,
+            "reads_per_swap_in": f.reads_per_swap_in(),
+            "swap_ins_per_op": d.swap_ins as f64 / self.run.ops.max(1) as f64,
+            "bytes_read_remote": d.bytes_read_remote,
+            "bytes_written_remote": d.bytes_written_remote,
+            "bytes_evicted_data": d.bytes_evicted_data,
+            "live_bytes": f.avg_live,
+            "miss_ratio": self.measured_miss_ratio(),
+            "deref_misses": d.deref_misses,
+            "swap_in_bytes": d.swap_in_bytes,
+            "swap_in_used_bytes": d.swap_in_used_bytes,
+            "swap_in_amplification": f.swap_in_amplification(),
+            "evict_mib_s": f.evict_mib_s(elapsed),
+            "evict_busy_s": d.evict_busy_ns as f64 / 1e9,
+            "evict_mib_per_busy_s": f.evict_mib_per_busy_s(),
+            "room_wait_ns": d.room_wait_ns,
+            "room_wait_pct": f.room_wait_pct(args.threads, elapsed),
+            "clean_evictions": d.clean_evictions,
+            "clean_bytes_saved": d.clean_bytes_saved,
+            "kept_bytes": f.avg_kept,
+            "objects_moved": d.objects_moved,
+            "spans_filtered": d.spans_filtered,
+        })
+    }
+}
+
+/// Counters of `b` minus those of `a` (levels are taken from `b`).
+pub(crate) fn delta(a: &Stats, b: &Stats) -> Stats {
+    Stats {
+        swap_ins: b.swap_ins - a.swap_ins,
+        swap_in_reads: b.swap_in_reads - a.swap_in_reads,
+        swap_outs: b.swap_outs - a.swap_outs,
+        evictions_aborted: b.evictions_aborted - a.evictions_aborted,
+        bytes_evicted_data: b.bytes_evicted_data - a.bytes_evicted_data,
+        bytes_read_remote: b.bytes_read_remote - a.bytes_read_remote,
+        bytes_written_remote: b.bytes_written_remote - a.bytes_written_remote,
+        deref_misses: b.deref_misses - a.deref_misses,
+        swap_in_bytes: b.swap_in_bytes - a.swap_in_bytes,
+        swap_in_used_bytes: b.swap_in_used_bytes - a.swap_in_used_bytes,
+        room_wait_ns: b.room_wait_ns - a.room_wait_ns,
+        evict_busy_ns: b.evict_busy_ns - a.evict_busy_ns,
+        clean_evictions: b.clean_evictions - a.clean_evictions,
+        clean_bytes_saved: b.clean_bytes_saved - a.clean_bytes_saved,
+        objects_moved: b.objects_moved - a.objects_moved,
+        spans_filtered: b.spans_filtered - a.spans_filtered,
+        ..b.clone()
+    }
+}

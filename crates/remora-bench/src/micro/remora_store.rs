@@ -1,0 +1,196 @@
+//! The remora schemes of `remora bench micro`: the array of objects behind
+//! remotable pointers, filled through one runtime and measured by the shared
+//! worker loop.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{PoisonError, RwLock};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, anyhow};
+use remora_cluster::LocalCluster;
+use remora_proto::ByteSize;
+use remora_runtime::{RemBox, Runtime, RuntimeConfig, Stats};
+
+use super::record::{Figures, Record, RemoraFigures, delta};
+use super::worker::{self, Outcome, Store};
+use super::{MicroArgs, Plan, STACK, bar, base, check, fill, progress};
+
+/// One object of the array behind its lock.
+type Cell<const W: usize> = RwLock<RemBox<[u64; W]>>;
+
+/// The objects, their shadow versions and the runtime that holds them.
+struct Array<'a, const W: usize> {
+    rt: &'a Runtime,
+    cells: Vec<Cell<W>>,
+    versions: Vec<AtomicU64>,
+}
+
+impl<const W: usize> Store for Array<'_, W> {
+    type Worker = ();
+    type Snap = Stats;
+
+    fn worker(&self, _t: usize) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    fn read(&self, _: &mut (), i: usize) -> Outcome {
+        let g = self.cells[i].read().unwrap_or_else(PoisonError::into_inner);
+        let v = self.versions[i].load(Ordering::Acquire);
+        let scope = self.rt.scope();
+        let b: &RemBox<[u64; W]> = &g;
+        match b.deref(&scope) {
+            Ok(o) if check(o, base(i as u64, v)) => Outcome::Ok,
+            Ok(_) => Outcome::Wrong { index: i, version: v },
+            Err(e) => Outcome::Error(e.to_string()),
+        }
+    }
+
+    fn write(&self, _: &mut (), i: usize) -> Outcome {
+        let mut g = self.cells[i].write().unwrap_or_else(PoisonError::into_inner);
+        let v = self.versions[i].load(Ordering::Acquire);
+        let scope = self.rt.scope();
+        let b: &mut RemBox<[u64; W]> = &mut g;
+        match b.deref_mut(&scope) {
+            Ok(o) => {
+                let ok = check(o, base(i as u64, v));
+                fill(o, base(i as u64, v + 1));
+                self.versions[i].store(v + 1, Ordering::Release);
+                if ok {
+                    Outcome::Ok
+                } else {
+                    Outcome::Wrong { index: i, version: v }
+                }
+            }
+            Err(e) => Outcome::Error(e.to_string()),
+        }
+    }
+
+    fn snap(&self) -> Stats {
+        self.rt.stats()
+    }
+
+    fn note(&self, s0: &Stats, s: &Stats, secs: f64) -> String {
+        format!("{:.0} swap-ins/s", (s.swap_ins - s0.swap_ins) as f64 / secs)
+    }
+}
+
+/// Averages of the levels sampled during the measured phase.
+fn figures(first: &Stats, last: &Stats, samples: &[Stats]) -> RemoraFigures {
+    let k = samples.len().max(1) as f64;
+    let avg = |f: fn(&Stats) -> u64| samples.iter().map(|s| f(s) as f64).sum::<f64>() / k;
+    RemoraFigures {
+        delta: delta(first, last),
+        avg_remote_used: avg(|s| s.remote_bytes_used),
+        avg_live: avg(|s| s.live_bytes),
+        avg_local: avg(|s| s.local_bytes),
+        avg_kept: avg(|s| s.kept_bytes),
+        level_samples: samples.len() as u64,
+    }
+}
+
+/// Fills the array under `scheme` on `cluster` and measures it at every load.
+pub(super) fn run_scheme<const W: usize>(
+    args: &MicroArgs,
+    plan: &Plan,
+    cluster: &LocalCluster,
+    scheme: &str,
+) -> anyhow::Result<Vec<Record>> {
+    let mut cfg = RuntimeConfig::new(cluster.manager_addr(), usize::try_from(plan.budget)?);
+    cfg.name = format!("bench-micro-{scheme}");
+    cfg.scheme = remora_runtime::scheme::by_name(scheme).ok_or_else(|| anyhow!("unknown scheme {scheme:?}"))?;
+    let rt = Runtime::connect(cfg).context("connecting the runtime")?;
+
+    // Fill.
+    let n = plan.n;
+    let threads = u64::from(args.threads);
+    progress(format_args!(
+        "[{scheme}] filling {n} objects of {} ({} of spans; local budget {})",
+        args.object_size,
+        ByteSize(plan.data_bytes),
+        ByteSize(plan.budget)
+    ));
+    let pb = bar(
+        n,
+        "fill",
+        "{prefix:>6} [{bar:30}] {pos}/{len} objects ({per_sec}, eta {eta})",
+    );
+    let fill_start = Instant::now();
+    let chunk = n.div_ceil(threads);
+    let parts: Vec<anyhow::Result<Vec<Cell<W>>>> = thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let (rt, pb) = (&rt, &pb);
+                let range = (t * chunk).min(n)..((t + 1) * chunk).min(n);
+                thread::Builder::new()
+                    .name(format!("micro-fill-{t}"))
+                    .stack_size(STACK)
+                    .spawn_scoped(s, move || -> anyhow::Result<Vec<Cell<W>>> {
+                        let mut out = Vec::with_capacity(range.clone().count());
+                        for i in range {
+                            let mut v = [0u64; W];
+                            fill(&mut v, base(i, 0));
+                            let b = rt.alloc(v).with_context(|| format!("allocating object {i} of {n}"))?;
+                            out.push(RwLock::new(b));
+                            if i % 1024 == 1023 {
+                                pb.inc(1024);
+                            }
+                        }
+                        Ok(out)
+                    })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| match h {
+                Ok(h) => h.join().unwrap_or_else(|_| Err(anyhow!("a fill thread panicked"))),
+                Err(e) => Err(anyhow!("cannot start a fill thread: {e}")),
+            })
+            .collect()
+    });
+    let mut cells = Vec::with_capacity(n as usize);
+    for p in parts {
+        cells.extend(p?);
+    }
+    if let Err(e) = rt.wait_for_eviction(Duration::from_secs(60)) {
+        tracing::warn!("eviction did not settle after the fill: {e}");
+    }
+    let fill_time = fill_start.elapsed();
+    pb.finish_and_clear();
+    let st = rt.stats();
+    progress(format_args!(
+        "[{scheme}] filled in {:.2} s: {} local, {} far in {} swap-outs",
+        fill_time.as_secs_f64(),
+        ByteSize(st.local_bytes),
+        ByteSize(st.live_bytes),
+        st.swap_outs
+    ));
+    let array = Array::<W> {
+        rt: &rt,
+        cells,
+        versions: (0..n).map(|_| AtomicU64::new(0)).collect(),
+    };
+    let zipf = worker::zipf(args, n)?;
+
+    // One measured run per load, each after its own warm-up.
+    let mut records = Vec::new();
+    for offered in args.loads() {
+        let (mut run, snaps) =
+            worker::measure(args, &array, &plan.perm, zipf.as_ref(), offered).with_context(|| match offered {
+                Some(rate) => format!("open loop at {rate} ops/s"),
+                None => "closed loop".to_string(),
+            })?;
+        let sim = super::simulate(args, plan, scheme, &mut run, zipf.as_ref());
+        records.push(Record {
+            scheme: scheme.to_string(),
+            fill_time,
+            figures: Figures::Remora(figures(&snaps.first, &snaps.last, &snaps.samples)),
+            run,
+            sim,
+        });
+    }
+    // Free the objects (and their far copies) before the runtime goes.
+    drop(array);
+    drop(rt);
+    Ok(records)
+}
