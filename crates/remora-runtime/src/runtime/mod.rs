@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 mod access;
 mod background;
 mod evictor;
+mod filtering;
 mod free;
 mod kept;
 mod room;
@@ -65,6 +66,12 @@ pub struct RuntimeConfig {
     /// How long an allocation outside a scope waits for eviction, and how
     /// long to wait for far memory when the manager has none.
     pub patience: Duration,
+    /// Number of filtering threads (paper §3.3: they move objects so spans
+    /// hold only hot or only cold objects); 0 disables filtering.
+    pub filtering_threads: usize,
+    /// Pause between a filtering thread's rounds (each sweeps a window of
+    /// spans, ages their objects and moves those of mixed or sparse spans).
+    pub filter_interval: Duration,
 }
 
 impl RuntimeConfig {
@@ -83,6 +90,8 @@ impl RuntimeConfig {
             eviction_batch: 32,
             conn: ConnOptions::default(),
             patience: Duration::from_secs(30),
+            filtering_threads: 1,
+            filter_interval: Duration::from_millis(20),
         }
     }
 }
@@ -186,6 +195,16 @@ impl Runtime {
                     .name(format!("remora-evict-{i}"))
                     .spawn(move || eviction_loop(&weak))
                     .map_err(|e| RuntimeError::LocalMemory(format!("cannot spawn eviction thread: {e}")))?,
+            );
+        }
+        for i in 0..cfg.filtering_threads {
+            let weak = Arc::downgrade(&inner);
+            let interval = cfg.filter_interval;
+            threads.push(
+                thread::Builder::new()
+                    .name(format!("remora-filter-{i}"))
+                    .spawn(move || filtering::filtering_loop(&weak, i, interval))
+                    .map_err(|e| RuntimeError::LocalMemory(format!("cannot spawn filtering thread: {e}")))?,
             );
         }
         if let Some(events) = events {
