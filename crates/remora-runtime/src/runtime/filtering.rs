@@ -186,6 +186,16 @@ impl Inner {
         if chosen.is_empty() {
             return 0;
         }
+        // Counted with the eviction rounds while it pins spans, so
+        // `wait_for_eviction` also waits for the spans it holds to be released.
+        self.rounds.fetch_add(1, StdOrdering::AcqRel);
+        let moved = self.move_batch(f, chosen);
+        self.rounds.fetch_sub(1, StdOrdering::AcqRel);
+        moved
+    }
+
+    /// Steps 2 to 5 for the spans `classify` chose.
+    fn move_batch(&self, f: &mut Filter, chosen: Vec<Chosen>) -> usize {
         let sources = self.pin_and_mark(chosen);
         if sources.iter().all(|s| s.objs.is_empty()) {
             for s in sources {

@@ -111,7 +111,8 @@ pub(crate) struct Inner {
     batch: usize,
     patience: Duration,
     counters: Counters,
-    /// Eviction rounds under way (a round holds far pages until it commits or aborts).
+    /// Eviction rounds under way (a round holds far pages until it commits
+    /// or aborts), and filtering rounds that pin spans.
     rounds: AtomicU64,
     /// The manager expired our session: far memory is gone.
     expired: AtomicBool,
@@ -273,8 +274,9 @@ impl Runtime {
     }
 
     /// Waits until local memory is below the low watermark and no eviction
-    /// round is under way (or `timeout`), then gives back the kept far copies
-    /// of spans that went away.
+    /// round (nor filtering round holding pinned spans) is under way (or
+    /// `timeout`), then gives back the kept far copies of spans that went
+    /// away.
     pub fn wait_for_eviction(&self, timeout: Duration) -> Result<(), RuntimeError> {
         let start = Instant::now();
         self.inner.wait_below(self.inner.low_bytes(), timeout)?;
