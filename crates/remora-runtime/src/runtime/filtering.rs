@@ -196,7 +196,7 @@ impl Inner {
 
     /// Steps 2 to 5 for the spans `classify` chose.
     fn move_batch(&self, f: &mut Filter, chosen: Vec<Chosen>) -> usize {
-        let sources = self.pin_and_mark(chosen);
+        let mut sources = self.pin_and_mark(chosen);
         if sources.iter().all(|s| s.objs.is_empty()) {
             for s in sources {
                 self.unpin_source(f, &s);
@@ -206,7 +206,6 @@ impl Inner {
         self.rcu.synchronize();
         let mut moved = 0;
         let mut failed = false;
-        let mut sources = sources;
         for src in &mut sources {
             for o in &src.objs {
                 if failed {
