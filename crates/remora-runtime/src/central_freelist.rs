@@ -155,7 +155,8 @@ impl CentralFreeList {
             drop(st);
             // SAFETY: the span has no allocated slot, so no live object is in its memory.
             unsafe { self.heap.free_span(span) }.expect("an in-use span of this heap is accepted by it");
-        } else if span.list_pos() == NOT_LISTED {
+        } else if span.list_pos() == NOT_LISTED && !span.is_cold() {
+            // (A cold span stays off the list: filtering keeps it for cold objects.)
             push(&mut st, span);
         }
         Ok(())
@@ -286,6 +287,52 @@ impl CentralFreeList {
             free_slots,
         }
     }
+
+    /// A fresh span of this class for a filtering thread to move objects
+    /// into: registered (eviction will find it once it is unpinned) and
+    /// pinned as a span under eviction is (`EVICTING_POS`), so neither an
+    /// allocation nor the evictor uses it while the filter fills it. Unpin
+    /// it with [`CentralFreeList::end_filter`].
+    pub(crate) fn new_filter_span(&self) -> Result<&Span, AllocError> {
+        let mut st = self.lock();
+        let span = self.heap.alloc_small(self.class)?;
+        st.spans += 1;
+        span.set_list_pos(EVICTING_POS);
+        self.registry.add(span);
+        Ok(span)
+    }
+
+    /// Claims slot `index` of a pinned span whose bytes the caller (the
+    /// filter) has just written: a moved object's new home. False if the
+    /// slot was not free.
+    pub(crate) fn claim_pinned(&self, span: &Span, index: usize) -> bool {
+        let mut st = self.lock();
+        debug_assert_eq!(span.list_pos(), EVICTING_POS);
+        let claimed = span.kind() == Some(self.kind) && span.claim_slot(index);
+        if claimed {
+            st.live += 1;
+        }
+        claimed
+    }
+
+    /// Unpins a span a filtering thread pinned (a source it moved objects
+    /// out of, or a destination it filled). An empty span goes back to the
+    /// page heap (returns true); one with room goes back on the list only
+    /// if `relist` (a cold destination stays off it, so allocations, which
+    /// are hot, do not land among cold objects).
+    pub(crate) fn end_filter(&self, span: &Span, relist: bool) -> bool {
+        let mut st = self.lock();
+        debug_assert_eq!(span.list_pos(), EVICTING_POS);
+        span.set_list_pos(NOT_LISTED);
+        if span.is_empty() {
+            self.release(st, span);
+            return true;
+        }
+        if relist && !span.is_full() {
+            push(&mut st, span);
+        }
+        false
+    }
 }
 
 fn push(st: &mut ListState, span: &Span) {
@@ -402,6 +449,78 @@ mod tests {
         assert_eq!(list.stats().live_objects, all.len());
         for p in all {
             free(&list, NonNull::new(p as *mut u8).unwrap()).unwrap();
+        }
+        assert_eq!(list.stats(), ClassStats::default());
+        assert_eq!(list.page_heap().stats().in_use_bytes, 0);
+    }
+
+    /// Writes `seed`-derived bytes over the `len` bytes at `addr`.
+    fn scribble(addr: usize, len: usize, seed: u8) {
+        // SAFETY: callers pass a slot they own.
+        let b = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) };
+        for (i, x) in b.iter_mut().enumerate() {
+            *x = seed.wrapping_add(i as u8).rotate_left(3);
+        }
+    }
+
+    #[track_caller]
+    fn check_scribble(addr: usize, len: usize, seed: u8) {
+        // SAFETY: callers pass a live slot they own.
+        let b = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
+        for (i, &x) in b.iter().enumerate() {
+            assert_eq!(x, seed.wrapping_add(i as u8).rotate_left(3), "byte {i} of {addr:#x}");
+        }
+    }
+
+    #[test]
+    fn filter_spans_are_pinned_while_filled_and_cold_ones_stay_unlisted() {
+        let list = list(1024); // 8 objects per one-page span
+        let span = list.new_filter_span().unwrap();
+        assert_eq!(span.list_pos(), EVICTING_POS);
+        // Allocations never land in a span being filled.
+        let other: Vec<_> = (0..8).map(|_| list.alloc().unwrap()).collect();
+        assert!(other.iter().all(|p| !span.contains(p.as_ptr() as usize)));
+        // The filter writes two objects, then claims their slots.
+        let mut mine = Vec::new();
+        for seed in [7u8, 9] {
+            let i = span.first_free().unwrap();
+            let addr = span.object_addr(i);
+            scribble(addr, 1024, seed);
+            assert!(list.claim_pinned(span, i));
+            assert!(!list.claim_pinned(span, i), "claimed twice");
+            mine.push((addr, seed));
+        }
+        assert_eq!(list.stats().live_objects, 10);
+        span.set_cold(true);
+        assert!(span.is_cold());
+        assert!(!list.end_filter(span, false), "a span with objects is kept");
+        assert_eq!(span.list_pos(), NOT_LISTED, "a cold destination is not listed");
+        // Nor does a free list it: allocations go to a fresh span.
+        let (addr, seed) = mine.pop().unwrap();
+        check_scribble(addr, 1024, seed);
+        free(&list, NonNull::new(addr as *mut u8).unwrap()).unwrap();
+        assert_eq!(span.list_pos(), NOT_LISTED);
+        let fresh = list.alloc().unwrap();
+        assert!(!span.contains(fresh.as_ptr() as usize));
+        // Freeing its last object releases it.
+        let spans = list.stats().spans;
+        let (addr, seed) = mine.pop().unwrap();
+        check_scribble(addr, 1024, seed);
+        free(&list, NonNull::new(addr as *mut u8).unwrap()).unwrap();
+        assert_eq!(list.stats().spans, spans - 1);
+        // A hot destination goes back on the list; an empty one back to the heap.
+        let hot = list.new_filter_span().unwrap();
+        let i = hot.first_free().unwrap();
+        scribble(hot.object_addr(i), 1024, 3);
+        assert!(list.claim_pinned(hot, i));
+        assert!(!list.end_filter(hot, true));
+        assert_ne!(hot.list_pos(), NOT_LISTED);
+        check_scribble(hot.object_addr(i), 1024, 3);
+        free(&list, NonNull::new(hot.object_addr(i) as *mut u8).unwrap()).unwrap();
+        let empty = list.new_filter_span().unwrap();
+        assert!(list.end_filter(empty, true), "an empty span is released");
+        for p in other.into_iter().chain([fresh]) {
+            free(&list, p).unwrap();
         }
         assert_eq!(list.stats(), ClassStats::default());
         assert_eq!(list.page_heap().stats().in_use_bytes, 0);

@@ -217,6 +217,54 @@ impl ObjectHeap {
         policy.pick(&mut sweep, n);
         sweep.into_chosen()
     }
+
+    /// For filtering threads: runs `visit` on up to `n` local spans from
+    /// `*cursor` on in the registry's ring (a filter's own clock hand, which
+    /// it advances), with the registry locked: the spans stay in use while
+    /// `visit` reads their objects' headers, as in `pick_cold`. `visit` must
+    /// not take a class lock (lock order: class, then registry).
+    pub(crate) fn visit_spans(&self, cursor: &mut usize, n: usize, mut visit: impl FnMut(SpanRef)) {
+        let ring = self.registry.lock();
+        let total = ring.spans.len();
+        if total == 0 {
+            return;
+        }
+        let start = *cursor % total;
+        for k in 0..n.min(total) {
+            visit(ring.spans[(start + k) % total]);
+        }
+        *cursor = (start + n.min(total)) % total;
+    }
+
+    /// A fresh, registered span of `class`, pinned for a filtering thread to
+    /// fill (see `CentralFreeList::new_filter_span`).
+    pub(crate) fn new_filter_span(&self, class: ClassIndex) -> Result<SpanRef, RuntimeError> {
+        self.class_list(class)
+            .new_filter_span()
+            .map(SpanRef::new)
+            .map_err(local)
+    }
+
+    /// Claims slot `index` of a small span the caller pinned and whose bytes
+    /// it has written (a moved object's new home).
+    pub(crate) fn claim_pinned(&self, s: SpanRef, index: usize) -> bool {
+        match s.get().kind() {
+            Some(SpanKind::Small(c)) => self.class_list(c).claim_pinned(s.get(), index),
+            _ => false,
+        }
+    }
+
+    /// Unpins a small span a filtering thread pinned; true if it was empty
+    /// and went back to the page heap (see `CentralFreeList::end_filter`).
+    pub(crate) fn end_filter(&self, s: SpanRef, relist: bool) -> bool {
+        match s.get().kind() {
+            Some(SpanKind::Small(c)) => self.class_list(c).end_filter(s.get(), relist),
+            _ => {
+                tracing::error!("end_filter on a span that is not a small in-use span");
+                false
+            }
+        }
+    }
 }
 
 #[cfg(test)]

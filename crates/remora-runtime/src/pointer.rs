@@ -29,7 +29,8 @@
 //! # Protocol
 //!
 //! Threads: application threads dereference and drop; background threads
-//! (eviction now, filtering later) move objects out of local memory.
+//! move objects out of local memory (eviction) or between local spans
+//! (filtering).
 //!
 //! 1. **Fast path** (application, inside a deref scope): load the word; if
 //!    `P` is set and `L`, `M`, `E` are clear, the object is local and nobody is
@@ -60,8 +61,32 @@
 //!    on every object of the span (the word must still be `P|E|Z` for the
 //!    object; it changes only if the owner freed it: abort), then store the
 //!    far word (which clears `P`, `E`, `Z` and `L` at once).
+//! 6. **Move** (filtering thread, `runtime/filtering.rs`): the object's span
+//!    is pinned by the filter (as eviction pins it: no allocation from it,
+//!    not released, skipped by the evictor), and so is the destination span.
+//!    Mark `M` on each object of the batch as in step 2 ([`Slot::mark`];
+//!    it refuses a word with `E`, `M` or `L`, and the evictor's mark refuses
+//!    one with `M`), then ONE grace period for the batch. Per object: take
+//!    `L` only if the word is still exactly `P|M` for the object's address
+//!    ([`Slot::transition`]; hotness and dirty may differ, as in step 4);
+//!    copy the object (header and payload) into a free slot of the
+//!    destination and claim that slot; store the word naming the copy
+//!    ([`Slot::commit_move`]: same `S`, `F` and hotness, `D` set by the
+//!    dirty rule, since the destination's kept far copy, if it has one,
+//!    does not hold this object; `M` and `L` cleared); then free the old
+//!    slot, which releases the source span once it is empty and unpinned. If the word no longer qualifies, an
+//!    application thread won the race (step 3 cleared `M`) or the owner
+//!    freed the object: the move is abandoned, `M` taken back if still there
+//!    ([`Slot::unmark`]), and nothing was copied. There is no seal: an
+//!    access that finds `M` always races for `L`; it loses only if the mover
+//!    already holds `L`, and then it waits for one object copy and finds the
+//!    new word. `L` is taken *before* the copy on purpose: copying first and
+//!    validating after (seqlock style) would let a thread that cleared `M`
+//!    write the object while the mover reads it, a data race (loom reports
+//!    it: `copy_before_lock_races_a_writer` in `tests/loom_moving.rs`).
 //!
-//! `loom` checks these steps in `tests/loom_pointer.rs`.
+//! `loom` checks these steps in `tests/loom_pointer.rs` and (the move)
+//! `tests/loom_moving.rs`.
 //!
 //! # Invariants
 //!
@@ -72,8 +97,15 @@
 //!   holding `L`.
 //! - I3: an object's local memory is released only after a grace period that
 //!   began after its word lost `P` or gained `E`/`M`, and only while its word
-//!   holds `L` or already names the far copy.
+//!   holds `L` or already names the far copy (or, after a move, the new
+//!   local copy).
 //! - I4: only the holder of `L` changes the payload or `P`.
+//! - I5 (move): the new slot is claimed (visible to sweeps) only after its
+//!   header and payload are written, and the word names it only after that;
+//!   the mover reads and writes object bytes only while holding `L`, so no
+//!   application thread accesses either copy during the copy.
+//! - I6: a word carries at most one of `E` and `M`, and a span is pinned by
+//!   at most one background thread (eviction or filtering) at a time.
 
 use crate::loom::{AtomicU64, Ordering, spin_yield};
 
@@ -287,6 +319,24 @@ impl Slot {
             let new = (w & !HOT_MASK) | ((aged as u64) << HOT_SHIFT);
             let _ = self.word.compare_exchange(w, new, Ordering::Relaxed, Ordering::Relaxed);
         }
+    }
+
+    /// Step 6, the move's commit: with `L` held on `locked` (the word
+    /// [`Slot::transition`]`(addr, P|M, L)` returned), stores the word of the
+    /// same object at `new_addr`, keeping `S`, `F` and hotness, setting `D`
+    /// (the dirty rule: the new span's kept far copy, if any, does not hold
+    /// this object) and clearing `M` and `L`, which releases the lock.
+    /// Returns the new word.
+    ///
+    /// A `swap` rather than a store: the same release, and it keeps loom
+    /// 0.7 from placing it between the read and write of a concurrent RMW
+    /// (tokio-rs/loom#254; see `tests/loom_pointer.rs`).
+    pub fn commit_move(&self, locked: u64, new_addr: usize) -> u64 {
+        const FLAGS: u64 = PRESENT | LOCK | MOVING | EVICTING | SEALED;
+        debug_assert_eq!(locked & FLAGS, PRESENT | LOCK | MOVING);
+        let w = local_word(new_addr, (locked & (SHARED | FRESH)) | DIRTY, hotness(locked));
+        self.word.swap(w, Ordering::Release);
+        w
     }
 }
 

@@ -320,7 +320,9 @@ impl Span {
         self.list_pos.load(Ordering::Relaxed)
     }
 
-    /// Whether a filtering thread filled this span with cold objects.
+    /// Whether a filtering thread filled this span with cold objects (or
+    /// last found only cold objects in it; it clears the flag when it finds
+    /// a hot one). Reset when the span is initialised for a new use.
     pub fn is_cold(&self) -> bool {
         self.cold.load(Ordering::Relaxed)
     }
@@ -474,5 +476,16 @@ mod tests {
         all.sort_unstable();
         assert_eq!(all, (0..MAX_OBJECTS_PER_SPAN).collect::<Vec<_>>());
         assert!(span.is_full());
+    }
+
+    #[test]
+    fn cold_hint_is_reset_when_the_span_is_reused() {
+        let span = small_span(64);
+        assert!(!span.is_cold());
+        span.set_cold(true);
+        assert!(span.is_cold());
+        span.set_free(BASE, 1);
+        span.init(SpanKind::Small(SizeClass::for_size(64).unwrap()));
+        assert!(!span.is_cold(), "a new life starts hot");
     }
 }

@@ -31,6 +31,11 @@ impl Inner {
                 continue;
             }
             match self.mark_span(span) {
+                Some(objs) if objs.is_empty() => {
+                    // Its objects were freed after it was picked: nothing to
+                    // write (a far span without objects would never be freed).
+                    self.heap.end_evict(span, false);
+                }
                 Some(objs) => marked.push((span, objs)),
                 None => {
                     self.counters.aborted.fetch_add(1, StdOrdering::Relaxed);
@@ -157,12 +162,17 @@ impl Inner {
                 live,
                 sum,
             ));
-            // Published before the words, so whoever sees a far word finds it.
+            // Published before the words, so whoever sees a far word finds
+            // it; and locked until every word names it, so a swap-in (or a
+            // free) started by the first far word waits for the others
+            // instead of finding them still locked and local.
+            let publishing = fs.lock();
             self.far_map.insert(Arc::clone(&fs));
             for (slot, exp, i) in &objs {
                 let loc = fs.loc(*i as u16);
                 slot_ref(*slot).unlock_with(far_word(loc, *exp, pointer::hotness(*exp)));
             }
+            drop(publishing);
             self.counters.swap_outs.fetch_add(1, StdOrdering::Relaxed);
             if !clean {
                 self.counters

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 mod access;
 mod background;
 mod evictor;
+mod filtering;
 mod free;
 mod kept;
 mod room;
@@ -65,6 +66,12 @@ pub struct RuntimeConfig {
     /// How long an allocation outside a scope waits for eviction, and how
     /// long to wait for far memory when the manager has none.
     pub patience: Duration,
+    /// Number of filtering threads (paper §3.3: they move objects so spans
+    /// hold only hot or only cold objects); 0 disables filtering.
+    pub filtering_threads: usize,
+    /// Pause between a filtering thread's rounds (each sweeps a window of
+    /// spans, ages their objects and moves those of mixed or sparse spans).
+    pub filter_interval: Duration,
 }
 
 impl RuntimeConfig {
@@ -83,6 +90,8 @@ impl RuntimeConfig {
             eviction_batch: 32,
             conn: ConnOptions::default(),
             patience: Duration::from_secs(30),
+            filtering_threads: 1,
+            filter_interval: Duration::from_millis(20),
         }
     }
 }
@@ -102,7 +111,8 @@ pub(crate) struct Inner {
     batch: usize,
     patience: Duration,
     counters: Counters,
-    /// Eviction rounds under way (a round holds far pages until it commits or aborts).
+    /// Eviction rounds under way (a round holds far pages until it commits
+    /// or aborts), and filtering rounds that pin spans.
     rounds: AtomicU64,
     /// The manager expired our session: far memory is gone.
     expired: AtomicBool,
@@ -188,6 +198,16 @@ impl Runtime {
                     .map_err(|e| RuntimeError::LocalMemory(format!("cannot spawn eviction thread: {e}")))?,
             );
         }
+        for i in 0..cfg.filtering_threads {
+            let weak = Arc::downgrade(&inner);
+            let interval = cfg.filter_interval;
+            threads.push(
+                thread::Builder::new()
+                    .name(format!("remora-filter-{i}"))
+                    .spawn(move || filtering::filtering_loop(&weak, i, interval))
+                    .map_err(|e| RuntimeError::LocalMemory(format!("cannot spawn filtering thread: {e}")))?,
+            );
+        }
         if let Some(events) = events {
             let weak = Arc::downgrade(&inner);
             threads.push(
@@ -254,8 +274,9 @@ impl Runtime {
     }
 
     /// Waits until local memory is below the low watermark and no eviction
-    /// round is under way (or `timeout`), then gives back the kept far copies
-    /// of spans that went away.
+    /// round (nor filtering round holding pinned spans) is under way (or
+    /// `timeout`), then gives back the kept far copies of spans that went
+    /// away.
     pub fn wait_for_eviction(&self, timeout: Duration) -> Result<(), RuntimeError> {
         let start = Instant::now();
         self.inner.wait_below(self.inner.low_bytes(), timeout)?;

@@ -1,0 +1,509 @@
+//! Filtering threads (paper §3.3 "span filtering", §3.6): they move objects
+//! between local spans so that each span holds only hot or only cold
+//! objects, and empty sparse spans. Eviction picks whole spans, so without
+//! filtering one hot object pins every cold byte of its span; after it, cold
+//! spans can go whole and hot spans stay (the eviction policy can prefer
+//! spans flagged [`crate::span::Span::is_cold`]).
+//!
+//! One round of a filtering thread:
+//!
+//! 1. **Classify**: with the span registry locked (as `pick_cold` does), walk
+//!    a window of local spans from the thread's own clock hand; read each
+//!    live object's hotness and age it with the policy's `age`. An object is
+//!    *hot* if its hotness is non-zero (with CLOCK: touched since the last
+//!    sweep). A span of a size class with at least two slots is chosen if it
+//!    is sparse (at most a quarter of its slots live: all its objects move,
+//!    and it is freed) or mixes hot and cold objects: then the minority
+//!    moves if the majority fills at least three quarters of the span (one
+//!    touched object in a cold span moves alone, and the span stays, all
+//!    cold), otherwise all of them move (no half-empty span is left). Any
+//!    other span gets its cold flag set to "all cold".
+//! 2. **Pin and mark**: pin each chosen span with the eviction pin
+//!    (`begin_evict`: `EVICTING_POS`, so the evictor skips it, nothing is
+//!    allocated from it, it is not released under us; a span the evictor
+//!    pinned first is skipped), then mark `M` on every live object that is
+//!    to move.
+//! 3. **One grace period** for the whole batch.
+//! 4. **Move** each marked object (pointer protocol step 6): take `L` if the
+//!    word is still exactly `P|M` for its address, copy header and payload
+//!    into the hot or cold destination span of its class, claim that slot,
+//!    store the word naming the copy, free the old slot. A word that changed
+//!    (the application touched or freed the object) loses its mark and the
+//!    object stays where it is.
+//! 5. **Unpin** the sources (an emptied one goes back to the page heap:
+//!    `spans_filtered`; one that kept its cold majority is flagged cold and
+//!    kept off the free list) and the destinations.
+//!
+//! Destinations: for each size class a thread keeps one hot and one cold
+//! destination span, pinned while it fills them, so application allocations
+//! never land in a half-filled destination and the evictor never picks one
+//! mid-fill. A cold destination is preferably a cold span with free slots
+//! the thread saw (holes left by frees or by minority moves), else, like a
+//! hot one, a fresh span the filter takes from the page heap itself. At the
+//! end of a round they are unpinned: a hot destination goes back on the
+//! class's free list (new objects are hot too); a cold one (flagged cold)
+//! stays off the list, so only the filter puts objects there (a free in a
+//! cold span does not list it either). Each is remembered and pinned again
+//! next round until it is full, and is never itself a filtering source while
+//! remembered, so a half-filled destination is not "compacted" into a new
+//! one round after round. (If the remembered span was released and its
+//! metadata reused meanwhile, the filter at worst fills some other span of
+//! the same class with objects of that temperature: the pin is taken under
+//! the class lock, so this is a placement question, not a safety one.)
+
+use super::*;
+
+use std::collections::HashMap;
+
+use crate::size_classes::ClassIndex;
+use crate::span::{EVICTING_POS, SpanKind};
+
+/// Spans a round classifies (the window its clock hand advances by).
+const WINDOW: usize = 64;
+/// Most source spans moved out of per round (one grace period for all).
+const BATCH: usize = 32;
+/// A span is sparse when at most `1 / SPARSE` of its slots are live.
+const SPARSE: usize = 4;
+/// Cold spans with room remembered per class.
+const ROOM: usize = 16;
+/// A mixed span keeps its majority (and moves only the minority) if the
+/// majority fills at least `DENSE_NUM / DENSE_DEN` of its slots.
+const DENSE_NUM: usize = 3;
+const DENSE_DEN: usize = 4;
+
+/// A filtering thread's body: a round every `interval` until the runtime stops.
+pub(super) fn filtering_loop(weak: &std::sync::Weak<Inner>, index: usize, interval: Duration) {
+    let mut filter = Filter::new(index);
+    loop {
+        let Some(inner) = weak.upgrade() else { return };
+        if inner.stop.load(StdOrdering::Acquire) {
+            return;
+        }
+        inner.filter_round(&mut filter);
+        // Sleep, waking early when the runtime stops (its drop kicks).
+        let deadline = Instant::now() + interval;
+        let mut k = inner.kick.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let now = Instant::now();
+            if now >= deadline || inner.stop.load(StdOrdering::Acquire) {
+                break;
+            }
+            k = inner
+                .kicked
+                .wait_timeout(k, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+}
+
+/// Whether a destination holds hot or cold objects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Temp {
+    Hot,
+    Cold,
+}
+
+/// A destination span of one size class and temperature.
+struct Dest {
+    span: SpanRef,
+    /// Pinned by this thread now (only during a round).
+    pinned: bool,
+}
+
+/// One filtering thread's state between rounds.
+pub(super) struct Filter {
+    /// Position of this thread's clock hand in the span registry's ring.
+    cursor: usize,
+    /// Destinations by (size class, temperature).
+    dests: HashMap<(ClassIndex, Temp), Dest>,
+    /// Cold spans with free slots, by class (most recently seen last): cold
+    /// objects fill these before a fresh destination is taken.
+    room: HashMap<ClassIndex, Vec<SpanRef>>,
+}
+
+impl Filter {
+    fn new(index: usize) -> Self {
+        Self {
+            // Threads start their hands apart; the ring's length varies, so
+            // this is only a spread, not a partition.
+            cursor: index * WINDOW,
+            dests: HashMap::new(),
+            room: HashMap::new(),
+        }
+    }
+
+    /// Remembers a cold span of `class` with free slots.
+    fn note_room(&mut self, class: ClassIndex, span: SpanRef) {
+        let v = self.room.entry(class).or_default();
+        if !v.contains(&span) {
+            if v.len() >= ROOM {
+                v.remove(0);
+            }
+            v.push(span);
+        }
+    }
+
+    fn is_dest(&self, s: SpanRef) -> bool {
+        self.dests.values().any(|d| d.span == s)
+    }
+}
+
+/// A chosen span, which of its slots were hot when classified, and the
+/// temperature whose objects stay (`None`: every object moves).
+struct Chosen {
+    span: SpanRef,
+    hot: Vec<u64>,
+    keep: Option<Temp>,
+}
+
+/// An object marked `M`: its slot, its address, and where it goes.
+struct Marked {
+    slot: NonNull<Slot>,
+    addr: usize,
+    temp: Temp,
+}
+
+/// A pinned source span, its marked objects, and the temperature of the
+/// objects that stay in it.
+struct Source {
+    span: SpanRef,
+    class: ClassIndex,
+    objs: Vec<Marked>,
+    keep: Option<Temp>,
+    /// Every object that was to move has moved (so far).
+    complete: bool,
+}
+
+fn bit(bits: &[u64], i: usize) -> bool {
+    bits[i / 64] & (1 << (i % 64)) != 0
+}
+
+impl Inner {
+    /// One filtering round (see the module docs); returns the objects moved.
+    pub(super) fn filter_round(&self, f: &mut Filter) -> usize {
+        let chosen = self.classify(f);
+        if chosen.is_empty() {
+            return 0;
+        }
+        // Counted with the eviction rounds while it pins spans, so
+        // `wait_for_eviction` also waits for the spans it holds to be released.
+        self.rounds.fetch_add(1, StdOrdering::AcqRel);
+        let moved = self.move_batch(f, chosen);
+        self.rounds.fetch_sub(1, StdOrdering::AcqRel);
+        moved
+    }
+
+    /// Steps 2 to 5 for the spans `classify` chose.
+    fn move_batch(&self, f: &mut Filter, chosen: Vec<Chosen>) -> usize {
+        let mut sources = self.pin_and_mark(chosen);
+        if sources.iter().all(|s| s.objs.is_empty()) {
+            for s in sources {
+                self.unpin_source(f, &s);
+            }
+            return 0;
+        }
+        self.rcu.synchronize();
+        let mut moved = 0;
+        let mut failed = false;
+        for src in &mut sources {
+            for o in &src.objs {
+                if failed {
+                    slot_ref(o.slot).unmark(o.addr, MOVING);
+                    src.complete = false;
+                    continue;
+                }
+                match self.move_object(f, src.class, o) {
+                    Ok(true) => moved += 1,
+                    Ok(false) => src.complete = false,
+                    Err(e) => {
+                        // No destination span (local memory refused): take
+                        // the remaining marks back and try again next round.
+                        tracing::debug!("filtering stops this round: {e}");
+                        src.complete = false;
+                        failed = true;
+                    }
+                }
+            }
+        }
+        for src in &sources {
+            self.unpin_source(f, src);
+        }
+        // Unpin the destinations; one emptied meanwhile (its objects freed)
+        // went back to the page heap and is forgotten.
+        f.dests
+            .retain(|&(_, temp), d| !std::mem::take(&mut d.pinned) || !self.heap.end_filter(d.span, temp == Temp::Hot));
+        moved
+    }
+
+    /// Step 1: sweeps a window of spans, ages their objects and returns the
+    /// spans worth moving out of.
+    fn classify(&self, f: &mut Filter) -> Vec<Chosen> {
+        let mut chosen = Vec::new();
+        let mut room = Vec::new();
+        let mut cursor = f.cursor;
+        self.heap.visit_spans(&mut cursor, WINDOW, |s| {
+            let sp = s.get();
+            if chosen.len() >= BATCH
+                || !matches!(sp.kind(), Some(SpanKind::Small(_)))
+                || sp.capacity() < 2
+                || sp.list_pos() == EVICTING_POS
+                || f.is_dest(s)
+            {
+                return;
+            }
+            let cap = sp.capacity();
+            let mut hot = vec![0u64; cap.div_ceil(64)];
+            let (mut n_hot, mut n_cold) = (0usize, 0usize);
+            for i in 0..cap {
+                if !sp.is_allocated(i) {
+                    continue;
+                }
+                let addr = sp.object_addr(i);
+                // SAFETY: an allocated slot of a registered span (the
+                // registry is locked, so the span stays in use); headers are
+                // read atomically and may be stale, which the word check
+                // below catches.
+                let h = unsafe { header(addr) }.load(StdOrdering::Acquire);
+                let Some(slot) = NonNull::new(h as *mut Slot) else {
+                    continue;
+                };
+                let word = &slot_ref(slot).word;
+                let w = word.load(Ordering::Relaxed);
+                if w & PRESENT == 0 || local_addr(w) != addr {
+                    continue;
+                }
+                let hv = pointer::hotness(w);
+                if hv > 0 {
+                    n_hot += 1;
+                    hot[i / 64] |= 1 << (i % 64);
+                } else {
+                    n_cold += 1;
+                }
+                slot_ref(slot).age(w, self.policy.age(hv));
+            }
+            let live = n_hot + n_cold;
+            if live == 0 {
+                return;
+            }
+            let mixed = n_hot > 0 && n_cold > 0;
+            let sparse = live * SPARSE <= cap;
+            if sparse {
+                chosen.push(Chosen {
+                    span: s,
+                    hot,
+                    keep: None,
+                });
+            } else if mixed {
+                // Move the minority if the majority stays dense (one object
+                // touched in a cold span moves alone); otherwise everything,
+                // so no half-empty span is left behind.
+                let (majority, temp) = if n_hot > n_cold {
+                    (n_hot, Temp::Hot)
+                } else {
+                    (n_cold, Temp::Cold)
+                };
+                let keep = (majority * DENSE_DEN >= cap * DENSE_NUM).then_some(temp);
+                chosen.push(Chosen { span: s, hot, keep });
+            } else {
+                sp.set_cold(n_hot == 0);
+                if let (0, Some(SpanKind::Small(c))) = (n_hot, sp.kind()) {
+                    if !sp.is_full() {
+                        room.push((c, s));
+                    }
+                }
+            }
+        });
+        f.cursor = cursor;
+        for (c, s) in room {
+            f.note_room(c, s);
+        }
+        chosen
+    }
+
+    /// Step 2: pins each chosen span and marks `M` on its live objects.
+    fn pin_and_mark(&self, chosen: Vec<Chosen>) -> Vec<Source> {
+        let mut sources = Vec::with_capacity(chosen.len());
+        for c in chosen {
+            if !self.heap.begin_evict(c.span) {
+                continue; // pinned by the evictor (or another filter), or released
+            }
+            let sp = c.span.get();
+            let Some(SpanKind::Small(class)) = sp.kind() else {
+                // Its metadata was reused for a large span meanwhile.
+                self.heap.end_evict(c.span, false);
+                continue;
+            };
+            // Not known to be all cold until the round is over.
+            sp.set_cold(false);
+            let mut objs = Vec::with_capacity(sp.allocated());
+            let mut complete = true;
+            for i in 0..sp.capacity() {
+                if !sp.is_allocated(i) {
+                    continue;
+                }
+                let addr = sp.object_addr(i);
+                // SAFETY: slot i is allocated in a span we pinned.
+                let h = unsafe { header(addr) }.load(StdOrdering::Acquire);
+                let Some(slot) = NonNull::new(h as *mut Slot) else {
+                    continue;
+                };
+                // Hot if it was when classified (slot i may have been
+                // reallocated since: then this is only a placement guess) or
+                // touched since.
+                let w = slot_ref(slot).word.load(Ordering::Relaxed);
+                let hot = (i / 64 < c.hot.len() && bit(&c.hot, i)) || pointer::hotness(w) > 0;
+                let temp = if hot { Temp::Hot } else { Temp::Cold };
+                if Some(temp) == c.keep {
+                    continue;
+                }
+                // Busy, being freed, or no longer this object: left in place.
+                if slot_ref(slot).mark(addr, MOVING).is_none() {
+                    complete = false;
+                    continue;
+                }
+                objs.push(Marked { slot, addr, temp });
+            }
+            sources.push(Source {
+                span: c.span,
+                class,
+                objs,
+                keep: c.keep,
+                complete,
+            });
+        }
+        sources
+    }
+
+    /// Step 4 for one object: `Ok(true)` if it moved, `Ok(false)` if the
+    /// application won the race or freed it; `Err` if no destination span
+    /// could be had (the object keeps its mark: the caller takes it back).
+    fn move_object(&self, f: &mut Filter, class: ClassIndex, o: &Marked) -> Result<bool, RuntimeError> {
+        let s = slot_ref(o.slot);
+        let dest = match self.destination(f, class, o.temp) {
+            Ok(d) => d,
+            Err(e) => {
+                s.unmark(o.addr, MOVING);
+                return Err(e);
+            }
+        };
+        let Some(locked) = s.transition(o.addr, PRESENT | MOVING, LOCK) else {
+            // An access cleared M (it keeps the object here) or the owner
+            // freed it; take the mark back if it is still there.
+            s.unmark(o.addr, MOVING);
+            return Ok(false);
+        };
+        let d = dest.get();
+        let index = d
+            .first_free()
+            .expect("a pinned destination with room keeps it (only its filter claims)");
+        let to = d.object_addr(index);
+        let size = d.object_size();
+        // SAFETY: we hold L on a word naming the object at `o.addr`, after a
+        // grace period that began after M was set: no application thread
+        // reads or writes the object now (pointer protocol I2, I5), and its
+        // span is pinned so the slot is neither reused nor released. Slot
+        // `index` of the pinned destination is free and only this thread
+        // claims slots there, so nothing else uses those bytes either. Both
+        // are `size`-byte slots of one size class in different spans.
+        unsafe {
+            std::ptr::copy_nonoverlapping((o.addr + HEADER) as *const u8, (to + HEADER) as *mut u8, size - HEADER);
+            header(to).store(o.slot.as_ptr() as u64, StdOrdering::Release);
+        }
+        // Written first, claimed second: sweeps read the header of every
+        // claimed slot without our lock.
+        let claimed = self.heap.claim_pinned(dest, index);
+        debug_assert!(claimed, "slot {index} of a pinned destination was free");
+        s.commit_move(locked, to);
+        // The old copy is unreachable now: the word names the new one, and
+        // every thread that could have loaded the old address has left its
+        // scope (grace period) or found M and met our lock.
+        // SAFETY: the old slot is still allocated in a pinned span.
+        unsafe { header(o.addr) }.store(0, StdOrdering::Release);
+        self.heap.free(o.addr);
+        self.counters.objects_moved.fetch_add(1, StdOrdering::Relaxed);
+        if d.is_full() {
+            // Done with it: back to service, forgotten.
+            if let Some(dd) = f.dests.remove(&(class, o.temp)) {
+                self.heap.end_filter(dd.span, o.temp == Temp::Hot);
+            }
+        }
+        Ok(true)
+    }
+
+    /// The pinned destination span with room for `class` objects of `temp`:
+    /// the one this thread is filling, pinned again if it was unpinned at the
+    /// end of the last round, or a fresh one.
+    fn destination(&self, f: &mut Filter, class: ClassIndex, temp: Temp) -> Result<SpanRef, RuntimeError> {
+        let key = (class, temp);
+        if let Some(d) = f.dests.get_mut(&key) {
+            if d.pinned && !d.span.get().is_full() {
+                return Ok(d.span);
+            }
+            if !d.pinned && self.pin_dest(d.span, class, temp) {
+                d.pinned = true;
+                return Ok(d.span);
+            }
+            if let Some(dd) = f.dests.remove(&key) {
+                if dd.pinned {
+                    self.heap.end_filter(dd.span, temp == Temp::Hot);
+                }
+            }
+        }
+        // Cold objects first fill the holes of cold spans this thread saw.
+        if temp == Temp::Cold {
+            while let Some(span) = f.room.get_mut(&class).and_then(Vec::pop) {
+                if !f.is_dest(span) && self.pin_dest(span, class, temp) {
+                    f.dests.insert(key, Dest { span, pinned: true });
+                    return Ok(span);
+                }
+            }
+        }
+        let span = self.heap.new_filter_span(class)?;
+        span.get().set_cold(temp == Temp::Cold);
+        f.dests.insert(key, Dest { span, pinned: true });
+        Ok(span)
+    }
+
+    /// Pins a span this thread remembers (a destination from an earlier
+    /// round, or a cold span with room) to fill with `temp` objects of
+    /// `class`, if it still is such a span with room. The metadata may have
+    /// been reused since: the checks are repeated once the pin holds.
+    fn pin_dest(&self, span: SpanRef, class: ClassIndex, temp: Temp) -> bool {
+        let sp = span.get();
+        let fits =
+            || sp.kind() == Some(SpanKind::Small(class)) && sp.is_cold() == (temp == Temp::Cold) && !sp.is_full();
+        if !fits() || !self.heap.begin_evict(span) {
+            return false;
+        }
+        if fits() {
+            return true;
+        }
+        match sp.kind() {
+            Some(SpanKind::Small(_)) => {
+                self.heap.end_filter(span, !sp.is_cold());
+            }
+            _ => self.heap.end_evict(span, false),
+        }
+        false
+    }
+
+    /// Step 5 for a source span; counts it if it was emptied and released.
+    /// A span left with only its cold majority is flagged cold and kept off
+    /// the free list, like a cold destination.
+    fn unpin_source(&self, f: &mut Filter, src: &Source) {
+        let span = src.span;
+        let sp = span.get();
+        let cold = src.keep == Some(Temp::Cold) && src.complete;
+        sp.set_cold(cold);
+        let class = match sp.kind() {
+            Some(SpanKind::Small(c)) => Some(c),
+            _ => None,
+        };
+        if self.heap.end_filter(span, !cold) {
+            self.counters.spans_filtered.fetch_add(1, StdOrdering::Relaxed);
+        } else if let (true, Some(c)) = (cold, class) {
+            f.note_room(c, span);
+        }
+    }
+}
