@@ -236,6 +236,17 @@ impl ObjectHeap {
         *cursor = (start + n.min(total)) % total;
     }
 
+    /// Visits those of `spans` that are still registered (under the registry
+    /// lock, as [`ObjectHeap::visit_spans`]).
+    pub(crate) fn visit_listed(&self, spans: &[SpanRef], mut visit: impl FnMut(SpanRef)) {
+        let ring = self.registry.lock();
+        for &s in spans {
+            if ring.contains(s) {
+                visit(s);
+            }
+        }
+    }
+
     /// A fresh, registered span of `class`, pinned for a filtering thread to
     /// fill (see `CentralFreeList::new_filter_span`).
     pub(crate) fn new_filter_span(&self, class: ClassIndex) -> Result<SpanRef, RuntimeError> {

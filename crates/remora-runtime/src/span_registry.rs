@@ -41,6 +41,13 @@ pub(crate) struct Ring {
     pub(crate) hand: usize,
 }
 
+impl Ring {
+    /// Whether `s` is in the ring.
+    pub(crate) fn contains(&self, s: SpanRef) -> bool {
+        self.pos.contains_key(&s)
+    }
+}
+
 /// The set of local object spans.
 #[derive(Default)]
 pub(crate) struct SpanRegistry {

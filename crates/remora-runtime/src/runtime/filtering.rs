@@ -71,6 +71,36 @@ const ROOM: usize = 16;
 const DENSE_NUM: usize = 3;
 const DENSE_DEN: usize = 4;
 
+/// Spans swapped in and not yet looked at by a filtering thread (bounded:
+/// beyond it the oldest are left to the regular sweep).
+#[derive(Default)]
+pub(super) struct SwappedIn {
+    queue: Mutex<std::collections::VecDeque<SpanRef>>,
+}
+
+/// Most spans `SwappedIn` remembers.
+const SWAPPED_IN_MAX: usize = 4096;
+
+impl SwappedIn {
+    pub(super) fn push(&self, s: SpanRef) {
+        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        if q.len() >= SWAPPED_IN_MAX {
+            q.pop_front();
+        }
+        q.push_back(s);
+    }
+
+    fn take(&self, n: usize) -> Vec<SpanRef> {
+        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        let n = n.min(q.len());
+        q.drain(..n).collect()
+    }
+
+    fn len(&self) -> usize {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
 /// A filtering thread's body: a round every `interval` until the runtime stops.
 pub(super) fn filtering_loop(weak: &std::sync::Weak<Inner>, index: usize, interval: Duration) {
     let mut filter = Filter::new(index);
@@ -80,6 +110,9 @@ pub(super) fn filtering_loop(weak: &std::sync::Weak<Inner>, index: usize, interv
             return;
         }
         inner.filter_round(&mut filter);
+        if inner.swapped_in.len() >= BATCH {
+            continue; // behind on fresh spans: no sleep
+        }
         // Sleep, waking early when the runtime stops (its drop kicks).
         let deadline = Instant::now() + interval;
         let mut k = inner.kick.lock().unwrap_or_else(|p| p.into_inner());
@@ -242,7 +275,12 @@ impl Inner {
         let mut chosen = Vec::new();
         let mut room = Vec::new();
         let mut cursor = f.cursor;
-        self.heap.visit_spans(&mut cursor, WINDOW, |s| {
+        // Spans swapped in since the last round first: each came back for
+        // the object that was touched, and its other objects are cold, so
+        // the touched one moves out at once and the rest can go back (clean,
+        // without a write) before it pins local memory for a whole sweep.
+        let fresh = self.swapped_in.take(BATCH);
+        let mut visit = |s: SpanRef| {
             let sp = s.get();
             if chosen.len() >= BATCH
                 || !matches!(sp.kind(), Some(SpanKind::Small(_)))
@@ -313,7 +351,10 @@ impl Inner {
                     }
                 }
             }
-        });
+        };
+        self.heap.visit_listed(&fresh, &mut visit);
+        // (The closure stops choosing once the batch is full.)
+        self.heap.visit_spans(&mut cursor, WINDOW, &mut visit);
         f.cursor = cursor;
         for (c, s) in room {
             f.note_room(c, s);

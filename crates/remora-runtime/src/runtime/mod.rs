@@ -128,6 +128,10 @@ pub(crate) struct Inner {
     room: room::Room,
     /// Kept far copies of swapped-in clean spans.
     kept: kept::KeptTable,
+    /// Spans swapped in, for the filtering threads to look at first.
+    swapped_in: filtering::SwappedIn,
+    /// Filtering threads run (else nobody drains `swapped_in`).
+    filtering: bool,
 }
 
 /// A connection to far memory and the local heap: the handle applications use.
@@ -187,6 +191,8 @@ impl Runtime {
             idle_evictors: AtomicU64::new(0),
             room: room::Room::default(),
             kept: kept::KeptTable::default(),
+            swapped_in: filtering::SwappedIn::default(),
+            filtering: cfg.filtering_threads > 0,
         });
         let mut threads = Vec::new();
         for i in 0..cfg.eviction_threads.max(1) {

@@ -82,6 +82,9 @@ impl Inner {
             }
         });
         self.policy.span_swapped_in(span.get());
+        if self.filtering {
+            self.swapped_in.push(span);
+        }
         st.gone = true;
         self.far_map.remove(fs.region, fs.page);
         if keepable {
