@@ -76,7 +76,7 @@ pub struct RuntimeConfig {
 
 impl RuntimeConfig {
     /// Defaults for a manager at `manager` and a local budget in bytes:
-    /// `non-ft`, CLOCK, one eviction thread, watermarks 90 % / 85 %.
+    /// `non-ft`, CLOCK, two eviction threads, one filtering thread, watermarks 90 % / 85 %.
     pub fn new(manager: impl Into<String>, local_budget: usize) -> Self {
         Self {
             manager: manager.into(),
@@ -86,7 +86,7 @@ impl RuntimeConfig {
             low_watermark: 0.85,
             scheme: Box::new(NonFt::default()),
             policy: Box::new(Clock),
-            eviction_threads: 1,
+            eviction_threads: 2,
             eviction_batch: 32,
             conn: ConnOptions::default(),
             patience: Duration::from_secs(30),
