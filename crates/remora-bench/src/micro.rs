@@ -149,6 +149,12 @@ pub struct MicroArgs {
     /// Fraction of operations that write (rewrite the object at a new version).
     #[arg(long, default_value_t = 0.0)]
     pub write_ratio: f64,
+    /// Filtering threads of the remora runtime (default: the runtime's, 1; 0 turns filtering off).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=16))]
+    pub filtering_threads: Option<u32>,
+    /// Eviction threads of the remora runtime (default: the runtime's, 2).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub eviction_threads: Option<u32>,
     /// Seed of the permutation and of the threads' random streams.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,

@@ -99,6 +99,12 @@ pub(super) fn run_scheme<const W: usize>(
     let mut cfg = RuntimeConfig::new(cluster.manager_addr(), usize::try_from(plan.budget)?);
     cfg.name = format!("bench-micro-{scheme}");
     cfg.scheme = remora_runtime::scheme::by_name(scheme).ok_or_else(|| anyhow!("unknown scheme {scheme:?}"))?;
+    if let Some(t) = args.filtering_threads {
+        cfg.filtering_threads = t as usize;
+    }
+    if let Some(t) = args.eviction_threads {
+        cfg.eviction_threads = t as usize;
+    }
     let rt = Runtime::connect(cfg).context("connecting the runtime")?;
 
     // Fill.
