@@ -157,3 +157,63 @@ impl Inner {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Waits on `room` for `target` in a thread; returns how it ended.
+    fn waiter(room: &Arc<Room>, target: u64) -> thread::JoinHandle<bool> {
+        let r = Arc::clone(room);
+        let h = thread::spawn(move || {
+            let w = r.join(target);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !w.woken.load(StdOrdering::Acquire) && Instant::now() < deadline {
+                thread::park_timeout(Duration::from_millis(20));
+            }
+            r.leave(&w);
+            w.woken.load(StdOrdering::Acquire)
+        });
+        // Let it join the queue.
+        while room.waiting.load(StdOrdering::Acquire) == 0 {
+            thread::yield_now();
+        }
+        h
+    }
+
+    #[test]
+    fn wakes_exactly_the_waiters_whose_level_is_reached() {
+        let room = Arc::new(Room::default());
+        let low = waiter(&room, 100);
+        while room.waiting.load(StdOrdering::Acquire) < 1 {
+            thread::yield_now();
+        }
+        let high = waiter(&room, 200);
+        while room.waiting.load(StdOrdering::Acquire) < 2 {
+            thread::yield_now();
+        }
+        room.wake(250); // nobody's level
+        assert_eq!(room.waiting.load(StdOrdering::Acquire), 2);
+        room.wake(150); // only the waiter for 200
+        assert!(high.join().unwrap(), "the waiter whose room exists was not woken");
+        assert_eq!(room.waiting.load(StdOrdering::Acquire), 1);
+        thread::sleep(Duration::from_millis(50));
+        assert!(!low.is_finished(), "a waiter was woken before its room existed");
+        room.wake(100);
+        assert!(low.join().unwrap());
+        assert_eq!(room.waiting.load(StdOrdering::Acquire), 0);
+    }
+
+    #[test]
+    fn wake_all_releases_everyone() {
+        let room = Arc::new(Room::default());
+        let a = waiter(&room, 1);
+        let b = waiter(&room, 2);
+        while room.waiting.load(StdOrdering::Acquire) < 2 {
+            thread::yield_now();
+        }
+        room.wake_all();
+        assert!(a.join().unwrap() && b.join().unwrap());
+        assert_eq!(room.waiting.load(StdOrdering::Acquire), 0);
+    }
+}
