@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 use indicatif::{ProgressBar, ProgressStyle};
-use remora_cluster::{ClusterConfig, ClusterEvent, LocalCluster};
+use remora_cluster::LocalCluster;
 use remora_proto::{ByteSize, parse_duration};
 use remora_runtime::{RemBox, Runtime, RuntimeConfig, Stats};
 use serde_json::{Value, json};
@@ -44,7 +44,6 @@ use serde_json::{Value, json};
 use crate::micro::{MEMNODES, SUPPORTED_SIZES, SpanLayout, base, check, fill};
 
 /// Region size of the benchmark's memory nodes.
-const REGION_SIZE: u64 = 64 << 20;
 /// How often the drain curve is sampled.
 const SAMPLE_EVERY: Duration = Duration::from_millis(10);
 /// Stack of the fill and verify threads (objects up to 64 KiB are built on it).
@@ -260,37 +259,9 @@ pub fn run(args: &DrainArgs) -> anyhow::Result<()> {
         fill_budget: span_bytes + (span_bytes / 8).max(64 << 20),
     };
 
-    // Far memory for every scheme's run (a finished run's regions are only
-    // reclaimed after its heartbeat timeout), with room for the 1.5x of
-    // RS(4,2) and for the holes verification leaves behind.
-    let far_need = span_bytes.saturating_mul(3 * args.schemes.len() as u64);
-    let per_node = far_need.div_ceil(MEMNODES as u64).div_ceil(REGION_SIZE) * REGION_SIZE + 2 * REGION_SIZE;
-    let binary = std::env::current_exe().context("locating the remora binary")?;
-    let mut cfg = ClusterConfig::new(&binary);
-    cfg.memnodes = MEMNODES;
-    cfg.region_size = REGION_SIZE;
-    cfg.capacity = per_node;
-    cfg.log_level = "warn".into();
-    cfg.heartbeat_timeout = Duration::from_secs(5);
-    progress(format_args!(
-        "starting a local cluster: manager + {MEMNODES} memory nodes of {} ({} regions)",
-        ByteSize(per_node),
-        ByteSize(REGION_SIZE)
-    ));
-    let cluster = LocalCluster::start(cfg).context("starting the local cluster")?;
-    if let Some(events) = cluster.events() {
-        // A memory node dying is something to see in the log, not a reason to stop.
-        let _ = thread::Builder::new().name("drain-events".into()).spawn(move || {
-            for ev in events {
-                match ev {
-                    ClusterEvent::Exited { name, status, expected } if !expected => {
-                        tracing::warn!("{name} exited during the benchmark ({status}); carrying on");
-                    }
-                    _ => {}
-                }
-            }
-        });
-    }
+    // Far memory for every scheme's run, with room for the 1.5x of RS(4,2)
+    // and for the holes verification leaves behind.
+    let cluster = crate::micro::start_cluster(span_bytes, args.schemes.len() as u64)?;
 
     let mut records = Vec::new();
     for scheme in &args.schemes {

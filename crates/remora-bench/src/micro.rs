@@ -354,7 +354,7 @@ impl Spec {
 }
 
 /// The local cluster the remora schemes run on.
-fn start_cluster(data_bytes: u64, schemes: u64) -> anyhow::Result<LocalCluster> {
+pub(crate) fn start_cluster(data_bytes: u64, schemes: u64) -> anyhow::Result<LocalCluster> {
     // Far memory for every scheme's run (a finished run's regions are only
     // reclaimed after its heartbeat timeout) with room for 3x redundancy.
     let far_need = data_bytes.saturating_mul(3 * schemes);
@@ -374,7 +374,7 @@ fn start_cluster(data_bytes: u64, schemes: u64) -> anyhow::Result<LocalCluster> 
     let cluster = LocalCluster::start(cfg).context("starting the local cluster")?;
     if let Some(events) = cluster.events() {
         // A memory node dying is something to see in the log, not a reason to stop.
-        let _ = thread::Builder::new().name("micro-events".into()).spawn(move || {
+        let _ = thread::Builder::new().name("bench-events".into()).spawn(move || {
             for ev in events {
                 match ev {
                     ClusterEvent::Exited { name, status, expected } if !expected => {
