@@ -155,6 +155,9 @@ pub struct MicroArgs {
     /// Eviction threads of the remora runtime (default: the runtime's, 2).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=16))]
     pub eviction_threads: Option<u32>,
+    /// Spans per eviction batch of the remora runtime (default: the runtime's).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub eviction_batch: Option<u32>,
     /// Seed of the permutation and of the threads' random streams.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,

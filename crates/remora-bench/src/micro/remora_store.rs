@@ -105,6 +105,9 @@ pub(super) fn run_scheme<const W: usize>(
     if let Some(t) = args.eviction_threads {
         cfg.eviction_threads = t as usize;
     }
+    if let Some(b) = args.eviction_batch {
+        cfg.eviction_batch = b as usize;
+    }
     let rt = Runtime::connect(cfg).context("connecting the runtime")?;
 
     // Fill.

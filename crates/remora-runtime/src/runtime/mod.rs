@@ -87,7 +87,7 @@ impl RuntimeConfig {
             scheme: Box::new(NonFt::default()),
             policy: Box::new(Clock),
             eviction_threads: 2,
-            eviction_batch: 32,
+            eviction_batch: 8,
             conn: ConnOptions::default(),
             patience: Duration::from_secs(30),
             filtering_threads: 1,
