@@ -41,7 +41,7 @@ use remora_proto::{ByteSize, parse_duration};
 use remora_runtime::{RemBox, Runtime, RuntimeConfig, Stats};
 use serde_json::{Value, json};
 
-use crate::micro::{MEMNODES, SUPPORTED_SIZES, SpanLayout, base, check, fill};
+use crate::micro::{MEMNODES, SUPPORTED_SIZES, SpanLayout, base, check};
 
 /// Region size of the benchmark's memory nodes.
 /// How often the drain curve is sampled.
@@ -404,41 +404,8 @@ fn run_scheme<const W: usize>(
     let pb = bar(n, "fill");
     let s_fill = rt.stats();
     let fill_start = Instant::now();
-    let parts: Vec<anyhow::Result<Vec<RemBox<[u64; W]>>>> = thread::scope(|s| {
-        let handles: Vec<_> = split(n, u64::from(args.threads))
-            .into_iter()
-            .enumerate()
-            .map(|(t, range)| {
-                let (rt, pb) = (&rt, &pb);
-                thread::Builder::new()
-                    .name(format!("drain-fill-{t}"))
-                    .stack_size(STACK)
-                    .spawn_scoped(s, move || -> anyhow::Result<Vec<RemBox<[u64; W]>>> {
-                        let mut out = Vec::with_capacity(range.clone().count());
-                        for i in range {
-                            let mut v = [0u64; W];
-                            fill(&mut v, base(i, 0));
-                            out.push(rt.alloc(v).with_context(|| format!("allocating object {i} of {n}"))?);
-                            if i % 1024 == 1023 {
-                                pb.inc(1024);
-                            }
-                        }
-                        Ok(out)
-                    })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| match h {
-                Ok(h) => h.join().unwrap_or_else(|_| Err(anyhow!("a fill thread panicked"))),
-                Err(e) => Err(anyhow!("cannot start a fill thread: {e}")),
-            })
-            .collect()
-    });
-    let mut objects = Vec::with_capacity(usize::try_from(n)?);
-    for p in parts {
-        objects.extend(p?);
-    }
+    let objects: Vec<RemBox<[u64; W]>> =
+        crate::micro::alloc_parallel(&rt, n, u64::from(args.threads), "drain-fill", &pb, |b| b)?;
     let fill_time = fill_start.elapsed();
     pb.finish_and_clear();
     let s0 = rt.stats();

@@ -484,6 +484,65 @@ fn permutation(n: u64, seed: u64) -> Vec<u32> {
     p
 }
 
+/// Allocates objects `0..n` of `rt` from `threads` threads (named
+/// `{name}-{t}`), object `i` at version 0, wrapped by `wrap`; returns them
+/// in index order. Ticks `pb` every 1024 objects.
+pub(crate) fn alloc_parallel<const W: usize, T: Send>(
+    rt: &remora_runtime::Runtime,
+    n: u64,
+    threads: u64,
+    name: &str,
+    pb: &ProgressBar,
+    wrap: impl Fn(remora_runtime::RemBox<[u64; W]>) -> T + Sync,
+) -> anyhow::Result<Vec<T>> {
+    let chunk = n.div_ceil(threads.max(1));
+    let wrap = &wrap;
+    let parts: Vec<anyhow::Result<Vec<T>>> = thread::scope(|s| {
+        let handles: Vec<_> = (0..threads.max(1))
+            .map(|t| {
+                let range = (t * chunk).min(n)..((t + 1) * chunk).min(n);
+                thread::Builder::new()
+                    .name(format!("{name}-{t}"))
+                    .stack_size(STACK)
+                    .spawn_scoped(s, move || -> anyhow::Result<Vec<T>> {
+                        let mut out = Vec::with_capacity(range.clone().count());
+                        for i in range {
+                            let mut v = [0u64; W];
+                            fill(&mut v, base(i, 0));
+                            let b = rt.alloc(v).with_context(|| format!("allocating object {i} of {n}"))?;
+                            out.push(wrap(b));
+                            if i % 1024 == 1023 {
+                                pb.inc(1024);
+                            }
+                        }
+                        Ok(out)
+                    })
+            })
+            .collect();
+        join_all(handles, "fill")
+    });
+    let mut all = Vec::with_capacity(usize::try_from(n)?);
+    for p in parts {
+        all.extend(p?);
+    }
+    Ok(all)
+}
+
+/// Joins scoped threads that return results; a panic or a failed spawn
+/// becomes an error naming what the threads were for.
+pub(crate) fn join_all<R>(
+    handles: Vec<std::io::Result<thread::ScopedJoinHandle<'_, anyhow::Result<R>>>>,
+    what: &str,
+) -> Vec<anyhow::Result<R>> {
+    handles
+        .into_iter()
+        .map(|h| match h {
+            Ok(h) => h.join().unwrap_or_else(|_| Err(anyhow!("a {what} thread panicked"))),
+            Err(e) => Err(anyhow!("cannot start a {what} thread: {e}")),
+        })
+        .collect()
+}
+
 pub(crate) fn splitmix(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);

@@ -290,13 +290,7 @@ impl<'a> RedisCache<'a> {
                         })
                 })
                 .collect();
-            handles
-                .into_iter()
-                .map(|h| match h {
-                    Ok(h) => h.join().unwrap_or_else(|_| Err(anyhow!("a fill thread panicked"))),
-                    Err(e) => Err(anyhow!("cannot start a fill thread: {e}")),
-                })
-                .collect()
+            super::join_all(handles, "fill")
         });
         pb.finish_and_clear();
         for r in results {

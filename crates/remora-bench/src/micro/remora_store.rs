@@ -4,7 +4,6 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{PoisonError, RwLock};
-use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow};
@@ -14,7 +13,7 @@ use remora_runtime::{RemBox, Runtime, RuntimeConfig, Stats};
 
 use super::record::{Figures, Record, RemoraFigures, delta};
 use super::worker::{self, Outcome, Store};
-use super::{MicroArgs, Plan, STACK, bar, base, check, fill, progress};
+use super::{MicroArgs, Plan, alloc_parallel, bar, base, check, fill, progress};
 
 /// One object of the array behind its lock.
 type Cell<const W: usize> = RwLock<RemBox<[u64; W]>>;
@@ -125,42 +124,7 @@ pub(super) fn run_scheme<const W: usize>(
         "{prefix:>6} [{bar:30}] {pos}/{len} objects ({per_sec}, eta {eta})",
     );
     let fill_start = Instant::now();
-    let chunk = n.div_ceil(threads);
-    let parts: Vec<anyhow::Result<Vec<Cell<W>>>> = thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                let (rt, pb) = (&rt, &pb);
-                let range = (t * chunk).min(n)..((t + 1) * chunk).min(n);
-                thread::Builder::new()
-                    .name(format!("micro-fill-{t}"))
-                    .stack_size(STACK)
-                    .spawn_scoped(s, move || -> anyhow::Result<Vec<Cell<W>>> {
-                        let mut out = Vec::with_capacity(range.clone().count());
-                        for i in range {
-                            let mut v = [0u64; W];
-                            fill(&mut v, base(i, 0));
-                            let b = rt.alloc(v).with_context(|| format!("allocating object {i} of {n}"))?;
-                            out.push(RwLock::new(b));
-                            if i % 1024 == 1023 {
-                                pb.inc(1024);
-                            }
-                        }
-                        Ok(out)
-                    })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| match h {
-                Ok(h) => h.join().unwrap_or_else(|_| Err(anyhow!("a fill thread panicked"))),
-                Err(e) => Err(anyhow!("cannot start a fill thread: {e}")),
-            })
-            .collect()
-    });
-    let mut cells = Vec::with_capacity(n as usize);
-    for p in parts {
-        cells.extend(p?);
-    }
+    let cells: Vec<Cell<W>> = alloc_parallel(&rt, n, threads, "micro-fill", &pb, RwLock::new)?;
     if let Err(e) = rt.wait_for_eviction(Duration::from_secs(60)) {
         tracing::warn!("eviction did not settle after the fill: {e}");
     }
