@@ -41,7 +41,7 @@ use remora_proto::{ByteSize, parse_duration};
 use remora_runtime::{RemBox, Runtime, RuntimeConfig, Stats};
 use serde_json::{Value, json};
 
-use crate::micro::{MEMNODES, SUPPORTED_SIZES, SpanLayout, base, check};
+use crate::micro::{MEMNODES, SpanLayout, base, check};
 
 /// Region size of the benchmark's memory nodes.
 /// How often the drain curve is sampled.
@@ -318,14 +318,7 @@ fn ratio(records: &[Record], a: &str, b: &str) -> Option<f64> {
 }
 
 fn check_args(args: &DrainArgs) -> anyhow::Result<()> {
-    if !SUPPORTED_SIZES.contains(&args.object_size.0) {
-        let list: Vec<String> = SUPPORTED_SIZES.iter().map(|&s| ByteSize(s).to_string()).collect();
-        bail!(
-            "unsupported --object-size {}: use one of {}",
-            args.object_size,
-            list.join(", ")
-        );
-    }
+    crate::micro::check_object_size(args.object_size)?;
     if args.fill.0 < args.object_size.0 {
         bail!(
             "--fill {} is smaller than one object of {}",

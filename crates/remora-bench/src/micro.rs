@@ -430,15 +430,17 @@ fn simulate(args: &MicroArgs, plan: &Plan, scheme: &str, run: &mut Run, zipf: Op
     sim
 }
 
-fn check_args(args: &MicroArgs) -> anyhow::Result<()> {
-    if !SUPPORTED_SIZES.contains(&args.object_size.0) {
+/// Refuses an `--object-size` the benchmarks have no object type for.
+pub(crate) fn check_object_size(size: ByteSize) -> anyhow::Result<()> {
+    if !SUPPORTED_SIZES.contains(&size.0) {
         let list: Vec<String> = SUPPORTED_SIZES.iter().map(|&s| ByteSize(s).to_string()).collect();
-        bail!(
-            "unsupported --object-size {}: use one of {}",
-            args.object_size,
-            list.join(", ")
-        );
+        bail!("unsupported --object-size {size}: use one of {}", list.join(", "));
     }
+    Ok(())
+}
+
+fn check_args(args: &MicroArgs) -> anyhow::Result<()> {
+    check_object_size(args.object_size)?;
     if !(args.local_ratio.is_finite() && args.local_ratio > 0.0) {
         bail!(
             "--local-ratio must be a positive number (fraction of the data kept local), got {}",

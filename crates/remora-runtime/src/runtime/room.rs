@@ -61,7 +61,6 @@ impl Room {
 
     /// Unparks every waiter (shutdown, or a stalled evictor).
     pub(super) fn wake_all(&self) {
-        self.wake(0);
         let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
         for w in q.drain(..) {
             w.woken.store(true, StdOrdering::Release);
