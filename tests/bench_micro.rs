@@ -41,6 +41,10 @@ fn micro_runs_swaps_and_verifies() {
         "200ms",
         "--write-ratio",
         "0.1",
+        "--high-watermark",
+        "0.95",
+        "--low-watermark",
+        "0.9",
         "--json",
         json.to_str().unwrap(),
     ]);
@@ -81,6 +85,9 @@ fn micro_runs_swaps_and_verifies() {
     assert_eq!(r["scheme"], "non-ft");
     assert_eq!(r["errors"], 0, "{r}");
     assert!(r["swap_ins"].as_u64().unwrap() > 0, "{r}");
+    // About a quarter of 2000 objects fits locally (the budget is a quarter of their spans).
+    let local = r["local_objects"].as_f64().expect("local_objects");
+    assert!(local > 0.0 && local <= 600.0, "{r}");
     assert_eq!(r["reads_per_swap_in"].as_f64(), Some(1.0), "{r}");
     assert!(r["writes"].as_u64().unwrap() > 0, "{r}");
     assert!(r["throughput_ops"].as_f64().unwrap() > 0.0, "{r}");
@@ -98,6 +105,8 @@ fn micro_rejects_bad_flags_without_panicking() {
         &["bench", "micro", "--write-ratio", "1.5"],
         &["bench", "micro", "--zipf", "-1"],
         &["bench", "micro", "--objects", "0"],
+        &["bench", "micro", "--high-watermark", "1.5"],
+        &["bench", "micro", "--high-watermark", "0.8", "--low-watermark", "0.9"],
     ] {
         let out = remora(args);
         let stderr = String::from_utf8_lossy(&out.stderr);

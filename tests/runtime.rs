@@ -81,6 +81,14 @@ fn objects_survive_eviction_and_swap_in() {
     let st = rt.stats();
     assert!(st.remote_bytes_used < far_before, "{st:?}");
     assert_eq!(st.objects, n / 4);
+    // Every object is local or far, and each side's count fits its bytes
+    // (a 4 KiB object takes at least 4 KiB of a span).
+    let local = st
+        .objects
+        .checked_sub(st.far_objects)
+        .expect("more far objects than objects");
+    assert!(st.far_objects > 0 && st.far_objects * 4096 <= st.live_bytes, "{st:?}");
+    assert!(local * 4096 <= st.local_bytes, "{st:?}");
     for (i, o) in objs.iter().enumerate() {
         let scope = rt.scope();
         check(o.deref(&scope).unwrap(), i as u64, (i % 2 == 0) as u64);
@@ -88,5 +96,6 @@ fn objects_survive_eviction_and_swap_in() {
     drop(objs);
     rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
     assert_eq!(rt.stats().objects, 0);
+    assert_eq!(rt.stats().far_objects, 0);
     assert_eq!(rt.stats().remote_bytes_used, 0);
 }

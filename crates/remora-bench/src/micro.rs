@@ -158,6 +158,14 @@ pub struct MicroArgs {
     /// Spans per eviction batch of the remora runtime (default: the runtime's).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub eviction_batch: Option<u32>,
+    /// Local level (fraction of the budget) at which the remora runtime starts evicting
+    /// (default: the runtime's, 0.90).
+    #[arg(long, value_parser = parse_watermark)]
+    pub high_watermark: Option<f64>,
+    /// Local level the remora runtime's eviction brings memory back down to (default: the
+    /// runtime's, 0.85).
+    #[arg(long, value_parser = parse_watermark)]
+    pub low_watermark: Option<f64>,
     /// Seed of the permutation and of the threads' random streams.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -583,6 +591,16 @@ fn threads_label(t: u32) -> String {
         "1 thread".to_string()
     } else {
         format!("{t} threads")
+    }
+}
+
+/// A watermark: a fraction of the local budget in (0, 1].
+fn parse_watermark(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|e| format!("{s:?} is not a number: {e}"))?;
+    if v > 0.0 && v <= 1.0 {
+        Ok(v)
+    } else {
+        Err(format!("{v} is not a fraction of the budget in (0, 1]"))
     }
 }
 

@@ -89,11 +89,16 @@ pub(crate) struct FarPageMap {
     /// Kept alongside the map so statistics never take its lock.
     spans: AtomicU64,
     bytes: AtomicU64,
+    /// Live objects in the map's spans.
+    objects: AtomicU64,
 }
 
 impl FarPageMap {
-    pub(crate) fn insert(&self, s: Arc<FarSpan>) {
+    /// Adds a far span with `live` live objects (its state may be locked
+    /// by the caller, so the map does not read it).
+    pub(crate) fn insert(&self, s: Arc<FarSpan>, live: u32) {
         let bytes = s.bytes() as u64;
+        let objects = u64::from(live);
         let old = self
             .map
             .lock()
@@ -102,6 +107,7 @@ impl FarPageMap {
         if old.is_none() {
             self.spans.fetch_add(1, Ordering::Relaxed);
             self.bytes.fetch_add(bytes, Ordering::Relaxed);
+            self.objects.fetch_add(objects, Ordering::Relaxed);
         }
     }
 
@@ -113,7 +119,9 @@ impl FarPageMap {
             .cloned()
     }
 
-    pub(crate) fn remove(&self, region: u16, page: u32) {
+    /// Removes a far span that had `live` live objects left (its state is
+    /// locked by the caller, so the map does not read it).
+    pub(crate) fn remove(&self, region: u16, page: u32, live: u32) {
         let old = self
             .map
             .lock()
@@ -122,7 +130,18 @@ impl FarPageMap {
         if let Some(s) = old {
             self.spans.fetch_sub(1, Ordering::Relaxed);
             self.bytes.fetch_sub(s.bytes() as u64, Ordering::Relaxed);
+            self.objects.fetch_sub(u64::from(live), Ordering::Relaxed);
         }
+    }
+
+    /// One object of a far span in the map was freed.
+    pub(crate) fn object_freed(&self) {
+        self.objects.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Live objects in far spans, without taking the map's lock.
+    pub(crate) fn objects(&self) -> u64 {
+        self.objects.load(Ordering::Relaxed)
     }
 
     /// Number of far spans and their bytes, without taking the map's lock.

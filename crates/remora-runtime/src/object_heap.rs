@@ -236,6 +236,12 @@ impl ObjectHeap {
         *cursor = (start + n.min(total)) % total;
     }
 
+    /// Queues spans a filtering thread found all cold for eviction (see
+    /// [`SpanRegistry::queue_cold`]).
+    pub(crate) fn queue_cold(&self, spans: impl IntoIterator<Item = SpanRef>) {
+        self.registry.queue_cold(spans);
+    }
+
     /// Visits those of `spans` that are still registered (under the registry
     /// lock, as [`ObjectHeap::visit_spans`]).
     pub(crate) fn visit_listed(&self, spans: &[SpanRef], mut visit: impl FnMut(SpanRef)) {
@@ -269,7 +275,13 @@ impl ObjectHeap {
     /// and went back to the page heap (see `CentralFreeList::end_filter`).
     pub(crate) fn end_filter(&self, s: SpanRef, relist: bool) -> bool {
         match s.get().kind() {
-            Some(SpanKind::Small(c)) => self.class_list(c).end_filter(s.get(), relist),
+            Some(SpanKind::Small(c)) => {
+                let released = self.class_list(c).end_filter(s.get(), relist);
+                if !released && s.get().is_cold() {
+                    self.registry.queue_cold([s]);
+                }
+                released
+            }
             _ => {
                 tracing::error!("end_filter on a span that is not a small in-use span");
                 false
@@ -330,20 +342,95 @@ mod tests {
         let again = heap.pick_cold(&Clock, 3);
         assert!(again.iter().any(|v| v.get().start() == hot_span));
         assert!(
-            slots
-                .iter()
-                .all(|s| crate::pointer::hotness(s.word.load(crate::loom::Ordering::Relaxed)) == 0)
+            hotness_of(&slots).iter().all(|&h| !Clock.age(h).0),
+            "the hand left a reference it passed"
         );
+    }
+
+    /// Sets the hotness byte of every object in `slots`.
+    fn set_hotness(slots: &[Box<Slot>], h: u8) {
+        for s in slots {
+            let w = s.word.load(crate::loom::Ordering::Relaxed);
+            s.age(w, h);
+        }
+    }
+
+    fn hotness_of(slots: &[Box<Slot>]) -> Vec<u8> {
+        slots
+            .iter()
+            .map(|s| crate::pointer::hotness(s.word.load(crate::loom::Ordering::Relaxed)))
+            .collect()
     }
 
     #[test]
     fn clock_takes_cold_spans_from_filtering_at_once() {
         let heap = ObjectHeap::new(Arc::new(Clock));
         let slots = fill(&heap, 2, &[0, 1]);
+        // Touched since the hand passed, but not since the filter found it cold.
+        set_hotness(&slots[..14], 0x0F);
         let cold = heap.pages.span_of(span_of_slot(&heap, &slots[0])).unwrap();
         cold.set_cold(true);
         let victims = heap.pick_cold(&Clock, 1);
         assert_eq!(victims.len(), 1);
         assert_eq!(victims[0].get().start(), cold.start());
+    }
+
+    #[test]
+    fn queued_cold_spans_go_without_the_hand_aging_hot_ones() {
+        let heap = ObjectHeap::new(Arc::new(Clock));
+        let slots = fill(&heap, 4, &[0, 1, 2, 3]);
+        set_hotness(&slots[42..], 0x0F);
+        let cold = heap.pages.span_of(span_of_slot(&heap, &slots[42])).unwrap();
+        cold.set_cold(true);
+        heap.queue_cold([SpanRef::new(cold)]);
+        let hand = heap.registry.lock().hand;
+        let victims = heap.pick_cold(&Clock, 1);
+        assert_eq!(victims.len(), 1);
+        assert_eq!(victims[0].get().start(), cold.start());
+        assert_eq!(
+            heap.registry.lock().hand,
+            hand,
+            "the hand moved although the queue had a victim"
+        );
+        assert!(
+            hotness_of(&slots[..42]).iter().all(|&h| h == 0xFF),
+            "hot spans were aged"
+        );
+        assert!(heap.registry.lock().cold.is_empty());
+    }
+
+    #[test]
+    fn a_cold_span_touched_since_the_filter_is_left_to_the_hand() {
+        let heap = ObjectHeap::new(Arc::new(Clock));
+        let slots = fill(&heap, 2, &[0]);
+        let touched = heap.pages.span_of(span_of_slot(&heap, &slots[0])).unwrap();
+        touched.set_cold(true);
+        heap.queue_cold([SpanRef::new(touched)]);
+        let victims = heap.pick_cold(&Clock, 1);
+        assert_eq!(victims.len(), 1);
+        assert_ne!(
+            victims[0].get().start(),
+            touched.start(),
+            "a touched cold span went first"
+        );
+    }
+
+    #[test]
+    fn the_filter_and_the_hand_age_their_own_bits() {
+        let p = Clock;
+        let touched = p.on_access();
+        let (referenced, after_hand) = p.age(touched);
+        assert!(referenced);
+        let (hot, after_filter) = p.filter_age(after_hand);
+        assert!(hot, "the hand's pass made the object look cold to the filter");
+        assert_eq!(after_filter, 0);
+        let (hot, after_filter) = p.filter_age(touched);
+        assert!(hot);
+        assert!(
+            p.age(after_filter).0,
+            "the filter's pass made the object look unreferenced to the hand"
+        );
+        assert_eq!(p.age(0), (false, 0));
+        assert_eq!(p.filter_age(0), (false, 0));
     }
 }

@@ -39,6 +39,9 @@ pub(crate) struct Ring {
     pub(crate) spans: Vec<SpanRef>,
     pos: HashMap<SpanRef, usize>,
     pub(crate) hand: usize,
+    /// Spans the filtering threads flagged cold, oldest first (entries may
+    /// be stale: whoever pops one checks it is still registered and cold).
+    pub(crate) cold: std::collections::VecDeque<SpanRef>,
 }
 
 impl Ring {
@@ -98,5 +101,22 @@ impl SpanRegistry {
 
     pub(crate) fn contains(&self, s: &Span) -> bool {
         self.lock().pos.contains_key(&SpanRef::new(s))
+    }
+
+    /// Queues spans just flagged cold for eviction, so that eviction finds
+    /// them without its hand sweeping (and aging) the hot spans between.
+    /// The queue is bounded by the ring: beyond it the oldest entries go,
+    /// and the hand still finds their spans.
+    pub(crate) fn queue_cold(&self, spans: impl IntoIterator<Item = SpanRef>) {
+        let mut g = self.lock();
+        for s in spans {
+            if g.pos.contains_key(&s) {
+                g.cold.push_back(s);
+            }
+        }
+        let max = g.spans.len();
+        while g.cold.len() > max {
+            g.cold.pop_front();
+        }
     }
 }

@@ -37,6 +37,8 @@ pub(crate) struct RemoraFigures {
     pub(crate) avg_live: f64,
     pub(crate) avg_local: f64,
     pub(crate) avg_kept: f64,
+    /// Live objects in local spans.
+    pub(crate) avg_local_objects: f64,
     pub(crate) level_samples: u64,
 }
 
@@ -339,7 +341,7 @@ impl Record {
                 "miss_ratio": null, "deref_misses": null,
                 "swap_in_amplification": null, "evict_mib_s": null, "evict_mib_per_busy_s": null,
                 "room_wait_pct": null, "clean_evictions": null, "clean_bytes_saved": null,
-                "kept_bytes": null, "objects_moved": null, "spans_filtered": null,
+                "kept_bytes": null, "local_objects": null, "objects_moved": null, "spans_filtered": null,
             });
         };
         let d = &f.delta;
@@ -368,6 +370,7 @@ impl Record {
             "clean_evictions": d.clean_evictions,
             "clean_bytes_saved": d.clean_bytes_saved,
             "kept_bytes": f.avg_kept,
+            "local_objects": f.avg_local_objects,
             "objects_moved": d.objects_moved,
             "spans_filtered": d.spans_filtered,
         })

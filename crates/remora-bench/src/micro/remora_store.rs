@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, anyhow};
+use anyhow::{Context, anyhow, bail};
 use remora_cluster::LocalCluster;
 use remora_proto::ByteSize;
 use remora_runtime::{RemBox, Runtime, RuntimeConfig, Stats};
@@ -84,6 +84,7 @@ fn figures(first: &Stats, last: &Stats, samples: &[Stats]) -> RemoraFigures {
         avg_live: avg(|s| s.live_bytes),
         avg_local: avg(|s| s.local_bytes),
         avg_kept: avg(|s| s.kept_bytes),
+        avg_local_objects: avg(|s| s.objects.saturating_sub(s.far_objects)),
         level_samples: samples.len() as u64,
     }
 }
@@ -106,6 +107,19 @@ pub(super) fn run_scheme<const W: usize>(
     }
     if let Some(b) = args.eviction_batch {
         cfg.eviction_batch = b as usize;
+    }
+    if let Some(h) = args.high_watermark {
+        cfg.high_watermark = h;
+    }
+    if let Some(l) = args.low_watermark {
+        cfg.low_watermark = l;
+    }
+    if cfg.low_watermark > cfg.high_watermark {
+        bail!(
+            "--low-watermark {} is above --high-watermark {}",
+            cfg.low_watermark,
+            cfg.high_watermark
+        );
     }
     let rt = Runtime::connect(cfg).context("connecting the runtime")?;
 

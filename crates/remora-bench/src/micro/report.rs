@@ -210,7 +210,7 @@ pub(crate) fn print_report(args: &MicroArgs, plan: &Plan, records: &[Record], sk
     println!();
     println!("remora runtime figures over the measured phase (levels: averages of samples every 100 ms)");
     println!(
-        "{:<w$} {:>10} {:>9} {:>8} {:>10} {:>12} {:>8} {:>10} {:>11} {:>9} {:>9} {:>9}",
+        "{:<w$} {:>10} {:>9} {:>8} {:>10} {:>12} {:>8} {:>10} {:>11} {:>9} {:>11} {:>9} {:>9}",
         "scheme",
         "load",
         "miss",
@@ -221,6 +221,7 @@ pub(crate) fn print_report(args: &MicroArgs, plan: &Plan, records: &[Record], sk
         "clean evs",
         "clean saved",
         "kept MiB",
+        "local objs",
         "moved",
         "filtered"
     );
@@ -228,7 +229,7 @@ pub(crate) fn print_report(args: &MicroArgs, plan: &Plan, records: &[Record], sk
         let f = r.remora();
         let count = |g: fn(&remora_runtime::Stats) -> u64| f.map_or("-".to_string(), |f| g(&f.delta).to_string());
         println!(
-            "{:<w$} {:>10} {:>9} {:>8} {:>10} {:>12} {:>8} {:>10} {:>11} {:>9} {:>9} {:>9}",
+            "{:<w$} {:>10} {:>9} {:>8} {:>10} {:>12} {:>8} {:>10} {:>11} {:>9} {:>11} {:>9} {:>9}",
             r.scheme,
             load_label(r.run.offered),
             opt(f.map(|_| r.measured_miss_ratio()), 4),
@@ -239,6 +240,7 @@ pub(crate) fn print_report(args: &MicroArgs, plan: &Plan, records: &[Record], sk
             count(|d| d.clean_evictions),
             opt(f.map(|f| mib(f.delta.clean_bytes_saved as f64)), 1),
             opt(f.map(|f| mib(f.avg_kept)), 1),
+            opt(f.map(|f| f.avg_local_objects), 0),
             count(|d| d.objects_moved),
             count(|d| d.spans_filtered)
         );
@@ -246,7 +248,8 @@ pub(crate) fn print_report(args: &MicroArgs, plan: &Plan, records: &[Record], sk
     println!(
         "  miss: deref misses / ops; swin amp: bytes swapped in / bytes of them used; evict: data evicted in MiB per \
          second measured and per second the eviction threads were busy; wait %: application time waiting for \
-         local room; clean saved: MiB not written thanks to clean re-eviction"
+         local room; clean saved: MiB not written thanks to clean re-eviction; local objs: live objects in local \
+         spans (average; compare with the ideal LRU's size above)"
     );
 }
 

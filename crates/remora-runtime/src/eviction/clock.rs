@@ -2,9 +2,15 @@
 //! its objects' reference bytes; a span none of whose objects was touched
 //! since the hand last passed is a victim.
 //!
+//! The hotness byte holds two reference bits' worth: the low nibble is the
+//! hand's, the high nibble the filtering threads' ([`EvictionPolicy::filter_age`]).
+//! An access sets both; each sweep clears only its own, so the filter's
+//! faster pass never makes an object look unreferenced to the hand.
+//!
 //! Two preferences are policy, not tie-breakers:
 //! - spans the filtering threads filled with cold objects are victims at
-//!   once (their objects were found cold before they were moved);
+//!   once, unless one of their objects was touched since the filter found
+//!   it cold (then the span is judged like any other);
 //! - a span of large objects is a victim while at most half of its objects
 //!   were touched: swapping it back wastes less per object used (swap-in
 //!   amplification, §3.3), and a span holds few of them.
@@ -13,6 +19,10 @@ use super::{EvictionPolicy, Sweep};
 
 /// Objects at least this large count as large for the policy.
 const LARGE_OBJECT: usize = 8 << 10;
+/// The hand's reference bits.
+const HAND: u8 = 0x0F;
+/// The filtering threads' reference bits.
+const FILTER: u8 = 0xF0;
 
 /// The CLOCK policy.
 #[derive(Debug, Default, Clone, Copy)]
@@ -23,14 +33,29 @@ impl EvictionPolicy for Clock {
         "clock"
     }
 
-    fn age(&self, _hotness: u8) -> u8 {
-        0
+    fn age(&self, hotness: u8) -> (bool, u8) {
+        (hotness & HAND != 0, hotness & !HAND)
+    }
+
+    fn filter_age(&self, hotness: u8) -> (bool, u8) {
+        (hotness & FILTER != 0, hotness & !FILTER)
     }
 
     fn pick(&self, sweep: &mut Sweep<'_>, n: usize) {
+        // Cold spans first, from the filter's queue: the hand then moves
+        // only when they run out, so its period (how long a hot span has
+        // to be touched again) is set by how fast hot spans must go, not by
+        // the churn of spans swapped in and found cold. One touched since
+        // is left to the hand.
+        while sweep.chosen() < n {
+            let Some(c) = sweep.next_cold() else { break };
+            if c.count(|h| h & FILTER != 0) == 0 {
+                sweep.choose(c);
+            }
+        }
         while sweep.chosen() < n {
             let Some(c) = sweep.next() else { return };
-            if c.is_cold() {
+            if c.is_cold() && c.count(|h| h & FILTER != 0) == 0 {
                 sweep.choose(c);
                 continue;
             }

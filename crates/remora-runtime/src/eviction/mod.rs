@@ -34,8 +34,21 @@ pub trait EvictionPolicy: Send + Sync {
         u8::MAX
     }
 
-    /// Hotness after one aging pass (the sweep and the filtering threads).
-    fn age(&self, hotness: u8) -> u8;
+    /// One pass of the eviction sweep over an object: whether it was
+    /// referenced since the sweep last passed it, and its hotness after.
+    fn age(&self, hotness: u8) -> (bool, u8);
+
+    /// One pass of a filtering thread over an object: whether it counts as
+    /// hot (and goes to a hot span), and its hotness after.
+    ///
+    /// The filtering threads sweep at their own pace, usually faster than
+    /// eviction needs victims. A policy should keep this pass apart from
+    /// [`EvictionPolicy::age`] (CLOCK gives each its own bits of the byte):
+    /// if the filter's pass cleared what the eviction sweep reads, objects
+    /// touched a moment ago would look unreferenced to eviction.
+    fn filter_age(&self, hotness: u8) -> (bool, u8) {
+        self.age(hotness)
+    }
 
     /// A span joined the local heap (allocated or swapped in).
     fn span_added(&self, _span: &Span) {}
@@ -92,6 +105,25 @@ impl<'a> Sweep<'a> {
     pub(crate) fn into_chosen(self) -> Vec<SpanRef> {
         self.chosen
     }
+
+    /// The oldest span the filtering threads flagged cold and that still is
+    /// (local, cold, not being evicted, not empty, not chosen), taken off
+    /// their queue without moving the hand; `None` when none is left.
+    pub fn next_cold(&mut self) -> Option<Candidate<'a>> {
+        while let Some(s) = self.ring.cold.pop_front() {
+            let span = s.get();
+            if !self.ring.contains(s)
+                || !span.is_cold()
+                || span.list_pos() == crate::span::EVICTING_POS
+                || span.is_empty()
+                || self.chosen.contains(&s)
+            {
+                continue;
+            }
+            return Some(Candidate { span, at: s });
+        }
+        None
+    }
 }
 
 /// The span under the hand, which then advances; `None` once every span has
@@ -137,12 +169,32 @@ impl Candidate<'_> {
         self.span.is_cold()
     }
 
-    /// Visits the hotness byte of every live object, replacing it with
-    /// `age(h)` (best effort: a word someone marked or locked is left
-    /// alone). Returns how many objects had a non-zero byte before aging.
-    pub fn age(&self, mut age: impl FnMut(u8) -> u8) -> usize {
-        let span = self.span;
+    /// Visits the hotness byte of every live object, replacing it with the
+    /// second half of `age(h)` (best effort: a word someone marked or
+    /// locked is left alone). Returns for how many objects the first half
+    /// (referenced) was true.
+    pub fn age(&self, mut age: impl FnMut(u8) -> (bool, u8)) -> usize {
         let mut referenced = 0;
+        self.for_each_live(|slot, w| {
+            let (r, aged) = age(hotness(w));
+            referenced += usize::from(r);
+            slot.age(w, aged);
+        });
+        referenced
+    }
+
+    /// How many live objects' hotness bytes satisfy `pred` (nothing is
+    /// aged).
+    pub fn count(&self, mut pred: impl FnMut(u8) -> bool) -> usize {
+        let mut n = 0;
+        self.for_each_live(|_, w| n += usize::from(pred(hotness(w))));
+        n
+    }
+
+    /// Calls `f` with the slot and current word of every live object of the
+    /// span that is local at its slot's address.
+    fn for_each_live(&self, mut f: impl FnMut(&Slot, u64)) {
+        let span = self.span;
         for i in 0..span.capacity() {
             if !span.is_allocated(i) {
                 continue;
@@ -161,12 +213,7 @@ impl Candidate<'_> {
             if w & PRESENT == 0 || local_addr(w) != addr {
                 continue;
             }
-            let hv = hotness(w);
-            if hv > 0 {
-                referenced += 1;
-            }
-            slot.age(w, age(hv));
+            f(slot, w);
         }
-        referenced
     }
 }

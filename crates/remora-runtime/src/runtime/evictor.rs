@@ -167,7 +167,7 @@ impl Inner {
             // free) started by the first far word waits for the others
             // instead of finding them still locked and local.
             let publishing = fs.lock();
-            self.far_map.insert(Arc::clone(&fs));
+            self.far_map.insert(Arc::clone(&fs), publishing.live_count);
             for (slot, exp, i) in &objs {
                 let loc = fs.loc(*i as u16);
                 slot_ref(*slot).unlock_with(far_word(loc, *exp, pointer::hotness(*exp)));

@@ -103,7 +103,7 @@ impl SwappedIn {
 
 /// A filtering thread's body: a round every `interval` until the runtime stops.
 pub(super) fn filtering_loop(weak: &std::sync::Weak<Inner>, index: usize, interval: Duration) {
-    let mut filter = Filter::new(index);
+    let mut filter = Filter::new(index, interval);
     loop {
         let Some(inner) = weak.upgrade() else { return };
         if inner.stop.load(StdOrdering::Acquire) {
@@ -148,6 +148,10 @@ struct Dest {
 pub(super) struct Filter {
     /// Position of this thread's clock hand in the span registry's ring.
     cursor: usize,
+    /// The hand advances one window per `interval`.
+    interval: Duration,
+    /// When the hand last advanced.
+    last_sweep: Option<Instant>,
     /// Destinations by (size class, temperature).
     dests: HashMap<(ClassIndex, Temp), Dest>,
     /// Cold spans with free slots, by class (most recently seen last): cold
@@ -156,11 +160,13 @@ pub(super) struct Filter {
 }
 
 impl Filter {
-    fn new(index: usize) -> Self {
+    fn new(index: usize, interval: Duration) -> Self {
         Self {
             // Threads start their hands apart; the ring's length varies, so
             // this is only a spread, not a partition.
             cursor: index * WINDOW,
+            interval,
+            last_sweep: None,
             dests: HashMap::new(),
             room: HashMap::new(),
         }
@@ -274,6 +280,7 @@ impl Inner {
     fn classify(&self, f: &mut Filter) -> Vec<Chosen> {
         let mut chosen = Vec::new();
         let mut room = Vec::new();
+        let mut newly_cold = Vec::new();
         let mut cursor = f.cursor;
         // Spans swapped in since the last round first: each came back for
         // the object that was touched, and its other objects are cold, so
@@ -311,14 +318,14 @@ impl Inner {
                 if w & PRESENT == 0 || local_addr(w) != addr {
                     continue;
                 }
-                let hv = pointer::hotness(w);
-                if hv > 0 {
+                let (is_hot, aged) = self.policy.filter_age(pointer::hotness(w));
+                if is_hot {
                     n_hot += 1;
                     hot[i / 64] |= 1 << (i % 64);
                 } else {
                     n_cold += 1;
                 }
-                slot_ref(slot).age(w, self.policy.age(hv));
+                slot_ref(slot).age(w, aged);
             }
             let live = n_hot + n_cold;
             if live == 0 {
@@ -344,6 +351,9 @@ impl Inner {
                 let keep = (majority * DENSE_DEN >= cap * DENSE_NUM).then_some(temp);
                 chosen.push(Chosen { span: s, hot, keep });
             } else {
+                if n_hot == 0 && !sp.is_cold() {
+                    newly_cold.push(s);
+                }
                 sp.set_cold(n_hot == 0);
                 if let (0, Some(SpanKind::Small(c))) = (n_hot, sp.kind()) {
                     if !sp.is_full() {
@@ -353,12 +363,23 @@ impl Inner {
             }
         };
         self.heap.visit_listed(&fresh, &mut visit);
-        // (The closure stops choosing once the batch is full.)
-        self.heap.visit_spans(&mut cursor, WINDOW, &mut visit);
-        f.cursor = cursor;
+        // The sweep advances one window per interval, however often rounds
+        // run to keep up with fresh spans: its pace sets how long an
+        // untouched object takes to count as cold, which must not shrink
+        // as swap-ins speed up. (The closure stops choosing once the batch
+        // is full.)
+        let advance = f.last_sweep.is_none_or(|t| t.elapsed() >= f.interval);
+        if advance {
+            self.heap.visit_spans(&mut cursor, WINDOW, &mut visit);
+        }
+        if advance {
+            f.last_sweep = Some(Instant::now());
+            f.cursor = cursor;
+        }
         for (c, s) in room {
             f.note_room(c, s);
         }
+        self.heap.queue_cold(newly_cold);
         chosen
     }
 
@@ -393,7 +414,7 @@ impl Inner {
                 // reallocated since: then this is only a placement guess) or
                 // touched since.
                 let w = slot_ref(slot).word.load(Ordering::Relaxed);
-                let hot = (i / 64 < c.hot.len() && bit(&c.hot, i)) || pointer::hotness(w) > 0;
+                let hot = (i / 64 < c.hot.len() && bit(&c.hot, i)) || self.policy.filter_age(pointer::hotness(w)).0;
                 let temp = if hot { Temp::Hot } else { Temp::Cold };
                 if Some(temp) == c.keep {
                     continue;

@@ -93,9 +93,10 @@ impl Inner {
             let i = loc.object as usize;
             st.live[i / 64] &= !(1 << (i % 64));
             st.live_count -= 1;
+            inner.far_map.object_freed();
             if st.live_count == 0 {
                 st.gone = true;
-                inner.far_map.remove(fs.region, fs.page);
+                inner.far_map.remove(fs.region, fs.page, 0);
                 let at = SpanAddr {
                     region: fs.region,
                     page: fs.page,

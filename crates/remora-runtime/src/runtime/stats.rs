@@ -28,6 +28,8 @@ pub struct Stats {
     pub local_bytes: u64,
     /// Live objects.
     pub objects: u64,
+    /// Live objects in far spans (the rest are local).
+    pub far_objects: u64,
     /// Swap-ins served by decoding from survivors.
     pub degraded_reads: u64,
     /// Bytes rebuilt on replacement regions after memory-node failures.
@@ -113,6 +115,7 @@ impl Inner {
             live_bytes: live,
             local_bytes: self.heap.bytes_in_use() as u64,
             objects: self.slots.in_use() as u64,
+            far_objects: self.far_map.objects(),
             deref_misses: get(&c.deref_misses),
             swap_in_bytes: get(&c.swap_in_bytes),
             swap_in_used_bytes: get(&c.swap_in_used_bytes),

@@ -71,7 +71,9 @@ impl Inner {
                 loop {
                     let w = s.word.load(Ordering::Acquire);
                     debug_assert!(w & PRESENT == 0 && far_loc(w) == expect, "far word mismatch");
-                    let new = local_word(addr, (w & SHARED) | FRESH, pointer::hotness(w));
+                    // Hotness starts at zero: only the objects touched from now on
+                    // count as hot (the one we came for is touched by its access).
+                    let new = local_word(addr, (w & SHARED) | FRESH, 0);
                     if s.word
                         .compare_exchange(w, new, Ordering::AcqRel, Ordering::Relaxed)
                         .is_ok()
@@ -86,7 +88,7 @@ impl Inner {
             self.swapped_in.push(span);
         }
         st.gone = true;
-        self.far_map.remove(fs.region, fs.page);
+        self.far_map.remove(fs.region, fs.page, st.live_count);
         if keepable {
             self.keep_or_release(span.get(), at, fs.pages, fs.checksum, st.live.clone());
         } else {
