@@ -159,11 +159,11 @@ pub struct MicroArgs {
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub eviction_batch: Option<u32>,
     /// Local level (fraction of the budget) at which the remora runtime starts evicting
-    /// (default: the runtime's, 0.90).
+    /// (default: the runtime's, 0.97).
     #[arg(long, value_parser = parse_watermark)]
     pub high_watermark: Option<f64>,
     /// Local level the remora runtime's eviction brings memory back down to (default: the
-    /// runtime's, 0.85).
+    /// runtime's, 0.94).
     #[arg(long, value_parser = parse_watermark)]
     pub low_watermark: Option<f64>,
     /// Seed of the permutation and of the threads' random streams.

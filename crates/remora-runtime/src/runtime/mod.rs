@@ -76,14 +76,17 @@ pub struct RuntimeConfig {
 
 impl RuntimeConfig {
     /// Defaults for a manager at `manager` and a local budget in bytes:
-    /// `non-ft`, CLOCK, two eviction threads, one filtering thread, watermarks 90 % / 85 %.
+    /// `non-ft`, CLOCK, two eviction threads, one filtering thread, watermarks 97 % / 94 %
+    /// (with the filter's cold spans queued for eviction, the gap between them
+    /// only needs to absorb a burst of swap-ins; every byte under the
+    /// watermark is cache).
     pub fn new(manager: impl Into<String>, local_budget: usize) -> Self {
         Self {
             manager: manager.into(),
             name: format!("remora-runtime-{}", std::process::id()),
             local_budget,
-            high_watermark: 0.90,
-            low_watermark: 0.85,
+            high_watermark: 0.97,
+            low_watermark: 0.94,
             scheme: Box::new(NonFt::default()),
             policy: Box::new(Clock),
             eviction_threads: 2,
