@@ -11,7 +11,7 @@
 //!    a window of local spans from the thread's own clock hand; read each
 //!    live object's hotness and age it with the policy's `age`. An object is
 //!    *hot* if its hotness is non-zero (with CLOCK: touched since the last
-//!    sweep). A span of a size class with at least two slots is chosen if it
+//!    sweep). A span of a size class with at least `MIN_SLOTS` slots is chosen if it
 //!    is sparse (at most a quarter of its slots live: all its objects move,
 //!    and it is freed) or mixes hot and cold objects: then the minority
 //!    moves if the majority fills at least three quarters of the span (one
@@ -60,6 +60,12 @@ use crate::span::{EVICTING_POS, SpanKind};
 
 /// Spans a round classifies (the window its clock hand advances by).
 const WINDOW: usize = 64;
+/// Spans with fewer slots are left alone: moving one of their objects
+/// moves a quarter of the span or more, and makes its copy dirty (no clean
+/// re-eviction), while what filtering saves, swap-in amplification, is at
+/// most this many objects' worth. The policy handles them (CLOCK evicts a
+/// span of large objects while at most half of them were touched).
+const MIN_SLOTS: usize = 4;
 /// Most source spans moved out of per round (one grace period for all).
 const BATCH: usize = 32;
 /// A span is sparse when at most `1 / SPARSE` of its slots are live.
@@ -291,7 +297,7 @@ impl Inner {
             let sp = s.get();
             if chosen.len() >= BATCH
                 || !matches!(sp.kind(), Some(SpanKind::Small(_)))
-                || sp.capacity() < 2
+                || sp.capacity() < MIN_SLOTS
                 || sp.list_pos() == EVICTING_POS
                 || f.is_dest(s)
             {
