@@ -317,3 +317,51 @@ fn swap_out_waits_for_k_plus_m_nodes() {
         Ok(_) => panic!("allocation succeeded without anywhere to evict to"),
     }
 }
+
+/// Many threads that find every stripe group full at once take one new
+/// group between them, not one each: 7 nodes of 2 regions hold only two
+/// groups of 6 distinct nodes, so a group per thread would exhaust the
+/// manager and stall them for `patience`.
+#[test]
+fn concurrent_evictions_share_a_new_stripe_group() {
+    let c = cluster(7, 32 << 20, 16 << 20);
+    let mut cfg = RuntimeConfig::new(c.manager_addr(), 2 << 20);
+    cfg.scheme = scheme::by_name("ec-batch").unwrap();
+    cfg.patience = Duration::from_secs(3);
+    cfg.eviction_threads = 6;
+    cfg.eviction_batch = 4;
+    cfg.filtering_threads = 0;
+    cfg.name = "ec-grow".into();
+    let rt = Runtime::connect(cfg).unwrap();
+    // 16 MiB of 2 KiB objects from 4 threads: far more than the budget, and
+    // less than one group holds (4 data positions of 16 MiB).
+    let per_thread = 2048u64;
+    let objs: Vec<Vec<RemBox<Obj>>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..4u64)
+            .map(|t| {
+                let rt = &rt;
+                s.spawn(move || {
+                    (0..per_thread)
+                        .map(|i| rt.alloc(obj(t * per_thread + i, 0)).expect("alloc"))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let st = rt.stats();
+    assert!(st.swap_outs > 0, "nothing was evicted: {st:?}");
+    assert_eq!(
+        rt.regions().len(),
+        6,
+        "more than one stripe group was taken: {:?}",
+        rt.regions()
+    );
+    let scope = rt.scope();
+    for (t, v) in objs.iter().enumerate() {
+        for (i, o) in v.iter().enumerate() {
+            let id = t as u64 * per_thread + i as u64;
+            assert!(matches(o.deref(&scope).unwrap(), id, 0), "object {id}");
+        }
+    }
+}

@@ -99,6 +99,10 @@ struct Shared {
     /// Nodes that failed a request recently: read around them until the
     /// manager's verdict (or a quiet period) settles it.
     suspects: Mutex<HashMap<NodeId, Instant>>,
+    /// Held while a stripe group is requested: threads that find every
+    /// group full at once must not each take k+m regions (the manager would
+    /// run out of distinct nodes, and they would wait out `patience`).
+    growing: Mutex<()>,
 }
 
 /// How long a node that failed a request is read around.
@@ -135,6 +139,7 @@ impl EcBatch {
                 repairs: AtomicU64::new(0),
                 rebuild_retries: AtomicU64::new(0),
                 suspects: Mutex::new(HashMap::new()),
+                growing: Mutex::new(()),
             }),
         })
     }
@@ -246,6 +251,16 @@ impl Shared {
             len += nl;
         }
         free.insert(s, len);
+    }
+
+    /// Adds a stripe group unless another thread added one since the caller
+    /// saw `seen` groups (then the caller just tries again).
+    fn grow(&self, far: &FarMemory, exclude: &[NodeId], seen: usize) -> Result<(), RuntimeError> {
+        let _one = self.growing.lock().unwrap_or_else(|p| p.into_inner());
+        if self.lock().groups.len() != seen {
+            return Ok(());
+        }
+        self.new_group(far, exclude)
     }
 
     /// Asks the manager for k+m regions on distinct nodes and makes them a group.
@@ -660,14 +675,14 @@ impl Scheme for EcBatch {
                     .collect();
                 let mut attempts = 0;
                 let (g, row) = loop {
-                    let slot = {
+                    let (slot, seen) = {
                         let mut st = sh.lock();
-                        sh.alloc_row(&mut st, row_pages)
+                        (sh.alloc_row(&mut st, row_pages), st.groups.len())
                     };
                     let (g, row) = match slot {
                         Some(s) => s,
                         None => {
-                            sh.new_group(far, &exclude)?;
+                            sh.grow(far, &exclude, seen)?;
                             continue;
                         }
                     };
