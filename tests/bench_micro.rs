@@ -41,6 +41,8 @@ fn micro_runs_swaps_and_verifies() {
         "200ms",
         "--write-ratio",
         "0.1",
+        "--filter-interval",
+        "2ms",
         "--high-watermark",
         "0.95",
         "--low-watermark",
@@ -106,6 +108,7 @@ fn micro_rejects_bad_flags_without_panicking() {
         &["bench", "micro", "--zipf", "-1"],
         &["bench", "micro", "--objects", "0"],
         &["bench", "micro", "--high-watermark", "1.5"],
+        &["bench", "micro", "--filter-interval", "soon"],
         &["bench", "micro", "--high-watermark", "0.8", "--low-watermark", "0.9"],
     ] {
         let out = remora(args);

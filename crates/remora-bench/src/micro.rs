@@ -158,6 +158,9 @@ pub struct MicroArgs {
     /// Spans per eviction batch of the remora runtime (default: the runtime's).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub eviction_batch: Option<u32>,
+    /// Pause between the remora runtime's filtering rounds (default: the runtime's, 5 ms).
+    #[arg(long, value_parser = parse_duration)]
+    pub filter_interval: Option<Duration>,
     /// Local level (fraction of the budget) at which the remora runtime starts evicting
     /// (default: the runtime's, 0.97).
     #[arg(long, value_parser = parse_watermark)]

@@ -108,6 +108,9 @@ pub(super) fn run_scheme<const W: usize>(
     if let Some(b) = args.eviction_batch {
         cfg.eviction_batch = b as usize;
     }
+    if let Some(d) = args.filter_interval {
+        cfg.filter_interval = d;
+    }
     if let Some(h) = args.high_watermark {
         cfg.high_watermark = h;
     }
