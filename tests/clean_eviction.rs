@@ -135,3 +135,56 @@ fn non_ft_reevicts_clean_spans_without_a_write() {
 fn ec_batch_reevicts_clean_spans_without_a_write() {
     clean_reeviction("ec-batch");
 }
+
+/// Filtering moves only the touched objects out of a span that came back
+/// with a kept far copy: its cold objects stay (and its holes are not filled
+/// with other cold objects), so the span goes back without a write. Moving
+/// them too (the density rule for other spans, with 5 of 14 objects hot)
+/// would write them all again.
+#[test]
+fn filtering_leaves_the_cold_objects_of_a_clean_span_in_place() {
+    let c = cluster(2, 256 << 20, 16 << 20);
+    let mut cfg = RuntimeConfig::new(c.manager_addr(), 32 * MIB);
+    cfg.name = "clean-filter".into();
+    cfg.filtering_threads = 1;
+    cfg.filter_interval = Duration::from_millis(1);
+    let rt = Runtime::connect(cfg).expect("runtime connects");
+    let (spans, per) = (64usize, 14usize);
+    let n = spans * per;
+    let objs: Vec<RemBox<Obj>> = (0..n).map(|i| rt.alloc(obj(i as u64, 0)).unwrap()).collect();
+    rt.set_local_budget(MIB / 4);
+    rt.wait_for_eviction(Duration::from_secs(30)).unwrap();
+    assert!(rt.stats().far_objects as usize >= n * 3 / 4, "{:?}", rt.stats());
+    rt.set_local_budget(32 * MIB);
+    // Each span comes back for 5 of its objects, read again and again while
+    // the filter moves them to hot spans.
+    let hot = |i: usize| i % per < 5;
+    let until = Instant::now() + Duration::from_millis(300);
+    while Instant::now() < until {
+        for i in (0..n).filter(|&i| hot(i)) {
+            let scope = rt.scope();
+            check(objs[i].deref(&scope).expect("deref"), i as u64, 0);
+        }
+    }
+    let s0 = rt.stats();
+    assert!(s0.swap_ins as usize >= spans / 2, "spans did not come back: {s0:?}");
+    rt.set_local_budget(MIB / 4);
+    rt.wait_for_eviction(Duration::from_secs(30)).unwrap();
+    let s1 = rt.stats();
+    let clean = s1.clean_evictions - s0.clean_evictions;
+    let written = s1.bytes_evicted_data - s0.bytes_evicted_data;
+    let span_bytes = 16 << 10;
+    eprintln!("{clean} clean re-evictions, {written} bytes written: {s1:?}");
+    assert!(
+        clean as usize >= spans / 2,
+        "spans with a kept copy were written again ({clean} clean of {spans}): {s1:?}"
+    );
+    assert!(
+        (written as usize) < spans * span_bytes * 6 / 10,
+        "cold objects were written again ({written} bytes): {s1:?}"
+    );
+    for (i, o) in objs.iter().enumerate() {
+        let scope = rt.scope();
+        check(o.deref(&scope).expect("deref"), i as u64, 0);
+    }
+}

@@ -305,7 +305,7 @@ impl Inner {
             }
             let cap = sp.capacity();
             let mut hot = vec![0u64; cap.div_ceil(64)];
-            let (mut n_hot, mut n_cold) = (0usize, 0usize);
+            let (mut n_hot, mut n_cold, mut cold_dirty) = (0usize, 0usize, 0usize);
             for i in 0..cap {
                 if !sp.is_allocated(i) {
                     continue;
@@ -330,6 +330,7 @@ impl Inner {
                     hot[i / 64] |= 1 << (i % 64);
                 } else {
                     n_cold += 1;
+                    cold_dirty += usize::from(w & pointer::DIRTY != 0);
                 }
                 slot_ref(slot).age(w, aged);
             }
@@ -339,7 +340,24 @@ impl Inner {
             }
             let mixed = n_hot > 0 && n_cold > 0;
             let sparse = live * SPARSE <= cap;
-            if sparse {
+            // A span swapped in whose far copy still holds its cold objects
+            // (kept, none of them changed): they stay, so it goes back
+            // without a write; only the touched ones move out. Moving the
+            // cold ones too would cost a write of them later, for the local
+            // memory the span will give back anyway once evicted.
+            let clean_copy = sp.kept() != 0 && cold_dirty == 0 && n_cold > 0;
+            if clean_copy && mixed {
+                chosen.push(Chosen {
+                    span: s,
+                    hot,
+                    keep: Some(Temp::Cold),
+                });
+            } else if clean_copy {
+                if !sp.is_cold() {
+                    newly_cold.push(s);
+                }
+                sp.set_cold(true);
+            } else if sparse {
                 chosen.push(Chosen {
                     span: s,
                     hot,
@@ -539,8 +557,14 @@ impl Inner {
     /// been reused since: the checks are repeated once the pin holds.
     fn pin_dest(&self, span: SpanRef, class: ClassIndex, temp: Temp) -> bool {
         let sp = span.get();
-        let fits =
-            || sp.kind() == Some(SpanKind::Small(class)) && sp.is_cold() == (temp == Temp::Cold) && !sp.is_full();
+        // Never a span with a kept far copy: an object moved in would make
+        // it dirty, and it would be written instead of flipped back.
+        let fits = || {
+            sp.kind() == Some(SpanKind::Small(class))
+                && sp.is_cold() == (temp == Temp::Cold)
+                && !sp.is_full()
+                && sp.kept() == 0
+        };
         if !fits() || !self.heap.begin_evict(span) {
             return false;
         }
