@@ -66,6 +66,11 @@ const WINDOW: usize = 64;
 /// most this many objects' worth. The policy handles them (CLOCK evicts a
 /// span of large objects while at most half of them were touched).
 const MIN_SLOTS: usize = 4;
+/// A span with a kept far copy keeps its cold objects in place while they
+/// fill at least `KEPT_NUM / KEPT_DEN` of it (below that, its far copy is
+/// mostly holes, and rewriting them compactly frees it).
+const KEPT_NUM: usize = 1;
+const KEPT_DEN: usize = 2;
 /// Most source spans moved out of per round (one grace period for all).
 const BATCH: usize = 32;
 /// A span is sparse when at most `1 / SPARSE` of its slots are live.
@@ -345,7 +350,7 @@ impl Inner {
             // without a write; only the touched ones move out. Moving the
             // cold ones too would cost a write of them later, for the local
             // memory the span will give back anyway once evicted.
-            let clean_copy = sp.kept() != 0 && cold_dirty == 0 && n_cold > 0;
+            let clean_copy = sp.kept() != 0 && cold_dirty == 0 && n_cold > 0 && n_cold * KEPT_DEN >= cap * KEPT_NUM;
             if clean_copy && mixed {
                 chosen.push(Chosen {
                     span: s,
