@@ -144,11 +144,7 @@ fn ec_batch_reevicts_clean_spans_without_a_write() {
 #[test]
 fn filtering_leaves_the_cold_objects_of_a_clean_span_in_place() {
     let c = cluster(2, 256 << 20, 16 << 20);
-    let mut cfg = RuntimeConfig::new(c.manager_addr(), 32 * MIB);
-    cfg.name = "clean-filter".into();
-    cfg.filtering_threads = 1;
-    cfg.filter_interval = Duration::from_millis(1);
-    let rt = Runtime::connect(cfg).expect("runtime connects");
+    let rt = fast_filtering_runtime(&c, "clean-filter", 32 * MIB);
     let (spans, per) = (64usize, 14usize);
     let n = spans * per;
     let objs: Vec<RemBox<Obj>> = (0..n).map(|i| rt.alloc(obj(i as u64, 0)).unwrap()).collect();

@@ -13,7 +13,7 @@ use std::sync::RwLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::cluster;
+use common::{cluster, fast_filtering_runtime};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use remora_runtime::{RemBox, Remotable, Runtime, RuntimeConfig, Stats};
@@ -222,11 +222,7 @@ fn big(id: u64) -> Big {
 #[test]
 fn spans_of_few_large_objects_are_not_filtered() {
     let c = cluster(2, 256 << 20, 16 << 20);
-    let mut cfg = RuntimeConfig::new(c.manager_addr(), 64 * MIB);
-    cfg.name = "filter-large".into();
-    cfg.filtering_threads = 1;
-    cfg.filter_interval = Duration::from_millis(1);
-    let rt = Runtime::connect(cfg).expect("runtime connects");
+    let rt = fast_filtering_runtime(&c, "filter-large", 64 * MIB);
     let objs: Vec<RemBox<Big>> = (0..128).map(|i| rt.alloc(big(i)).unwrap()).collect();
     // Every span mixes touched and untouched objects, round after round.
     let until = Instant::now() + Duration::from_millis(500);

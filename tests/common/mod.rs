@@ -76,3 +76,14 @@ pub fn assert_bytes_eq(got: &[u8], want: &[u8], what: &str) {
         );
     }
 }
+
+/// A runtime on `c` with a local budget of `budget` bytes and one filtering
+/// thread running a round every millisecond (tests that watch filtering
+/// decisions want them made promptly).
+pub fn fast_filtering_runtime(c: &LocalCluster, name: &str, budget: usize) -> remora_runtime::Runtime {
+    let mut cfg = remora_runtime::RuntimeConfig::new(c.manager_addr(), budget);
+    cfg.name = name.into();
+    cfg.filtering_threads = 1;
+    cfg.filter_interval = Duration::from_millis(1);
+    remora_runtime::Runtime::connect(cfg).expect("runtime connects")
+}
