@@ -340,6 +340,37 @@ impl Slot {
     }
 }
 
+/// The slot named by the header of the object at `addr` (the reverse pointer
+/// every object starts with), or `None` while the header is clear (the
+/// object is being freed).
+///
+/// # Safety
+/// `addr` must be the start of an allocated object slot of a local span that
+/// stays in use meanwhile (pinned, or its registry locked). The header may
+/// be stale (the slot freed and reused): a caller checks that the slot's word
+/// names `addr` (as [`object_at`] does, or a mark does) before trusting it.
+pub(crate) unsafe fn slot_of(addr: usize) -> Option<&'static Slot> {
+    // SAFETY: per the contract `addr` is an 8-aligned, mapped object start;
+    // headers are only ever accessed atomically.
+    let h = unsafe { &*(addr as *const std::sync::atomic::AtomicU64) }.load(std::sync::atomic::Ordering::Acquire);
+    // SAFETY: a non-null header names a slot in a chunk that lives as long as
+    // the runtime (a stale one still names a valid slot).
+    unsafe { (h as *const Slot).as_ref() }
+}
+
+/// The slot of the object at `addr` and its current word, if that word says
+/// the object is local at `addr` (else the header was stale, or the object
+/// is far or moved).
+///
+/// # Safety
+/// As [`slot_of`].
+pub(crate) unsafe fn object_at(addr: usize) -> Option<(&'static Slot, u64)> {
+    // SAFETY: forwarded contract.
+    let slot = unsafe { slot_of(addr) }?;
+    let w = slot.word.load(Ordering::Relaxed);
+    (w & PRESENT != 0 && local_addr(w) == addr).then_some((slot, w))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,7 +20,7 @@ mod clock;
 
 pub use clock::Clock;
 
-use crate::pointer::{PRESENT, Slot, hotness, local_addr};
+use crate::pointer::{Slot, hotness, object_at};
 use crate::span::Span;
 use crate::span_registry::{Ring, SpanRef};
 
@@ -195,25 +195,13 @@ impl Candidate<'_> {
     /// span that is local at its slot's address.
     fn for_each_live(&self, mut f: impl FnMut(&Slot, u64)) {
         let span = self.span;
-        for i in 0..span.capacity() {
-            if !span.is_allocated(i) {
-                continue;
+        for i in (0..span.capacity()).filter(|&i| span.is_allocated(i)) {
+            // SAFETY: an allocated slot of a registered span (the registry is
+            // locked for the sweep); hotness is advisory, a stale header is
+            // caught by `object_at`'s word check.
+            if let Some((slot, w)) = unsafe { object_at(span.object_addr(i)) } {
+                f(slot, w);
             }
-            let addr = span.object_addr(i);
-            // SAFETY: an allocated slot of a registered span; headers are
-            // read atomically and may be stale (hotness is advisory).
-            let h =
-                unsafe { &*(addr as *const std::sync::atomic::AtomicU64) }.load(std::sync::atomic::Ordering::Acquire);
-            // SAFETY: a non-null header names a slot in a chunk that lives as
-            // long as the runtime; a stale one still points at a valid slot.
-            let Some(slot) = (unsafe { (h as *const Slot).as_ref() }) else {
-                continue;
-            };
-            let w = slot.word.load(crate::loom::Ordering::Relaxed);
-            if w & PRESENT == 0 || local_addr(w) != addr {
-                continue;
-            }
-            f(slot, w);
         }
     }
 }

@@ -190,15 +190,11 @@ impl Inner {
     pub(super) fn mark_span(&self, span: SpanRef) -> Option<Marked> {
         let sp = span.get();
         let mut objs = Vec::with_capacity(sp.allocated());
-        for i in 0..sp.capacity() {
-            if !sp.is_allocated(i) {
-                continue;
-            }
+        for i in (0..sp.capacity()).filter(|&i| sp.is_allocated(i)) {
             let addr = sp.object_addr(i);
             // SAFETY: slot i is allocated in a pinned local span.
-            let h = unsafe { header(addr) }.load(StdOrdering::Acquire);
-            let ok =
-                NonNull::new(h as *mut Slot).and_then(|slot| slot_ref(slot).mark(addr, EVICTING).map(|w| (slot, w, i)));
+            let ok = unsafe { pointer::slot_of(addr) }
+                .and_then(|slot| slot.mark(addr, EVICTING).map(|w| (NonNull::from(slot), w, i)));
             match ok {
                 Some(o) => objs.push(o),
                 None => {

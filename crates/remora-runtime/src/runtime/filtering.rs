@@ -311,24 +311,12 @@ impl Inner {
             let cap = sp.capacity();
             let mut hot = vec![0u64; cap.div_ceil(64)];
             let (mut n_hot, mut n_cold, mut cold_dirty) = (0usize, 0usize, 0usize);
-            for i in 0..cap {
-                if !sp.is_allocated(i) {
-                    continue;
-                }
-                let addr = sp.object_addr(i);
+            for i in (0..cap).filter(|&i| sp.is_allocated(i)) {
                 // SAFETY: an allocated slot of a registered span (the
-                // registry is locked, so the span stays in use); headers are
-                // read atomically and may be stale, which the word check
-                // below catches.
-                let h = unsafe { header(addr) }.load(StdOrdering::Acquire);
-                let Some(slot) = NonNull::new(h as *mut Slot) else {
+                // registry is locked, so the span stays in use).
+                let Some((slot, w)) = (unsafe { pointer::object_at(sp.object_addr(i)) }) else {
                     continue;
                 };
-                let word = &slot_ref(slot).word;
-                let w = word.load(Ordering::Relaxed);
-                if w & PRESENT == 0 || local_addr(w) != addr {
-                    continue;
-                }
                 let (is_hot, aged) = self.policy.filter_age(pointer::hotness(w));
                 if is_hot {
                     n_hot += 1;
@@ -337,7 +325,7 @@ impl Inner {
                     n_cold += 1;
                     cold_dirty += usize::from(w & pointer::DIRTY != 0);
                 }
-                slot_ref(slot).age(w, aged);
+                slot.age(w, aged);
             }
             let live = n_hot + n_cold;
             if live == 0 {
@@ -400,8 +388,6 @@ impl Inner {
         let advance = f.last_sweep.is_none_or(|t| t.elapsed() >= f.interval);
         if advance {
             self.heap.visit_spans(&mut cursor, WINDOW, &mut visit);
-        }
-        if advance {
             f.last_sweep = Some(Instant::now());
             f.cursor = cursor;
         }
@@ -429,31 +415,31 @@ impl Inner {
             sp.set_cold(false);
             let mut objs = Vec::with_capacity(sp.allocated());
             let mut complete = true;
-            for i in 0..sp.capacity() {
-                if !sp.is_allocated(i) {
-                    continue;
-                }
+            for i in (0..sp.capacity()).filter(|&i| sp.is_allocated(i)) {
                 let addr = sp.object_addr(i);
                 // SAFETY: slot i is allocated in a span we pinned.
-                let h = unsafe { header(addr) }.load(StdOrdering::Acquire);
-                let Some(slot) = NonNull::new(h as *mut Slot) else {
+                let Some(slot) = (unsafe { pointer::slot_of(addr) }) else {
                     continue;
                 };
                 // Hot if it was when classified (slot i may have been
                 // reallocated since: then this is only a placement guess) or
                 // touched since.
-                let w = slot_ref(slot).word.load(Ordering::Relaxed);
+                let w = slot.word.load(Ordering::Relaxed);
                 let hot = (i / 64 < c.hot.len() && bit(&c.hot, i)) || self.policy.filter_age(pointer::hotness(w)).0;
                 let temp = if hot { Temp::Hot } else { Temp::Cold };
                 if Some(temp) == c.keep {
                     continue;
                 }
                 // Busy, being freed, or no longer this object: left in place.
-                if slot_ref(slot).mark(addr, MOVING).is_none() {
+                if slot.mark(addr, MOVING).is_none() {
                     complete = false;
                     continue;
                 }
-                objs.push(Marked { slot, addr, temp });
+                objs.push(Marked {
+                    slot: NonNull::from(slot),
+                    addr,
+                    temp,
+                });
             }
             sources.push(Source {
                 span: c.span,

@@ -63,10 +63,10 @@ impl Inner {
         self.heap.adopt_span(span, &live, |sp| {
             for &i in &live {
                 let addr = sp.object_addr(i);
-                // SAFETY: slot i of the new span holds the object's bytes as evicted.
-                let slot = unsafe { header(addr) }.load(StdOrdering::Acquire) as *const Slot;
-                // SAFETY: a live object's header names its slot, which lives while the object does.
-                let s = unsafe { &*slot };
+                // SAFETY: slot i of the new span holds the object's bytes as
+                // evicted, header included; a live far object's header is
+                // never clear (a free takes the far span's lock we hold).
+                let s = unsafe { pointer::slot_of(addr) }.expect("a live far object's header names its slot");
                 let expect = fs.loc(i as u16);
                 loop {
                     let w = s.word.load(Ordering::Acquire);
