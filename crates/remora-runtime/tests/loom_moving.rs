@@ -31,17 +31,18 @@
 
 #![cfg(loom)]
 
+mod loom_common;
+
 use loom::cell::UnsafeCell;
 use loom::sync::Arc;
-use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
+use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::thread;
+use loom_common::{Scopes, check, check_bounded, store};
 use remora_runtime::pointer::{
     DIRTY, EVICTING, FAST_MASK, FRESH, HOT_MASK, HOT_SHIFT, LOCK, MOVING, PRESENT, SEALED, SHARED, Slot, hotness,
     local_addr, local_word,
 };
 
-/// Reader threads with a scope record.
-const READERS: usize = 2;
 /// The object's old home (its header address; only the payload of the word matters).
 const SRC: usize = 0x1000;
 /// Its new home, a free slot of the filter's destination span.
@@ -55,39 +56,6 @@ const WRITTEN: u64 = 43;
 /// Poison left in the old slot once it is released and reused.
 const FREED: u64 = 0xdead;
 
-/// Runs `f` under loom with a preemption bound (unless
-/// `LOOM_MAX_PREEMPTIONS` says otherwise), reporting the executions explored.
-fn check_bounded(name: &str, bound: usize, f: impl Fn() + Sync + Send + 'static) {
-    let mut b = loom::model::Builder::new();
-    if b.preemption_bound.is_none() {
-        b.preemption_bound = Some(bound);
-    }
-    b.max_branches = b.max_branches.max(20_000);
-    let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counter = std::sync::Arc::clone(&runs);
-    b.check(move || {
-        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        f();
-    });
-    eprintln!(
-        "{name}: {} executions (preemption bound {:?})",
-        runs.load(std::sync::atomic::Ordering::Relaxed),
-        b.preemption_bound
-    );
-}
-
-/// `check_bounded` with the bound used for the two-thread models.
-fn check(name: &str, f: impl Fn() + Sync + Send + 'static) {
-    check_bounded(name, 5, f);
-}
-
-/// A release store as a `swap` (loom 0.7 can otherwise let a plain store
-/// slip inside a concurrent RMW; see `tests/loom_pointer.rs`).
-fn store(word: &AtomicU64, v: u64) {
-    debug_assert_eq!(v & LOCK, 0);
-    word.swap(v, Ordering::Release);
-}
-
 /// One object, its slot, its two possible homes, and the readers' scope states.
 struct World {
     slot: Slot,
@@ -97,8 +65,8 @@ struct World {
     dst: UnsafeCell<u64>,
     /// The old slot was released (set after the poison is written).
     src_released: AtomicBool,
-    /// Each reader's `ThreadRec::state`: odd while inside a scope.
-    scope_state: [AtomicU64; READERS],
+    /// The readers' scope records and the grace period.
+    scopes: Scopes,
 }
 
 impl World {
@@ -108,35 +76,7 @@ impl World {
             src: UnsafeCell::new(VALUE),
             dst: UnsafeCell::new(0),
             src_released: AtomicBool::new(false),
-            scope_state: [AtomicU64::new(0), AtomicU64::new(0)],
-        }
-    }
-
-    /// `enter_rec` at depth 0.
-    fn enter(&self, r: usize) {
-        let st = &self.scope_state[r];
-        let s = st.load(Ordering::Relaxed);
-        st.store(s + 1, Ordering::Release);
-        fence(Ordering::SeqCst);
-    }
-
-    /// `exit_rec` at depth 1.
-    fn exit(&self, r: usize) {
-        let st = &self.scope_state[r];
-        let s = st.load(Ordering::Relaxed);
-        st.store(s + 1, Ordering::Release);
-    }
-
-    /// `Rcu::synchronize`.
-    fn synchronize(&self) {
-        fence(Ordering::SeqCst);
-        let snapshot = self.scope_state.each_ref().map(|st| st.load(Ordering::SeqCst));
-        for (st, s) in self.scope_state.iter().zip(snapshot) {
-            if s & 1 == 1 {
-                while st.load(Ordering::Acquire) == s {
-                    thread::yield_now();
-                }
-            }
+            scopes: Scopes::new(Ordering::Release),
         }
     }
 
@@ -232,7 +172,7 @@ fn mover(w: &World, order: Order) -> Move {
     if w.slot.mark(SRC, MOVING).is_none() {
         return Move::NotMarked;
     }
-    w.synchronize();
+    w.scopes.synchronize();
     let copy = |w: &World| {
         let v = w.read(SRC);
         w.write(DST, v);
@@ -262,13 +202,13 @@ fn mover(w: &World, order: Order) -> Move {
 /// A reader (or writer) in one scope: dereferences, checks the value, and
 /// writes `WRITTEN` if `write`. Returns the address it used.
 fn reader(w: &World, r: usize, write: bool) -> usize {
-    w.enter(r);
+    w.scopes.enter(r);
     let (_, addr) = access(&w.slot, write);
     assert_eq!(w.read(addr), VALUE, "read a stale or released home at {addr:#x}");
     if write {
         w.write(addr, WRITTEN);
     }
-    w.exit(r);
+    w.scopes.exit(r);
     addr
 }
 

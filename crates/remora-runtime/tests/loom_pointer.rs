@@ -35,17 +35,18 @@
 
 #![cfg(loom)]
 
+mod loom_common;
+
 use loom::cell::UnsafeCell;
 use loom::sync::Arc;
-use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, fence};
+use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use loom::thread;
+use loom_common::{Scopes, check, check_bounded, store};
 use remora_runtime::pointer::{
     DIRTY, EVICTING, FAST_MASK, FarLoc, HOT_MASK, HOT_SHIFT, LOCK, MOVING, PRESENT, SEALED, Slot, far_loc, far_word,
     hotness, local_addr, local_word,
 };
 
-/// Reader threads with a scope record (the evictor's grace period checks each).
-const READERS: usize = 2;
 /// Where the modelled object's header lives (only the payload matters).
 const ADDR: usize = 0x1000;
 /// Where the slot's next tenant lives after the object is dropped.
@@ -62,48 +63,6 @@ const VALUE: u64 = 42;
 const WRITTEN: u64 = 43;
 /// Poison left in local memory once its span is released and reused.
 const FREED: u64 = 0xdead;
-
-/// Runs `f` under loom with a preemption bound (`bound` unless
-/// `LOOM_MAX_PREEMPTIONS` says otherwise) and reports how many executions
-/// were explored (visible with `--nocapture`).
-fn check_bounded(name: &str, bound: usize, f: impl Fn() + Sync + Send + 'static) {
-    let mut b = loom::model::Builder::new();
-    if b.preemption_bound.is_none() {
-        b.preemption_bound = Some(bound);
-    }
-    // The grace-period wait and the lock spin are bounded only by the
-    // scheduler; give loom room for them.
-    b.max_branches = b.max_branches.max(20_000);
-    let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counter = std::sync::Arc::clone(&runs);
-    b.check(move || {
-        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        f();
-    });
-    eprintln!(
-        "{name}: {} executions (preemption bound {:?})",
-        runs.load(std::sync::atomic::Ordering::Relaxed),
-        b.preemption_bound
-    );
-}
-
-/// `check_bounded` with the bound used for the two-thread models.
-fn check(name: &str, f: impl Fn() + Sync + Send + 'static) {
-    check_bounded(name, 5, f);
-}
-
-/// A release store to a word that other threads update with RMWs.
-///
-/// Written as a `swap`: loom 0.7 lets a plain store slip between the read and
-/// the write of a concurrent RMW on the same atomic (tokio-rs/loom#254,
-/// fix pending in #391), which reports impossible histories here (e.g. the
-/// evictor's `fetch_or(E)` reading the dropper's locked word and landing
-/// after its reset of the slot). On hardware a store already behaves so;
-/// the `swap` only keeps loom from exploring executions that cannot happen.
-fn store(word: &AtomicU64, v: u64) {
-    debug_assert_eq!(v & LOCK, 0);
-    word.swap(v, Ordering::Release);
-}
 
 /// The two places where the model can follow `runtime.rs`/`scope.rs` as
 /// written before the findings were fixed, or as it is now.
@@ -148,8 +107,8 @@ struct World {
     local: UnsafeCell<u64>,
     /// The far copy, published before the far word (`far_map.insert` in `evict_round`).
     far: UnsafeCell<u64>,
-    /// Each reader's `ThreadRec::state`: odd while inside a scope.
-    scope_state: [AtomicU64; READERS],
+    /// The readers' scope records and the grace period.
+    scopes: Scopes,
 }
 
 impl World {
@@ -160,36 +119,7 @@ impl World {
             header: AtomicU64::new(1),
             local: UnsafeCell::new(VALUE),
             far: UnsafeCell::new(0),
-            scope_state: [AtomicU64::new(0), AtomicU64::new(0)],
-        }
-    }
-
-    /// `enter_rec` at depth 0 for reader `r`.
-    fn enter(&self, r: usize) {
-        let st = &self.scope_state[r];
-        let s = st.load(Ordering::Relaxed);
-        st.store(s + 1, self.proto.enter);
-        fence(Ordering::SeqCst);
-    }
-
-    /// `exit_rec` at depth 1 for reader `r`.
-    fn exit(&self, r: usize) {
-        let st = &self.scope_state[r];
-        let s = st.load(Ordering::Relaxed);
-        st.store(s + 1, Ordering::Release);
-    }
-
-    /// `Rcu::synchronize`: snapshot the readers inside a scope, then wait for
-    /// each to leave it.
-    fn synchronize(&self) {
-        fence(Ordering::SeqCst);
-        let snapshot = self.scope_state.each_ref().map(|st| st.load(Ordering::SeqCst));
-        for (st, s) in self.scope_state.iter().zip(snapshot) {
-            if s & 1 == 1 {
-                while st.load(Ordering::Acquire) == s {
-                    thread::yield_now();
-                }
-            }
+            scopes: Scopes::new(proto.enter),
         }
     }
 }
@@ -296,7 +226,7 @@ fn evict(w: &World, released_by_owner: Option<&AtomicBool>) -> Evict {
         prev | EVICTING
     };
     // Phase 2: one grace period, then the seal.
-    w.synchronize();
+    w.scopes.synchronize();
     let sealed = if w.proto.unmark == Unmark::Ours {
         w.slot.transition(ADDR, PRESENT | EVICTING, SEALED)
     } else {
@@ -360,7 +290,7 @@ fn unmark(w: &World, exp: u64) {
 /// `write`, writes it through `deref_mut`), checking it is still live.
 /// Returns what it saw: the local value, or the far copy if it found the word far.
 fn reader(w: &World, r: usize, write: bool) -> (Access, u64) {
-    w.enter(r);
+    w.scopes.enter(r);
     let a = access(&w.slot, write);
     let v = match a {
         Access::Fast | Access::Slow => {
@@ -383,7 +313,7 @@ fn reader(w: &World, r: usize, write: bool) -> (Access, u64) {
             v
         }
     };
-    w.exit(r);
+    w.scopes.exit(r);
     (a, v)
 }
 
@@ -530,7 +460,7 @@ fn fast_path_writer_is_not_lost() {
         w.slot.word.fetch_or(DIRTY, Ordering::Relaxed);
         let w2 = Arc::clone(&w);
         let ev = thread::spawn(move || evict(&w2, None));
-        w.enter(0);
+        w.scopes.enter(0);
         let a = access(&w.slot, true);
         if a == Access::Fast {
             // SAFETY: loom checks both accesses against the copy-out and the release.
@@ -538,7 +468,7 @@ fn fast_path_writer_is_not_lost() {
             // SAFETY: as above.
             w.local.with_mut(|p| unsafe { *p = WRITTEN });
         }
-        w.exit(0);
+        w.scopes.exit(0);
         let e = ev.join().unwrap();
         if e == Evict::Committed {
             // SAFETY: all threads joined.
@@ -605,9 +535,9 @@ fn ager_vs_evictor(proto: Protocol) {
             assert_eq!(word & PRESENT, 0);
         } else {
             assert_eq!(word & (EVICTING | SEALED), 0, "{e:?} left {word:#x} marked");
-            w.enter(0);
+            w.scopes.enter(0);
             assert!(access(&w.slot, false).local());
-            w.exit(0);
+            w.scopes.exit(0);
         }
     });
 }
@@ -696,13 +626,13 @@ fn dropper_reuses_slot_vs_evictor() {
         // `slots.alloc` for the new tenant.
         let tenant = local_word(ADDR2, 0, 255);
         store(&w.slot.word, tenant);
-        w.enter(0);
+        w.scopes.enter(0);
         let wd = w.slot.word.load(Ordering::Acquire);
         // The tenant is never made far by an eviction of the old span.
         assert_ne!(wd & PRESENT, 0);
         let a = access(&w.slot, false);
         assert!(a.local());
-        w.exit(0);
+        w.scopes.exit(0);
         let e = ev.join().unwrap();
         assert_eq!(freed_local, e != Evict::Committed);
         let wd = w.slot.word.load(Ordering::Relaxed);
