@@ -90,7 +90,10 @@ fn micro_runs_swaps_and_verifies() {
     // About a quarter of 2000 objects fits locally (the budget is a quarter of their spans).
     let local = r["local_objects"].as_f64().expect("local_objects");
     assert!(local > 0.0 && local <= 600.0, "{r}");
-    assert_eq!(r["reads_per_swap_in"].as_f64(), Some(1.0), "{r}");
+    // Counted at the transport: a read sent just before the window closes
+    // may finish (and count its swap-in) just after, so allow a few in 10^4.
+    let reads = r["reads_per_swap_in"].as_f64().expect("reads_per_swap_in");
+    assert!((reads - 1.0).abs() < 1e-3, "one read per swap-in: {r}");
     assert!(r["writes"].as_u64().unwrap() > 0, "{r}");
     assert!(r["throughput_ops"].as_f64().unwrap() > 0.0, "{r}");
     assert_eq!(r["samples"], r["ops"], "{r}");

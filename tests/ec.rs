@@ -32,8 +32,12 @@ fn matches(o: &Obj, id: u64, version: u64) -> bool {
 }
 
 fn ec_runtime(c: &remora_cluster::LocalCluster, budget: usize, patience: Duration) -> Runtime {
+    scheme_runtime(c, "ec-batch", budget, patience)
+}
+
+fn scheme_runtime(c: &remora_cluster::LocalCluster, name: &str, budget: usize, patience: Duration) -> Runtime {
     let mut cfg = RuntimeConfig::new(c.manager_addr(), budget);
-    cfg.scheme = scheme::by_name("ec-batch").unwrap();
+    cfg.scheme = scheme::by_name(name).unwrap();
     cfg.patience = patience;
     cfg.name = "ec-test".into();
     Runtime::connect(cfg).unwrap()
@@ -43,8 +47,17 @@ fn ec_runtime(c: &remora_cluster::LocalCluster, budget: usize, patience: Duratio
 /// serve its spans, recovery rebuilds them elsewhere, every object verifies.
 #[test]
 fn kill_during_workload_loses_nothing() {
+    kill_during_workload("ec-batch", 1.5);
+}
+
+#[test]
+fn replication_survives_kill_during_workload() {
+    kill_during_workload("replication", 3.0);
+}
+
+fn kill_during_workload(name: &str, amp: f64) {
     let c = quick_cluster(7, 64 << 20, 8 << 20);
-    let rt = ec_runtime(&c, 2 << 20, Duration::from_secs(20));
+    let rt = scheme_runtime(&c, name, 2 << 20, Duration::from_secs(20));
     let n = 8192u64; // 16 MiB of 2 KiB objects: 8x the budget
     let objs: Vec<RwLock<RemBox<Obj>>> = (0..n).map(|i| RwLock::new(rt.alloc(obj(i, 0)).unwrap())).collect();
     let versions: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
@@ -52,8 +65,8 @@ fn kill_during_workload_loses_nothing() {
     assert!(before.swap_outs > 0);
     let ratio = before.bytes_written_remote as f64 / before.bytes_evicted_data as f64;
     assert!(
-        (1.49..1.6).contains(&ratio),
-        "RS(4,2) writes 1.5x the data: {ratio} ({before:?})"
+        ratio >= amp * 0.99 && ratio < amp * 1.07,
+        "{name} writes {amp}x the data: {ratio} ({before:?})"
     );
     assert_eq!(
         before.swap_in_reads, before.swap_ins,
@@ -142,9 +155,10 @@ fn kill_during_workload_loses_nothing() {
     // them depends on scheduling; `unreachable_node_is_served_by_degraded_reads`
     // checks degraded reads deterministically.
     assert!(st.reconstructed_bytes > 0, "nothing was rebuilt: {st:?}");
-    // One read per normal swap-in, at most k per degraded one.
+    // One read per normal swap-in; a degraded one adds at most k (counted at
+    // the transport: the plain read that failed also went out).
     assert!(
-        st.swap_in_reads >= st.swap_ins && st.swap_in_reads <= st.swap_ins + 3 * st.degraded_reads,
+        st.swap_in_reads >= st.swap_ins && st.swap_in_reads <= st.swap_ins + 4 * st.degraded_reads,
         "{st:?}"
     );
     // Every object, at its latest version, from wherever it now lives.

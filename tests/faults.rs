@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use remora_proto::{EventKind, Fault, MemNodeClient, NodeState, RemoteError, RpcError, SessionEvent};
+use remora_proto::{EventKind, Fault, MemNodeClient, MemTransport, NodeState, RemoteError, RpcError, SessionEvent};
 
 const MIB: u64 = 1 << 20;
 

@@ -14,7 +14,8 @@ use remora_cluster::ClusterEvent;
 use remora_proto::frame::{FrameHeader, FrameKind, HEADER_LEN, write_frame};
 use remora_proto::msg::ComputeState;
 use remora_proto::{
-    Cap, EventKind, MemNodeClient, NodeState, RegionId, RemoteError, Rights, RpcError, SessionEvent, Token,
+    Cap, EventKind, MemNodeClient, MemTransport, NodeState, RegionId, RemoteError, Rights, RpcError, SessionEvent,
+    Token,
 };
 
 const MIB: u64 = 1 << 20;

@@ -479,7 +479,11 @@ fn check_args(args: &MicroArgs) -> anyhow::Result<()> {
         if Spec::parse(s).is_none() {
             bail!(
                 "unknown scheme {s:?} (known: {}, redis-cache[:R] with R <= {MAX_REPLICAS})",
-                remora_runtime::scheme::SCHEMES.join(", ")
+                remora_runtime::scheme::SCHEMES
+                    .iter()
+                    .map(|s| s.name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
         }
     }

@@ -53,7 +53,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, anyhow, bail};
 use remora_cluster::{ClusterConfig, LocalCluster};
 use remora_proto::rpc::Ticket;
-use remora_proto::{ByteSize, Cap, ComputeSession, ConnOptions, MemNodeClient, parse_duration};
+use remora_proto::{ByteSize, Cap, ComputeSession, ConnOptions, MemNodeClient, MemTransport, parse_duration};
 use serde_json::{Value, json};
 
 use self::pattern::{Image, Offsets};

@@ -42,7 +42,7 @@ use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use remora_cluster::{ClusterConfig, LocalCluster};
-use remora_proto::{ByteSize, ComputeSession, ConnOptions, MemNodeClient};
+use remora_proto::{ByteSize, ComputeSession, ConnOptions, MemNodeClient, MemTransport};
 use remora_runtime::size_classes::PAGE_SIZE;
 use remora_runtime::{RemBox, Runtime, RuntimeConfig};
 use serde_json::{Value, json};

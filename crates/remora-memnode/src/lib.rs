@@ -8,6 +8,7 @@
 //! grant (see [`remora_proto::cap`]).
 
 mod fault;
+pub mod in_process;
 mod rebuild;
 mod region;
 mod serve;
@@ -24,6 +25,8 @@ use remora_proto::{AdminKey, ConnOptions, ManagerConn, NodeId, NodeState, Remote
 
 use crate::fault::Faults;
 use crate::region::RegionTable;
+
+pub use in_process::{InProcessCluster, NodeHandle};
 
 /// Default region size: 1 GiB, as in the paper.
 pub const DEFAULT_REGION_SIZE: u64 = 1 << 30;
@@ -82,7 +85,7 @@ pub(crate) struct Shared {
     stop: AtomicBool,
     pub(crate) conns: Mutex<Option<Arc<remora_proto::server::Conns>>>,
     /// Connections to peers, for offloaded reconstruction.
-    pub(crate) peers: Mutex<std::collections::HashMap<String, remora_proto::MemNodeClient>>,
+    pub(crate) peers: Mutex<std::collections::HashMap<String, Arc<dyn remora_proto::MemTransport>>>,
 }
 
 /// A running memory node.

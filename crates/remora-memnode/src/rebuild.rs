@@ -3,14 +3,19 @@
 //! owner delegated, decodes the lost shard and writes it into its own region.
 //! The compute node only orchestrates; the bulk bytes never cross it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use remora_ec::Codec;
 use remora_proto::msg::{RebuildRow, RebuildSource};
 use remora_proto::rpc::Ticket;
-use remora_proto::{Cap, ConnOptions, MemNodeClient, Range, RemoteError, RpcError};
+use remora_proto::{Cap, ConnOptions, MemNodeClient, MemTransport, Range, RemoteError, RpcError};
 
 use crate::Shared;
+use crate::region::RegionTable;
+
+/// How a rebuilding node reaches a survivor: a connection per address.
+pub(crate) type PeerFn<'a> = &'a dyn Fn(&str) -> Result<Arc<dyn MemTransport>, RemoteError>;
 
 /// Bytes read from one source per round (rows are processed in rounds).
 const ROUND_BYTES: u64 = 8 << 20;
@@ -19,19 +24,21 @@ fn bad(msg: impl Into<String>) -> RemoteError {
     RemoteError::BadRequest(msg.into())
 }
 
-fn peer(shared: &Shared, addr: &str) -> Result<MemNodeClient, RemoteError> {
+/// The daemon's connection to a peer over TCP, reused across rebuilds.
+pub(crate) fn tcp_peer(shared: &Shared, addr: &str) -> Result<Arc<dyn MemTransport>, RemoteError> {
     let mut p = shared.peers.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(c) = p.get(addr) {
-        if !c.conn().is_broken() {
-            return Ok(c.clone());
+        if !c.is_broken() {
+            return Ok(Arc::clone(c));
         }
     }
     let opts = ConnOptions {
         call_timeout: Duration::from_secs(30),
         ..ConnOptions::default()
     };
-    let c = MemNodeClient::connect(addr, opts).map_err(|e| RemoteError::Internal(format!("peer {addr}: {e}")))?;
-    p.insert(addr.to_string(), c.clone());
+    let c: Arc<dyn MemTransport> =
+        Arc::new(MemNodeClient::connect(addr, opts).map_err(|e| RemoteError::Internal(format!("peer {addr}: {e}")))?);
+    p.insert(addr.to_string(), Arc::clone(&c));
     Ok(c)
 }
 
@@ -44,8 +51,10 @@ fn remote(e: RpcError) -> RemoteError {
 
 /// Rebuilds shard `want` of every row into region `cap`; returns bytes
 /// written and each row's checksum.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn rebuild(
-    shared: &Shared,
+    regions: &RegionTable,
+    peer: PeerFn<'_>,
     cap: Cap,
     k: u8,
     m: u8,
@@ -63,18 +72,15 @@ pub(crate) fn rebuild(
     {
         return Err(bad("need exactly k survivors other than the shard to rebuild"));
     }
-    let region = shared.regions.get(cap.region)?;
+    let region = regions.get(cap.region)?;
     for r in rows {
-        if r.lens.len() != k || r.lens.iter().any(|&l| l > r.row_len) || r.out_len > r.row_len {
+        if r.lens.len() != k || r.offsets.len() != k || r.lens.iter().any(|&l| l > r.row_len) || r.out_len > r.row_len {
             return Err(bad("row lengths do not fit the row"));
         }
         // The caller must own the target range, before anything is read.
         region.read().check(&region, &cap, true, r.offset, r.out_len as u64)?;
     }
-    let clients = sources
-        .iter()
-        .map(|s| peer(shared, &s.addr))
-        .collect::<Result<Vec<_>, _>>()?;
+    let clients = sources.iter().map(|s| peer(&s.addr)).collect::<Result<Vec<_>, _>>()?;
     // Rounds: as many rows as keep every source's read under ROUND_BYTES.
     let mut rounds = Vec::new();
     let mut start = 0;
@@ -97,7 +103,7 @@ pub(crate) fn rebuild(
                 .filter(|r| r.lens[si] > 0)
                 .map(|r| Range {
                     cap: s.cap,
-                    offset: r.offset,
+                    offset: r.offsets[si],
                     len: r.lens[si],
                 })
                 .collect();

@@ -202,7 +202,16 @@ impl Conn<'_> {
                 want,
                 sources,
                 rows,
-            } => match crate::rebuild::rebuild(self.shared, cap, k, m, want, &sources, &rows) {
+            } => match crate::rebuild::rebuild(
+                &self.shared.regions,
+                &|addr| crate::rebuild::tcp_peer(self.shared, addr),
+                cap,
+                k,
+                m,
+                want,
+                &sources,
+                &rows,
+            ) {
                 Ok((bytes, checksums)) => reply_ok(out, id, MemResponse::Rebuilt { bytes, checksums }),
                 Err(e) => reply_err(out, id, &e),
             },

@@ -6,11 +6,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::cap::{AdminKey, Cap, ComputeId, NodeId, RegionId, Session, Token};
+use crate::cap::{AdminKey, ComputeId, NodeId, RegionId, Session, Token};
 use crate::msg::{
-    ClusterStatus, Event, Fault, MemRequest, MemResponse, MgrRequest, MgrResponse, Range, RegionGrant, RemoteError,
+    ClusterStatus, Event, Fault, MemRequest, MemResponse, MgrRequest, MgrResponse, RegionGrant, RemoteError,
 };
 use crate::rpc::{ConnOptions, RpcConn, RpcError, Ticket};
+use crate::transport::MemTransport;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -45,128 +46,6 @@ impl MemNodeClient {
         &self.conn
     }
 
-    /// Reads `buf.len()` bytes at `offset` of the capability's region.
-    pub fn read(&self, cap: Cap, offset: u64, buf: &mut [u8]) -> Result<(), RpcError> {
-        let t = self.send_read(cap, offset, buf.len())?;
-        self.wait_read(t, buf)
-    }
-
-    /// Starts a read; finish it with [`MemNodeClient::wait_read`].
-    pub fn send_read(&self, cap: Cap, offset: u64, len: usize) -> Result<Ticket, RpcError> {
-        let len = u32::try_from(len).map_err(|_| RpcError::Unexpected("read too large".into()))?;
-        self.conn.send(&MemRequest::Read { cap, offset, len }, &[])
-    }
-
-    /// Waits for a read started with [`MemNodeClient::send_read`].
-    pub fn wait_read(&self, t: Ticket, buf: &mut [u8]) -> Result<(), RpcError> {
-        let r = self.conn.wait(t, Some(buf), self.conn.options().call_timeout)?;
-        check_mem(&r.head, MemResponse::Data)
-    }
-
-    /// Writes `data` at `offset` of the capability's region; returns once the
-    /// memory node has it in memory.
-    pub fn write(&self, cap: Cap, offset: u64, data: &[u8]) -> Result<(), RpcError> {
-        let t = self.send_write(cap, offset, data)?;
-        self.wait_write(t)
-    }
-
-    /// Starts a write; finish it with [`MemNodeClient::wait_write`].
-    pub fn send_write(&self, cap: Cap, offset: u64, data: &[u8]) -> Result<Ticket, RpcError> {
-        self.conn.send(&MemRequest::Write { cap, offset }, &[data])
-    }
-
-    /// Waits for a write started with [`MemNodeClient::send_write`].
-    pub fn wait_write(&self, t: Ticket) -> Result<(), RpcError> {
-        let r = self.conn.wait(t, None, self.conn.options().call_timeout)?;
-        check_mem(&r.head, MemResponse::Written)
-    }
-
-    /// Reads several ranges in one request into `buf` (their concatenation).
-    pub fn read_v(&self, ranges: &[Range], buf: &mut [u8]) -> Result<(), RpcError> {
-        let total: u64 = ranges.iter().map(|r| r.len as u64).sum();
-        if total != buf.len() as u64 {
-            return Err(RpcError::Unexpected(
-                "buffer length differs from the ranges' total".into(),
-            ));
-        }
-        let t = self.conn.send(
-            &MemRequest::ReadV {
-                ranges: ranges.to_vec(),
-            },
-            &[],
-        )?;
-        let r = self.conn.wait(t, Some(buf), self.conn.options().call_timeout)?;
-        check_mem(&r.head, MemResponse::Data)
-    }
-
-    /// Starts a vectored read; finish it with [`MemNodeClient::wait_read`]
-    /// into a buffer of the ranges' total length.
-    pub fn send_read_v(&self, ranges: &[Range]) -> Result<Ticket, RpcError> {
-        self.conn.send(
-            &MemRequest::ReadV {
-                ranges: ranges.to_vec(),
-            },
-            &[],
-        )
-    }
-
-    /// Writes several ranges in one request; `data[i]` goes to `ranges[i]`.
-    pub fn write_v(&self, ranges: &[Range], data: &[&[u8]]) -> Result<(), RpcError> {
-        if ranges.len() != data.len() || ranges.iter().zip(data).any(|(r, d)| r.len as usize != d.len()) {
-            return Err(RpcError::Unexpected("ranges and data differ in shape".into()));
-        }
-        let t = self.conn.send(
-            &MemRequest::WriteV {
-                ranges: ranges.to_vec(),
-            },
-            data,
-        )?;
-        let r = self.conn.wait(t, None, self.conn.options().call_timeout)?;
-        check_mem(&r.head, MemResponse::Written)
-    }
-
-    /// Asks this node to rebuild erasure-code shards into its region `cap`
-    /// from survivors on its peers; returns the bytes it wrote and the
-    /// checksum of each row it wrote.
-    #[allow(clippy::too_many_arguments)]
-    pub fn rebuild(
-        &self,
-        cap: Cap,
-        k: u8,
-        m: u8,
-        want: u8,
-        sources: Vec<crate::msg::RebuildSource>,
-        rows: Vec<crate::msg::RebuildRow>,
-        timeout: Duration,
-    ) -> Result<(u64, Vec<u64>), RpcError> {
-        let t = self.conn.send(
-            &MemRequest::Rebuild {
-                cap,
-                k,
-                m,
-                want,
-                sources,
-                rows,
-            },
-            &[],
-        )?;
-        let r = self.conn.wait(t, None, timeout)?;
-        match crate::msg::decode::<MemResponse>(&r.head).map_err(|e| RpcError::Unexpected(e.to_string()))? {
-            MemResponse::Rebuilt { bytes, checksums } => Ok((bytes, checksums)),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    /// Liveness probe.
-    pub fn ping(&self) -> Result<(), RpcError> {
-        let (r, _) = self.conn.call::<_, MemResponse>(&MemRequest::Ping, &[], None)?;
-        if r == MemResponse::Pong {
-            Ok(())
-        } else {
-            Err(unexpected(r))
-        }
-    }
-
     /// Admin: grant `region` to `owner`.
     pub fn grant(&self, admin: AdminKey, region: RegionId, owner: ComputeId, token: Token) -> Result<(), RpcError> {
         self.admin(MemRequest::Grant {
@@ -197,9 +76,27 @@ impl MemNodeClient {
     }
 }
 
-fn check_mem(head: &[u8], want: MemResponse) -> Result<(), RpcError> {
-    let r: MemResponse = crate::msg::decode(head).map_err(|e| RpcError::Unexpected(e.to_string()))?;
-    if r == want { Ok(()) } else { Err(unexpected(r)) }
+impl MemTransport for MemNodeClient {
+    fn peer(&self) -> &str {
+        self.conn.peer()
+    }
+
+    fn is_broken(&self) -> bool {
+        self.conn.is_broken()
+    }
+
+    fn call_timeout(&self) -> Duration {
+        self.conn.options().call_timeout
+    }
+
+    fn send(&self, req: &MemRequest, payload: &[&[u8]]) -> Result<Ticket, RpcError> {
+        self.conn.send(req, payload)
+    }
+
+    fn wait(&self, t: Ticket, dest: Option<&mut [u8]>, timeout: Duration) -> Result<MemResponse, RpcError> {
+        let r = self.conn.wait(t, dest, timeout)?;
+        crate::msg::decode(&r.head).map_err(|e| RpcError::Unexpected(e.to_string()))
+    }
 }
 
 /// A connection to the manager that reconnects after the manager restarts.

@@ -15,6 +15,7 @@ pub mod msg;
 pub mod rpc;
 pub mod server;
 pub mod size;
+pub mod transport;
 
 pub use cap::{AdminKey, Cap, ComputeId, NodeId, RegionId, Rights, Session, Token};
 pub use client::{ComputeSession, ManagerConn, MemNodeClient, SessionEvent};
@@ -23,3 +24,4 @@ pub use msg::{
 };
 pub use rpc::{ConnOptions, RpcConn, RpcError};
 pub use size::{ByteSize, parse_duration};
+pub use transport::{FarBackend, MemTransport, TcpBackend};

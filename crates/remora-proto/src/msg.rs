@@ -113,10 +113,13 @@ pub struct RebuildSource {
 /// One row of a [`MemRequest::Rebuild`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RebuildRow {
-    /// Offset of the row in every region.
+    /// Where the rebuilt member goes in the rebuilding node's region.
     pub offset: u64,
     /// Length of the row (shards are zero-padded to it).
     pub row_len: u32,
+    /// Where each source's member sits in its region, in `sources` order
+    /// (members of one spanset need not share an offset).
+    pub offsets: Vec<u64>,
     /// Bytes to read from each source, in `sources` order (0: all zero, no read).
     pub lens: Vec<u32>,
     /// Bytes of the rebuilt shard to write.

@@ -125,6 +125,19 @@ pub struct RpcConn {
 #[must_use = "a ticket must be waited for, or its reply is dropped"]
 pub struct Ticket(u64);
 
+impl Ticket {
+    /// A ticket for request `id`: for transports other than [`RpcConn`],
+    /// which number their own requests.
+    pub fn from_raw(id: u64) -> Self {
+        Self(id)
+    }
+
+    /// The request id.
+    pub fn raw(&self) -> u64 {
+        self.0
+    }
+}
+
 /// Replies at least this large are read into the caller's buffer directly.
 const DIRECT_READ_MIN: usize = 16 * 1024;
 /// Room for a reply head when reading a header before a direct payload read.

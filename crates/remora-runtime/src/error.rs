@@ -30,6 +30,9 @@ pub enum RuntimeError {
     /// revoked its far memory: far objects are gone.
     #[error("the manager expired this compute node's session; its far memory was revoked")]
     SessionExpired,
+    /// A setting makes no sense (unknown scheme, impossible code).
+    #[error("configuration: {0}")]
+    Config(String),
     /// The runtime is shutting down.
     #[error("runtime is shut down")]
     Shutdown,

@@ -13,7 +13,6 @@ struct RegionSpace {
 #[derive(Default)]
 struct Inner {
     regions: Vec<RegionSpace>,
-    next: usize,
     used_pages: u64,
 }
 
@@ -33,30 +32,23 @@ impl FarPageHeap {
         g.regions[idx as usize].free.insert(0, pages);
     }
 
-    /// Takes `pages` contiguous pages from some region (rotating over regions
-    /// to spread load over memory nodes). `None` if no region has room.
-    pub(crate) fn alloc(&self, pages: u32) -> Option<(u16, u32)> {
+    /// Takes `pages` contiguous pages from region `idx` (first fit); `None`
+    /// if it has no such run. Which region to use is placement's choice
+    /// ([`crate::scheme`]'s stripe groups).
+    pub(crate) fn alloc_in(&self, idx: u16, pages: u32) -> Option<u32> {
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let n = g.regions.len();
-        for k in 0..n {
-            let r = (g.next + k) % n;
-            let found = g.regions[r]
-                .free
-                .iter()
-                .find(|(_, len)| **len >= pages)
-                .map(|(s, l)| (*s, *l));
-            if let Some((start, len)) = found {
-                let space = &mut g.regions[r];
-                space.free.remove(&start);
-                if len > pages {
-                    space.free.insert(start + pages, len - pages);
-                }
-                g.next = (r + 1) % n;
-                g.used_pages += pages as u64;
-                return Some((r as u16, start));
-            }
+        let space = g.regions.get_mut(idx as usize)?;
+        let (start, len) = space
+            .free
+            .iter()
+            .find(|(_, len)| **len >= pages)
+            .map(|(s, l)| (*s, *l))?;
+        space.free.remove(&start);
+        if len > pages {
+            space.free.insert(start + pages, len - pages);
         }
-        None
+        g.used_pages += pages as u64;
+        Some(start)
     }
 
     /// Returns a run, merging it with free neighbours.
@@ -94,15 +86,17 @@ mod tests {
         let h = FarPageHeap::default();
         h.add_region(0, 10);
         h.add_region(1, 4);
-        let a = h.alloc(4).unwrap();
-        let b = h.alloc(4).unwrap();
-        assert_ne!(a.0, b.0, "rotates over regions");
-        let c = h.alloc(6).unwrap();
-        assert_eq!(c.0, 0);
-        assert!(h.alloc(1).is_none());
+        let a = h.alloc_in(0, 4).unwrap();
+        let b = h.alloc_in(1, 4).unwrap();
+        assert_eq!((a, b), (0, 0));
+        assert!(h.alloc_in(1, 1).is_none(), "region 1 is full");
+        let c = h.alloc_in(0, 6).unwrap();
+        assert_eq!(c, 4);
+        assert!(h.alloc_in(0, 1).is_none());
+        assert!(h.alloc_in(2, 1).is_none(), "no such region");
         assert_eq!(h.used_pages(), 14);
-        h.free(a.0, a.1, 4);
-        h.free(c.0, c.1, 6);
-        assert_eq!(h.alloc(10), Some((0, 0)), "neighbours merged back");
+        h.free(0, a, 4);
+        h.free(0, c, 6);
+        assert_eq!(h.alloc_in(0, 10), Some(0), "neighbours merged back");
     }
 }

@@ -38,6 +38,7 @@ pub mod size_classes;
 mod slots;
 pub mod span;
 mod span_registry;
+mod traffic;
 
 pub use error::RuntimeError;
 pub use local_heap::{HeapUsage, LocalHeap};

@@ -11,9 +11,13 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 
-use remora_proto::{ConnOptions, MemNodeClient, RegionGrant};
+use remora_proto::{FarBackend, MemTransport, RegionGrant};
 
 use crate::error::RuntimeError;
+use crate::traffic::{Counted, Traffic};
+
+/// A counted connection to a memory node.
+pub(crate) type Link = Arc<dyn MemTransport>;
 
 /// One region this compute node holds.
 pub(crate) struct FarRegion {
@@ -21,9 +25,9 @@ pub(crate) struct FarRegion {
     pub(crate) grant: RegionGrant,
     /// The data-path connection to its memory node for eviction and control
     /// (shared by regions of that node).
-    pub(crate) client: MemNodeClient,
+    pub(crate) client: Link,
     /// The swap-in lane to the same node.
-    pub(crate) reader: MemNodeClient,
+    pub(crate) reader: Link,
 }
 
 /// Which connection to a memory node a request takes.
@@ -38,16 +42,18 @@ pub(crate) enum Lane {
 /// All regions, by index.
 pub(crate) struct RegionTable {
     regions: RwLock<Vec<Arc<FarRegion>>>,
-    clients: Mutex<HashMap<(String, Lane), MemNodeClient>>,
-    opts: ConnOptions,
+    clients: Mutex<HashMap<(String, Lane), Link>>,
+    backend: Arc<dyn FarBackend>,
+    traffic: Arc<Traffic>,
 }
 
 impl RegionTable {
-    pub(crate) fn new(opts: ConnOptions) -> Self {
+    pub(crate) fn new(backend: Arc<dyn FarBackend>, traffic: Arc<Traffic>) -> Self {
         Self {
             regions: RwLock::new(Vec::new()),
             clients: Mutex::new(HashMap::new()),
-            opts,
+            backend,
+            traffic,
         }
     }
 
@@ -76,37 +82,54 @@ impl RegionTable {
         Ok(())
     }
 
-    fn client_for(&self, addr: &str, lane: Lane) -> Result<MemNodeClient, RuntimeError> {
-        let mut c = self.clients.lock().unwrap_or_else(|p| p.into_inner());
-        match c.get(&(addr.to_string(), lane)) {
-            Some(cl) if !cl.conn().is_broken() => Ok(cl.clone()),
-            _ => {
-                let cl = MemNodeClient::connect(addr, self.opts)?;
-                c.insert((addr.to_string(), lane), cl.clone());
-                Ok(cl)
-            }
+    /// The shared connection to `addr` on `lane`, opened if it is missing
+    /// or broken. The connect happens outside the table's lock: a node that
+    /// is slow to answer must not stall every other region's lookups.
+    fn client_for(&self, addr: &str, lane: Lane) -> Result<Link, RuntimeError> {
+        let key = (addr.to_string(), lane);
+        let live = |c: &HashMap<(String, Lane), Link>| c.get(&key).filter(|cl| !cl.is_broken()).cloned();
+        if let Some(cl) = live(&self.clients.lock().unwrap_or_else(|p| p.into_inner())) {
+            return Ok(cl);
         }
+        let fresh = Counted::wrap(self.backend.connect(addr)?, Arc::clone(&self.traffic), lane);
+        let mut c = self.clients.lock().unwrap_or_else(|p| p.into_inner());
+        // Another thread may have connected meanwhile: keep one connection per lane.
+        if let Some(cl) = live(&c) {
+            return Ok(cl);
+        }
+        c.insert(key, Arc::clone(&fresh));
+        Ok(fresh)
+    }
+
+    /// A fresh connection to `addr`, not shared (a long rebuild request
+    /// must not hold up the lanes).
+    pub(crate) fn connect(&self, addr: &str) -> Result<Link, RuntimeError> {
+        Ok(Counted::wrap(
+            self.backend.connect(addr)?,
+            Arc::clone(&self.traffic),
+            Lane::Evict,
+        ))
     }
 
     /// A live connection to the node holding `idx` (reconnecting if the old
     /// one broke, e.g. after a transient failure).
-    pub(crate) fn client(&self, idx: u16) -> Result<(Arc<FarRegion>, MemNodeClient), RuntimeError> {
+    pub(crate) fn client(&self, idx: u16) -> Result<(Arc<FarRegion>, Link), RuntimeError> {
         self.lane(idx, Lane::Evict)
     }
 
     /// As [`RegionTable::client`], on the swap-in lane.
-    pub(crate) fn reader(&self, idx: u16) -> Result<(Arc<FarRegion>, MemNodeClient), RuntimeError> {
+    pub(crate) fn reader(&self, idx: u16) -> Result<(Arc<FarRegion>, Link), RuntimeError> {
         self.lane(idx, Lane::Swap)
     }
 
-    fn lane(&self, idx: u16, lane: Lane) -> Result<(Arc<FarRegion>, MemNodeClient), RuntimeError> {
+    fn lane(&self, idx: u16, lane: Lane) -> Result<(Arc<FarRegion>, Link), RuntimeError> {
         let r = self.get(idx);
         let own = match lane {
             Lane::Swap => &r.reader,
             Lane::Evict => &r.client,
         };
-        if !own.conn().is_broken() {
-            let c = own.clone();
+        if !own.is_broken() {
+            let c = Arc::clone(own);
             return Ok((r, c));
         }
         let c = self.client_for(&r.grant.addr, lane)?;

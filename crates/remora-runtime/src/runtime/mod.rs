@@ -18,7 +18,7 @@ mod room;
 mod stats;
 mod swap_in;
 
-use remora_proto::{ComputeSession, ConnOptions};
+use remora_proto::ConnOptions;
 
 use self::background::{eviction_loop, notice_loop};
 use self::stats::Counters;
@@ -35,7 +35,6 @@ use crate::pointer::{
     self, DIRTY, EVICTING, FAST_MASK, FRESH, HOT_MASK, HOT_SHIFT, LOCK, MOVING, PRESENT, SEALED, SHARED, Slot, far_loc,
     far_word, local_addr, local_word,
 };
-use crate::region_table::RegionTable;
 use crate::scheme::{NonFt, Scheme, SpanAddr};
 use crate::scope::{Rcu, ScopeGuard};
 use crate::slots::{SlotTable, owner_of};
@@ -170,9 +169,16 @@ impl DerefScope<'_> {
 impl Runtime {
     /// Registers with the manager and starts the eviction threads.
     pub fn connect(cfg: RuntimeConfig) -> Result<Self, RuntimeError> {
-        let session = Arc::new(ComputeSession::open(&cfg.manager, &cfg.name, cfg.conn)?);
-        let events = session.take_events();
-        let far = Arc::new(FarMemory::new(session, RegionTable::new(cfg.conn), cfg.patience));
+        let backend = remora_proto::TcpBackend::open(&cfg.manager, &cfg.name, cfg.conn)?;
+        Self::with_backend(cfg, Arc::new(backend))
+    }
+
+    /// As [`Runtime::connect`], with far memory from `backend` (e.g. an
+    /// in-process cluster with injected faults) instead of a manager at
+    /// `cfg.manager`.
+    pub fn with_backend(cfg: RuntimeConfig, backend: Arc<dyn remora_proto::FarBackend>) -> Result<Self, RuntimeError> {
+        let events = backend.take_events();
+        let far = Arc::new(FarMemory::new(backend, cfg.patience));
         let policy: Arc<dyn EvictionPolicy> = Arc::from(cfg.policy);
         let inner = Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| Inner {
             rcu: Rcu::new(),
@@ -312,7 +318,7 @@ impl Runtime {
 
     /// This compute node's id at the manager.
     pub fn compute_id(&self) -> remora_proto::ComputeId {
-        self.inner.far.session.id()
+        self.inner.far.backend.id()
     }
 }
 
@@ -327,6 +333,7 @@ impl Drop for Runtime {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
+        self.inner.scheme.stop();
     }
 }
 

@@ -7,7 +7,8 @@ use super::*;
 pub struct Stats {
     /// Spans swapped in.
     pub swap_ins: u64,
-    /// Remote reads issued by swap-ins.
+    /// Read requests sent on the swap-in path (swap-ins and degraded reads;
+    /// each fragment of a split span is one), counted at the transport.
     pub swap_in_reads: u64,
     /// Spans swapped out.
     pub swap_outs: u64,
@@ -18,7 +19,7 @@ pub struct Stats {
     pub bytes_evicted_data: u64,
     /// Bytes read from memory nodes.
     pub bytes_read_remote: u64,
-    /// Bytes written to memory nodes by swap-outs.
+    /// Bytes written to memory nodes (swap-outs and repairs), counted at the transport.
     pub bytes_written_remote: u64,
     /// Far bytes allocated to spans now.
     pub remote_bytes_used: u64,
@@ -73,7 +74,6 @@ pub struct Stats {
 #[derive(Default)]
 pub(super) struct Counters {
     pub(super) swap_ins: AtomicU64,
-    pub(super) swap_in_reads: AtomicU64,
     pub(super) swap_outs: AtomicU64,
     pub(super) aborted: AtomicU64,
     pub(super) evicted_bytes: AtomicU64,
@@ -105,7 +105,7 @@ impl Inner {
             checksum_repairs: rep.repairs,
             rebuild_retries: rep.rebuild_retries,
             swap_ins: self.counters.swap_ins.load(StdOrdering::Relaxed),
-            swap_in_reads: self.counters.swap_in_reads.load(StdOrdering::Relaxed),
+            swap_in_reads: t.swap_reads.load(StdOrdering::Relaxed),
             swap_outs: self.counters.swap_outs.load(StdOrdering::Relaxed),
             evictions_aborted: self.counters.aborted.load(StdOrdering::Relaxed),
             bytes_evicted_data: self.counters.evicted_bytes.load(StdOrdering::Relaxed),

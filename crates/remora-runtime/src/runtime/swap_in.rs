@@ -22,13 +22,10 @@ impl Inner {
             region: fs.region,
             page: fs.page,
         };
-        let mut reads = match self.scheme.swap_in(&self.far, at, dest) {
-            Ok(r) => r,
-            Err(e) => {
-                self.heap.discard_span(span);
-                return Err(e);
-            }
-        };
+        if let Err(e) = self.scheme.swap_in(&self.far, at, dest) {
+            self.heap.discard_span(span);
+            return Err(e);
+        }
         // Whether the far copy holds exactly these bytes, so it can be kept.
         let mut keepable = true;
         if checksum(dest) != fs.checksum {
@@ -38,8 +35,7 @@ impl Inner {
             tracing::warn!("span r{}:p{} failed its checksum; rebuilding it", fs.region, fs.page);
             let rebuilt = self.scheme.degraded_read(&self.far, at, dest);
             match rebuilt {
-                Ok(r) if checksum(dest) == fs.checksum => {
-                    reads += r;
+                Ok(()) if checksum(dest) == fs.checksum => {
                     if let Err(e) = self.scheme.repair(&self.far, at, dest) {
                         keepable = false;
                         tracing::warn!("could not rewrite repaired span r{}:p{}: {e}", fs.region, fs.page);
@@ -98,9 +94,6 @@ impl Inner {
         self.counters
             .swap_in_bytes
             .fetch_add(span.get().bytes() as u64, StdOrdering::Relaxed);
-        self.counters
-            .swap_in_reads
-            .fetch_add(reads as u64, StdOrdering::Relaxed);
         drop(st);
         if self.heap.bytes_in_use() as u64 >= self.high_bytes() {
             self.kick();

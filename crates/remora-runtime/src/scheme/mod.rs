@@ -1,10 +1,30 @@
 //! Fault-tolerance schemes: how evicted spans are laid out in far memory and
-//! read back. One file per scheme behind [`Scheme`]: `non-ft` (one copy, no
-//! redundancy) and `ec-batch` (spansets of k spans plus m parity spans on
-//! k+m distinct memory nodes, paper §3.4.1).
+//! read back. One file per scheme behind [`Scheme`], listed once in
+//! [`SCHEMES`]:
+//! - `non-ft`: one copy, no redundancy;
+//! - `replication`: three copies on three distinct memory nodes;
+//! - `ec-batch`: spansets of k spans plus m parity spans on k+m distinct
+//!   memory nodes (paper §3.4.1).
+//!
+//! What every scheme shares lives beside them: [`placement`] (stripe groups
+//! on distinct nodes, suspects, far space) and [`recovery`] (rebuilding a
+//! dead node's positions, joined on shutdown).
+//!
+//! # Lock contract
+//!
+//! The runtime calls every method without holding any lock of its own
+//! that another [`Scheme`] call could need, from any thread, concurrently.
+//! A method may block on the network (up to the transport's timeouts) and
+//! on the manager (up to `patience`); it never calls back into the runtime.
+//! `swap_in`, `degraded_read` and `repair` of one span are never concurrent
+//! with each other or with that span's `release`/`keep` (the caller holds
+//! the far span's lock); `release`, `keep`, `reuse` and `drop_kept` never
+//! touch the network.
 
 mod ec_batch;
 mod non_ft;
+pub(crate) mod placement;
+pub(crate) mod recovery;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,13 +79,13 @@ pub trait Scheme: Send + Sync {
     /// any redundancy) is acknowledged.
     fn swap_out(&self, far: &FarMemory, spans: &[&[u8]], sums: &[u64]) -> Result<Vec<SpanAddr>, RuntimeError>;
 
-    /// Reads the span at `at` into `dest` (its full length). Returns the
-    /// number of remote reads it took (1 outside failures).
-    fn swap_in(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<u32, RuntimeError>;
+    /// Reads the span at `at` into `dest` (its full length). The remote
+    /// reads it takes are counted by the transport, not reported here.
+    fn swap_in(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<(), RuntimeError>;
 
     /// Rebuilds the span at `at` from redundancy, ignoring its own far copy
-    /// (which failed its checksum). Returns the remote reads it took.
-    fn degraded_read(&self, _far: &FarMemory, at: SpanAddr, _dest: &mut [u8]) -> Result<u32, RuntimeError> {
+    /// (which failed its checksum).
+    fn degraded_read(&self, _far: &FarMemory, at: SpanAddr, _dest: &mut [u8]) -> Result<(), RuntimeError> {
         Err(RuntimeError::DataLost(format!(
             "span r{}:p{} is corrupt and {} keeps no redundancy",
             at.region,
@@ -108,8 +128,12 @@ pub trait Scheme: Send + Sync {
     /// The local span changed or went away: its kept copy is not needed.
     fn drop_kept(&self, _far: &FarMemory, _at: SpanAddr, _pages: u32, _token: u64) {}
 
-    /// The manager declared memory node `node` dead: recover what it held.
+    /// The manager declared memory node `node` dead: recover what it held
+    /// (in the background; [`Scheme::stop`] joins it).
     fn node_failed(&self, _far: &Arc<FarMemory>, _node: NodeId) {}
+
+    /// The runtime is shutting down: stop background work and join it.
+    fn stop(&self) {}
 
     /// Far bytes allocated now: data, redundancy and holes.
     fn remote_bytes_used(&self, far: &FarMemory) -> u64 {
@@ -122,14 +146,52 @@ pub trait Scheme: Send + Sync {
     }
 }
 
-/// Names accepted by [`by_name`].
-pub const SCHEMES: &[&str] = &["non-ft", "ec-batch"];
+/// One entry of the scheme table.
+pub struct SchemeInfo {
+    /// The name on the command line.
+    pub name: &'static str,
+    /// What it is, in a line.
+    pub about: &'static str,
+    /// Whether `--ec K+M` applies to it.
+    pub erasure_coded: bool,
+    make: fn(usize, usize) -> Result<Box<dyn Scheme>, RuntimeError>,
+}
 
-/// Picks a scheme by name (`ec-batch` is RS(4,2)).
+/// Every scheme, in the order `--scheme all` runs them.
+pub const SCHEMES: &[SchemeInfo] = &[
+    SchemeInfo {
+        name: "non-ft",
+        about: "one copy, no redundancy",
+        erasure_coded: false,
+        make: |_, _| Ok(Box::new(NonFt::default())),
+    },
+    SchemeInfo {
+        name: "replication",
+        about: "three copies on three distinct memory nodes",
+        erasure_coded: false,
+        make: |_, _| Ok(Box::new(EcBatch::replication(3)?)),
+    },
+    SchemeInfo {
+        name: "ec-batch",
+        about: "RS(k,m) spansets of whole spans; a swap-in is one read",
+        erasure_coded: true,
+        make: |k, m| Ok(Box::new(EcBatch::new(k, m)?)),
+    },
+];
+
+/// The default erasure code: RS(4, 2), as in the paper.
+pub const DEFAULT_EC: (usize, usize) = (4, 2);
+
+/// Makes scheme `name`; erasure-coded schemes use RS(`k`, `m`).
+pub fn make(name: &str, k: usize, m: usize) -> Result<Box<dyn Scheme>, RuntimeError> {
+    let info = SCHEMES.iter().find(|s| s.name == name).ok_or_else(|| {
+        let names: Vec<&str> = SCHEMES.iter().map(|s| s.name).collect();
+        RuntimeError::Config(format!("unknown scheme {name:?} (known: {})", names.join(", ")))
+    })?;
+    (info.make)(k, m)
+}
+
+/// Picks a scheme by name with the default code (`ec-batch` is RS(4,2)).
 pub fn by_name(name: &str) -> Option<Box<dyn Scheme>> {
-    match name {
-        "non-ft" => Some(Box::new(NonFt::default())),
-        "ec-batch" | "ec-batch-local" => EcBatch::new(4, 2).ok().map(|s| Box::new(s) as Box<dyn Scheme>),
-        _ => None,
-    }
+    make(name, DEFAULT_EC.0, DEFAULT_EC.1).ok()
 }

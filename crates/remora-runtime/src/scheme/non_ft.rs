@@ -1,20 +1,31 @@
 //! `non-ft`: each evicted span goes to one memory node, once. No redundancy:
 //! a memory node's death loses its spans (the error says so).
 
-use remora_proto::RpcError;
+use remora_proto::{NodeId, RpcError};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::placement::Placement;
 use super::{Scheme, SchemeReport, SpanAddr};
 use crate::error::RuntimeError;
 use crate::far_memory::FarMemory;
 use crate::size_classes::PAGE_SIZE;
 
 /// The non-fault-tolerant scheme (AIFM-like placement of spans).
-#[derive(Debug, Default)]
 pub struct NonFt {
+    /// Groups of one region: spans spread over them in turn.
+    place: Placement,
     /// Far pages held by kept copies.
     kept_pages: AtomicU64,
+}
+
+impl Default for NonFt {
+    fn default() -> Self {
+        Self {
+            place: Placement::new(1, "non-ft"),
+            kept_pages: AtomicU64::new(0),
+        }
+    }
 }
 
 fn lost(at: SpanAddr, e: RpcError) -> RuntimeError {
@@ -34,43 +45,50 @@ impl Scheme for NonFt {
     }
 
     fn swap_out(&self, far: &FarMemory, spans: &[&[u8]], _sums: &[u64]) -> Result<Vec<SpanAddr>, RuntimeError> {
-        let mut err: Option<RuntimeError> = None;
+        let mut err: Option<(Option<NodeId>, RuntimeError)> = None;
         let mut inflight = Vec::with_capacity(spans.len());
         // All writes in flight at once (they may go to different nodes), then wait.
         for s in spans {
             let pages = (s.len() / PAGE_SIZE) as u32;
-            let (region, page) = match far.alloc_pages(pages) {
+            let (g, at) = match self.place.place(far, &[pages], &[]) {
                 Ok(p) => p,
                 Err(e) => {
-                    err = Some(e);
+                    err = Some((None, e));
                     break;
                 }
             };
-            let r = far.regions.get(region);
-            match r.client.send_write(r.grant.cap, page as u64 * PAGE_SIZE as u64, s) {
-                Ok(t) => inflight.push((SpanAddr { region, page }, pages, t, r)),
+            let grp = self.place.group(g);
+            let (region, page) = (grp.regions[0], at[0]);
+            // `client` reconnects when the region's connection broke earlier.
+            let sent = far
+                .regions
+                .client(region)
+                .and_then(|(r, c)| Ok((c.send_write(r.grant.cap, page as u64 * PAGE_SIZE as u64, s)?, c)));
+            match sent {
+                Ok((t, c)) => inflight.push((SpanAddr { region, page }, pages, t, c, grp.nodes[0])),
                 Err(e) => {
                     far.pages.free(region, page, pages);
-                    err = Some(e.into());
+                    err = Some((Some(grp.nodes[0]), e));
                     break;
                 }
             }
         }
         let mut placed = Vec::with_capacity(inflight.len());
-        for (at, pages, t, r) in inflight {
-            match r.client.wait_write(t) {
-                Ok(()) => {
-                    far.count_write(pages as usize * PAGE_SIZE);
-                    placed.push((at, pages));
-                }
+        for (at, pages, t, c, node) in inflight {
+            match c.wait_write(t) {
+                Ok(()) => placed.push((at, pages)),
                 Err(e) => {
                     far.pages.free(at.region, at.page, pages);
-                    err.get_or_insert(e.into());
+                    err.get_or_insert((Some(node), e.into()));
                 }
             }
         }
-        if let Some(e) = err {
-            // Nothing stays half-placed: the caller keeps every span local.
+        if let Some((node, e)) = err {
+            // Nothing stays half-placed: the caller keeps every span local,
+            // and the next attempt avoids the node that failed for a while.
+            if let Some(n) = node {
+                self.place.suspects.suspect(n);
+            }
             for (at, pages) in placed {
                 far.pages.free(at.region, at.page, pages);
             }
@@ -79,15 +97,13 @@ impl Scheme for NonFt {
         Ok(placed.into_iter().map(|(at, _)| at).collect())
     }
 
-    fn swap_in(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<u32, RuntimeError> {
+    fn swap_in(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<(), RuntimeError> {
         let (r, c) = far.regions.reader(at.region).map_err(|e| match e {
             RuntimeError::Rpc(e) => lost(at, e),
             other => other,
         })?;
         c.read(r.grant.cap, at.page as u64 * PAGE_SIZE as u64, dest)
-            .map_err(|e| lost(at, e))?;
-        far.count_read(dest.len());
-        Ok(1)
+            .map_err(|e| lost(at, e))
     }
 
     fn release(&self, far: &FarMemory, at: SpanAddr, pages: u32) {
@@ -103,7 +119,7 @@ impl Scheme for NonFt {
     fn reuse(&self, far: &FarMemory, at: SpanAddr, pages: u32, _token: u64) -> bool {
         // The kept copy is the only one: never bet the span on a node we
         // can no longer reach (the caller then writes it elsewhere).
-        if far.regions.get(at.region).client.conn().is_broken() {
+        if far.regions.client(at.region).is_err() {
             return false;
         }
         self.kept_pages.fetch_sub(pages as u64, Ordering::Relaxed);

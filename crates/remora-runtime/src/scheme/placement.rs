@@ -1,0 +1,341 @@
+//! Placement, shared by every scheme: **stripe groups** of `width` regions
+//! on `width` distinct memory nodes, far space inside them (the far page
+//! heap, one allocator for every scheme), the nodes we suspect, and the
+//! replacement of a dead node's region.
+//!
+//! A scheme asks for one run of far pages per position of a group
+//! ([`Placement::place`]), sized per position (0: nothing there). Each run
+//! may sit at any page of its position's region: the members of a spanset
+//! need not share a row (per-position spansets), so remote compaction can
+//! recombine live spans position by position. `non-ft` uses groups of one.
+//!
+//! Lock order: a scheme's own state lock may be held while calling
+//! [`Placement::group`] or [`Placement::free`]
+//! (placement's lock is taken after it, briefly, and never the other way);
+//! [`Placement::place`], [`Placement::replacement`] and
+//! [`Placement::rebind`] talk to the manager and must be called with no
+//! scheme lock held.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use remora_proto::{NodeId, RegionGrant, RemoteError, RpcError};
+
+use crate::error::RuntimeError;
+use crate::far_memory::FarMemory;
+use crate::size_classes::PAGE_SIZE;
+
+/// How long a node that failed a request is avoided and read around.
+pub(crate) const SUSPECT_FOR: Duration = Duration::from_secs(3);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Nodes that failed a request recently: avoided for new data and read
+/// around until the manager's verdict (or [`SUSPECT_FOR`]) settles it.
+#[derive(Debug, Default)]
+pub(crate) struct Suspects(Mutex<HashMap<NodeId, Instant>>);
+
+impl Suspects {
+    pub(crate) fn suspect(&self, node: NodeId) {
+        lock(&self.0).insert(node, Instant::now());
+    }
+
+    pub(crate) fn is_suspect(&self, node: NodeId) -> bool {
+        let mut s = lock(&self.0);
+        match s.get(&node) {
+            Some(t) if t.elapsed() < SUSPECT_FOR => true,
+            Some(_) => {
+                s.remove(&node);
+                false
+            }
+            None => false,
+        }
+    }
+
+    fn list(&self) -> Vec<NodeId> {
+        lock(&self.0)
+            .iter()
+            .filter(|(_, t)| t.elapsed() < SUSPECT_FOR)
+            .map(|(n, _)| *n)
+            .collect()
+    }
+}
+
+/// One stripe group: position `i` is region `regions[i]` on `nodes[i]`.
+#[derive(Debug, Clone)]
+pub(crate) struct Group {
+    pub(crate) regions: Vec<u16>,
+    pub(crate) nodes: Vec<NodeId>,
+    /// The node at this position died; its region awaits a rebuild.
+    pub(crate) failed: Vec<bool>,
+}
+
+#[derive(Default)]
+struct State {
+    groups: Vec<Group>,
+    /// Where the next search starts, to spread load over groups.
+    next: usize,
+}
+
+/// Stripe groups of one width, and the far space in them.
+pub(crate) struct Placement {
+    width: usize,
+    scheme: &'static str,
+    st: Mutex<State>,
+    pub(crate) suspects: Suspects,
+    /// Held while a group is requested: threads that find every group full
+    /// at once must not each take `width` regions.
+    growing: Mutex<()>,
+}
+
+impl Placement {
+    pub(crate) fn new(width: usize, scheme: &'static str) -> Self {
+        Self {
+            width,
+            scheme,
+            st: Mutex::new(State::default()),
+            suspects: Suspects::default(),
+            growing: Mutex::new(()),
+        }
+    }
+
+    /// A copy of group `g`.
+    pub(crate) fn group(&self, g: usize) -> Group {
+        lock(&self.st).groups[g].clone()
+    }
+
+    /// Whether the node at (`g`, `pos`) should be read around.
+    pub(crate) fn unusable(&self, g: usize, pos: usize) -> bool {
+        let (failed, node) = {
+            let st = lock(&self.st);
+            (st.groups[g].failed[pos], st.groups[g].nodes[pos])
+        };
+        failed || self.suspects.is_suspect(node)
+    }
+
+    /// Takes one run of `pages[i]` far pages at each position `i` of one
+    /// group; returns the group and each run's first page (0 where
+    /// `pages[i]` is 0). Levels, most careful first: groups clear of
+    /// suspects and of `exclude` (nodes that failed this caller); then
+    /// groups with a suspect; then any group, waiting up to `patience` for
+    /// the manager. A transient failure thus never strands a caller while
+    /// usable nodes exist.
+    pub(crate) fn place(
+        &self,
+        far: &FarMemory,
+        pages: &[u32],
+        exclude: &[NodeId],
+    ) -> Result<(usize, Vec<u32>), RuntimeError> {
+        debug_assert_eq!(pages.len(), self.width);
+        let levels: [(bool, &[NodeId]); 3] = [(false, exclude), (true, exclude), (true, &[])];
+        for (i, (suspects_too, avoid)) in levels.into_iter().enumerate() {
+            let last = i == levels.len() - 1;
+            loop {
+                let (found, seen) = self.try_alloc(far, pages, suspects_too, avoid);
+                if let Some(f) = found {
+                    return Ok(f);
+                }
+                let need = pages.iter().copied().max().unwrap_or(0);
+                if !self.grow(far, avoid, seen, !suspects_too, last, need)? {
+                    break;
+                }
+            }
+        }
+        unreachable!("the last level waits for a group or fails")
+    }
+
+    fn try_alloc(
+        &self,
+        far: &FarMemory,
+        pages: &[u32],
+        suspects_too: bool,
+        avoid: &[NodeId],
+    ) -> (Option<(usize, Vec<u32>)>, usize) {
+        let mut st = lock(&self.st);
+        let n = st.groups.len();
+        for k in 0..n {
+            let gi = (st.next + k) % n;
+            let g = &st.groups[gi];
+            if g.failed.iter().any(|&f| f)
+                || g.nodes.iter().any(|n| avoid.contains(n))
+                || (!suspects_too && g.nodes.iter().any(|n| self.suspects.is_suspect(*n)))
+            {
+                continue;
+            }
+            let mut got = Vec::with_capacity(self.width);
+            for (pos, &want) in pages.iter().enumerate() {
+                if want == 0 {
+                    got.push(0);
+                    continue;
+                }
+                match far.pages.alloc_in(g.regions[pos], want) {
+                    Some(p) => got.push(p),
+                    None => break,
+                }
+            }
+            if got.len() == self.width {
+                st.next = (gi + 1) % n;
+                return (Some((gi, got)), n);
+            }
+            // Roll back the runs taken in this group (no one else allocates
+            // here: every allocation holds this lock).
+            for (pos, &p) in got.iter().enumerate() {
+                if pages[pos] > 0 {
+                    far.pages.free(g.regions[pos], p, pages[pos]);
+                }
+            }
+        }
+        (None, n)
+    }
+
+    /// Returns a run taken by [`Placement::place`].
+    pub(crate) fn free(&self, far: &FarMemory, g: usize, pos: usize, page: u32, pages: u32) {
+        if pages > 0 {
+            let region = lock(&self.st).groups[g].regions[pos];
+            far.pages.free(region, page, pages);
+        }
+    }
+
+    /// Adds a group (avoiding `avoid`, and suspects if `avoid_suspects`)
+    /// unless another thread added one since the caller saw `seen` groups
+    /// (then the caller just tries again). False when the manager has too
+    /// few nodes and `wait` is not set.
+    fn grow(
+        &self,
+        far: &FarMemory,
+        avoid: &[NodeId],
+        seen: usize,
+        avoid_suspects: bool,
+        wait: bool,
+        need_pages: u32,
+    ) -> Result<bool, RuntimeError> {
+        let _one = lock(&self.growing);
+        if lock(&self.st).groups.len() != seen {
+            return Ok(true);
+        }
+        let mut avoid = avoid.to_vec();
+        if avoid_suspects {
+            avoid.extend(self.suspects.list());
+        }
+        let n = self.width as u32;
+        let start = Instant::now();
+        let grants = loop {
+            match far.backend.alloc(n, true, &avoid) {
+                Ok(g) => break g,
+                Err(RpcError::Remote(RemoteError::NoCapacity { .. })) if !wait => return Ok(false),
+                Err(RpcError::Remote(RemoteError::NoCapacity { available, .. })) => {
+                    if start.elapsed() > far.patience {
+                        return Err(RuntimeError::FarMemoryExhausted(format!(
+                            "{} needs {n} regions on distinct live memory nodes; {available} available",
+                            self.scheme
+                        )));
+                    }
+                    // Too few live nodes: wait for capacity, never drop data.
+                    thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        let pages = grants
+            .iter()
+            .map(|g| g.size / PAGE_SIZE as u64)
+            .min()
+            .unwrap_or(0)
+            .min(crate::pointer::MAX_FAR_PAGE as u64 + 1) as u32;
+        if need_pages > pages {
+            // Growing further would never help: fail, and keep nothing.
+            for g in &grants {
+                far.give_back(g.cap.region);
+            }
+            return Err(RuntimeError::TooLarge {
+                size: need_pages as usize * PAGE_SIZE,
+            });
+        }
+        let mut regions = Vec::with_capacity(grants.len());
+        let mut nodes = Vec::with_capacity(grants.len());
+        for g in &grants {
+            match far.regions.add(g.clone()) {
+                Ok(idx) => {
+                    nodes.push(g.node);
+                    regions.push(idx);
+                }
+                Err(e) => {
+                    // Nothing references the group yet: give every region
+                    // back (those already added stay as dead table entries).
+                    for g in &grants {
+                        far.give_back(g.cap.region);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        for &r in &regions {
+            far.pages.add_region(r, pages);
+        }
+        let mut st = lock(&self.st);
+        let gi = st.groups.len();
+        st.groups.push(Group {
+            regions,
+            nodes,
+            failed: vec![false; self.width],
+        });
+        tracing::debug!(
+            "{}: stripe group {gi} of {} x {pages} pages ({} regions held)",
+            self.scheme,
+            self.width,
+            far.regions.len()
+        );
+        Ok(true)
+    }
+
+    /// Marks every position on `node` failed; returns them.
+    pub(crate) fn fail_node(&self, node: NodeId) -> Vec<(usize, usize)> {
+        let mut st = lock(&self.st);
+        let mut v = Vec::new();
+        for (gi, g) in st.groups.iter_mut().enumerate() {
+            for pos in 0..g.nodes.len() {
+                if g.nodes[pos] == node && !g.failed[pos] {
+                    g.failed[pos] = true;
+                    v.push((gi, pos));
+                }
+            }
+        }
+        v
+    }
+
+    /// A region to rebuild a position of group `g` on, on a node the group
+    /// does not use (waiting up to `patience` for one).
+    pub(crate) fn replacement(&self, far: &FarMemory, g: usize) -> Result<RegionGrant, RuntimeError> {
+        let start = Instant::now();
+        let exclude = self.group(g).nodes;
+        loop {
+            match far.backend.alloc(1, false, &exclude) {
+                Ok(v) => {
+                    return v.into_iter().next().ok_or_else(|| {
+                        RuntimeError::FarMemoryExhausted("the manager granted no region for a rebuild".into())
+                    });
+                }
+                Err(RpcError::Remote(RemoteError::NoCapacity { .. })) if start.elapsed() < far.patience => {
+                    thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Points position `pos` of group `g` at its rebuilt region. Far words
+    /// keep naming the same region index, so none needs to change.
+    pub(crate) fn rebind(&self, far: &FarMemory, g: usize, pos: usize, grant: RegionGrant) -> Result<(), RuntimeError> {
+        let idx = self.group(g).regions[pos];
+        let node = grant.node;
+        far.regions.rebind(idx, grant)?;
+        let mut st = lock(&self.st);
+        st.groups[g].nodes[pos] = node;
+        st.groups[g].failed[pos] = false;
+        Ok(())
+    }
+}
