@@ -18,7 +18,9 @@
 use std::fmt::Debug;
 
 use remora_proto::cap::{AdminKey, Cap, ComputeId, NodeId, RegionId, Rights, Session, Token};
-use remora_proto::frame::{FrameHeader, FrameKind, HEADER_LEN, MAGIC, VERSION, parse_frames, write_frame};
+use remora_proto::frame::{
+    FrameHeader, FrameKind, HEADER_LEN, HELLO_KIND, MAGIC, VERSION, check_hello, hello, parse_frames, write_frame,
+};
 use remora_proto::msg::{
     ClusterStatus, ComputeState, ComputeStatus, Event, EventKind, Fault, MemNodeStatus, MemRequest, MemResponse,
     MgrRequest, MgrResponse, NodeState, Range, RebuildRow, RebuildSource, RegionGrant, RemoteError, decode, encode,
@@ -630,10 +632,19 @@ fn frame_header_constants() {
     }
 }
 
+/// The hello: magic and version where every version keeps them, kind 4.
+#[test]
+fn hello_frame() {
+    let want = unhex("526d 02 04 0000 0000 | 0000000000000000 | 00000000 | 00000000");
+    assert_eq!(hex(&hello()), hex(&want));
+    assert_eq!(HELLO_KIND, 4);
+    assert_eq!(check_hello(&hello()), Ok(()));
+}
+
 /// A whole request frame and its error reply: header, head and payload.
 #[test]
 fn whole_frames() {
-    assert_eq!(VERSION, 1, "a new VERSION needs new golden frames");
+    assert_eq!(VERSION, 2, "a new VERSION needs new golden frames");
     let head = encode(&MemRequest::Write { cap: cap(), offset: 1 });
     let mut out = Vec::new();
     write_frame(
@@ -645,7 +656,7 @@ fn whole_frames() {
     )
     .unwrap();
     let want = golden(
-        "526d 01 01 0000 0000 | 0807060504030201 | 14000000 | 07000000 \
+        "526d 02 01 0000 0000 | 0807060504030201 | 14000000 | 07000000 \
          | 01 {CAP} 01 | 7061796c6f6164",
     );
     assert_eq!(hex(&out), hex(&want), "request frame");
@@ -660,6 +671,6 @@ fn whole_frames() {
     let head = encode(&RemoteError::NoSuchRegion { region: RegionId(3) });
     let mut out = Vec::new();
     write_frame(&mut out, FrameKind::Error, 0x0102_0304_0506_0708, &head, &[]).unwrap();
-    let want = unhex("526d 01 03 0000 0000 | 0807060504030201 | 02000000 | 00000000 | 01 03");
+    let want = unhex("526d 02 03 0000 0000 | 0807060504030201 | 02000000 | 00000000 | 01 03");
     assert_eq!(hex(&out), hex(&want), "error frame");
 }
