@@ -29,8 +29,8 @@ use remora_proto::{
     Token,
 };
 
-pub use store::StoreError;
 use store::{Batch, ComputeRec, Meta, NodeRec, RegionRec, Store};
+pub use store::{SCHEMA_VERSION, StoreError};
 
 /// How the manager is set up.
 #[derive(Debug, Clone)]
