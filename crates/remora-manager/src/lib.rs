@@ -9,6 +9,8 @@
 //! allocations and its owners are told to move away. All assignments live in
 //! an embedded store (module `store`, redb) and survive a restart.
 
+#![forbid(unsafe_code)]
+
 mod store;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};

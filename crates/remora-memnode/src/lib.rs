@@ -7,6 +7,8 @@
 //! Every data request carries a capability checked against the region's
 //! grant (see [`remora_proto::cap`]).
 
+#![forbid(unsafe_code)]
+
 mod fault;
 mod rebuild;
 mod region;
