@@ -1,6 +1,8 @@
 //! `remora`: the one binary of a remora deployment — memory manager, memory
 //! node daemon, operator commands, benchmarks and the demo.
 
+#![forbid(unsafe_code)]
+
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use remora_proto::{ByteSize, ConnOptions, ManagerConn};

@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use remora_cluster::ClusterEvent;
-use remora_proto::frame::{FrameHeader, FrameKind, HEADER_LEN, write_frame};
+use remora_proto::frame::{FrameHeader, FrameKind, HEADER_LEN, VERSION, hello, write_frame};
 use remora_proto::msg::ComputeState;
+use remora_proto::msg::MemRequest;
 use remora_proto::{
     Cap, EventKind, MemNodeClient, MemTransport, NodeState, RegionId, RemoteError, Rights, RpcError, SessionEvent,
     Token,
@@ -318,7 +319,19 @@ fn expect_closed(mut s: TcpStream, what: &str) {
     }
 }
 
-/// (e) Malformed frames close only their own connection.
+/// Connects and exchanges hellos by hand, as `RpcConn::connect` does.
+fn raw_after_hello(target: &str) -> TcpStream {
+    let mut raw = TcpStream::connect(target).unwrap();
+    raw.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    raw.write_all(&hello()).unwrap();
+    let mut reply = [0u8; HEADER_LEN];
+    raw.read_exact(&mut reply).unwrap();
+    assert_eq!(reply, hello(), "{target} answers the hello with its own");
+    raw
+}
+
+/// (e) Malformed frames close only their own connection, before the hello
+/// and after it.
 #[test]
 fn malformed_frames_close_only_their_connection() {
     let c = cluster(1, 128 * MIB, 64 * MIB);
@@ -327,8 +340,30 @@ fn malformed_frames_close_only_their_connection() {
     let good = MemNodeClient::connect(&g.addr, Default::default()).unwrap();
     let data = pattern(3, 0, 16384);
     good.write(g.cap, 0, &data).unwrap();
-    let mut bad_frames: Vec<(&str, Vec<u8>)> =
-        vec![("garbage", b"GET / HTTP/1.1\r\n\r\nxxxxxxxxxxxxxxxxxxxxxx".to_vec())];
+    // (what, sent after a good hello, bytes)
+    let mut bad_frames: Vec<(&str, bool, Vec<u8>)> = vec![
+        (
+            "garbage",
+            false,
+            b"GET / HTTP/1.1\r\n\r\nxxxxxxxxxxxxxxxxxxxxxx".to_vec(),
+        ),
+        (
+            "garbage after the hello",
+            true,
+            b"GET / HTTP/1.1\r\n\r\nxxxxxxxxxxxxxxxxxxxxxx".to_vec(),
+        ),
+        ("a second hello", true, hello().to_vec()),
+    ];
+    let mut v = Vec::new();
+    write_frame(
+        &mut v,
+        FrameKind::Request,
+        1,
+        &remora_proto::msg::encode(&MemRequest::Ping),
+        &[],
+    )
+    .unwrap();
+    bad_frames.push(("a request without the hello", false, v));
     let mut v = FrameHeader {
         kind: FrameKind::Request,
         id: 1,
@@ -338,7 +373,7 @@ fn malformed_frames_close_only_their_connection() {
     .encode()
     .to_vec();
     v.extend_from_slice(&[0xFF, 0xFF, 0xFF, 0xFF]);
-    bad_frames.push(("undecodable head", v));
+    bad_frames.push(("undecodable head", true, v));
     let mut v = FrameHeader {
         kind: FrameKind::Request,
         id: 1,
@@ -348,7 +383,7 @@ fn malformed_frames_close_only_their_connection() {
     .encode()
     .to_vec();
     v[20..24].copy_from_slice(&u32::MAX.to_le_bytes());
-    bad_frames.push(("oversized payload", v));
+    bad_frames.push(("oversized payload", true, v));
     let mut v = FrameHeader {
         kind: FrameKind::Response,
         id: 1,
@@ -358,19 +393,26 @@ fn malformed_frames_close_only_their_connection() {
     .encode()
     .to_vec();
     v[2] = 99;
-    bad_frames.push(("wrong version", v));
+    bad_frames.push(("wrong version after the hello", true, v));
     let mut v = Vec::new();
     write_frame(&mut v, FrameKind::Response, 5, &[], &[]).unwrap();
-    bad_frames.push(("response sent as request", v));
+    bad_frames.push(("response sent as request", true, v));
     for target in [g.addr.as_str(), c.manager_addr()] {
-        for (what, bytes) in &bad_frames {
-            let mut raw = TcpStream::connect(target).unwrap();
+        for (what, after_hello, bytes) in &bad_frames {
+            let mut raw = if *after_hello {
+                raw_after_hello(target)
+            } else {
+                TcpStream::connect(target).unwrap()
+            };
             raw.write_all(bytes).unwrap();
             expect_closed(raw, &format!("{what} to {target}"));
         }
         // Half a header, then silence, then hang up: nothing breaks.
         let mut raw = TcpStream::connect(target).unwrap();
-        raw.write_all(&[b'R', b'm', 1]).unwrap();
+        raw.write_all(&[b'R', b'm', VERSION]).unwrap();
+        drop(raw);
+        let mut raw = raw_after_hello(target);
+        raw.write_all(&[b'R', b'm', VERSION]).unwrap();
         drop(raw);
     }
     // The well-behaved connection and the manager still serve.
@@ -379,6 +421,66 @@ fn malformed_frames_close_only_their_connection() {
     assert_bytes_eq(&back, &data, "good client after bad frames");
     assert_eq!(c.status().unwrap().memory_nodes.len(), 1);
     assert_eq!(HEADER_LEN, 24);
+}
+
+/// (e') A peer of another protocol version is refused at connect time, with
+/// this build's hello as the answer so it can say why, and a log line on the
+/// server; everyone else is still served.
+#[test]
+fn other_protocol_versions_are_refused_at_connect() {
+    let c = cluster(1, 128 * MIB, 64 * MIB);
+    let s = session(&c, "good");
+    let g = s.alloc(1, false, &[]).unwrap().remove(0);
+    let good = MemNodeClient::connect(&g.addr, Default::default()).unwrap();
+    let data = pattern(4, 0, 4096);
+    good.write(g.cap, 0, &data).unwrap();
+    let mut newer = hello();
+    newer[2] = 99;
+    let mut older = Vec::new();
+    write_frame(
+        &mut older,
+        FrameKind::Request,
+        1,
+        &remora_proto::msg::encode(&MemRequest::Ping),
+        &[],
+    )
+    .unwrap();
+    older[2] = 1;
+    for (target, log) in [(g.addr.as_str(), "memnode0.log"), (c.manager_addr(), "manager.log")] {
+        for (what, bytes, theirs) in [("newer hello", &newer[..], 99), ("version-1 request", &older[..], 1)] {
+            let mut raw = TcpStream::connect(target).unwrap();
+            raw.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            raw.write_all(bytes).unwrap();
+            let mut got = Vec::new();
+            match raw.read_to_end(&mut got) {
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+                Err(e) => panic!("{what} to {target}: connection not closed: {e}"),
+            }
+            assert_eq!(got, hello().to_vec(), "{what} to {target}: our hello, then the end");
+            let want = format!("speaks remora protocol version {theirs}, this build speaks version {VERSION}");
+            let path = c.dir().join(log);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                if text
+                    .lines()
+                    .any(|l| l.contains("refusing connection") && l.contains(&want))
+                {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "{log} never logged {want:?}:\n{text}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+    let mut back = vec![0u8; data.len()];
+    good.read(g.cap, 0, &mut back).unwrap();
+    assert_bytes_eq(&back, &data, "good client after refused versions");
+    let fresh = MemNodeClient::connect(&g.addr, Default::default()).unwrap();
+    fresh.read(g.cap, 0, &mut back).unwrap();
+    assert_bytes_eq(&back, &data, "new client after refused versions");
+    assert_eq!(c.status().unwrap().memory_nodes.len(), 1);
 }
 
 /// (f) A manager restart keeps every region assignment; sessions, tokens and

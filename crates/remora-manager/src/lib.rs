@@ -9,6 +9,8 @@
 //! allocations and its owners are told to move away. All assignments live in
 //! an embedded store (module `store`, redb) and survive a restart.
 
+#![forbid(unsafe_code)]
+
 mod store;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -29,8 +31,8 @@ use remora_proto::{
     Token,
 };
 
-pub use store::StoreError;
 use store::{Batch, ComputeRec, Meta, NodeRec, RegionRec, Store};
+pub use store::{SCHEMA_VERSION, StoreError};
 
 /// How the manager is set up.
 #[derive(Debug, Clone)]

@@ -5,10 +5,19 @@
 //! manager killed at any point restarts with every region assignment it ever
 //! acknowledged. Liveness timestamps and event queues are not stored: after a
 //! restart every node gets a fresh timeout to heartbeat again.
+//!
+//! **Schema version.** The `meta` table holds [`SCHEMA_VERSION`] under
+//! `schema_version`, written when the store is created. A store with another
+//! version, or with records but no version (written before versions
+//! existed), is refused when opened instead of being misread: postcard
+//! records carry no field names, so an older or newer layout would decode
+//! into wrong values or not at all. Records embed `remora_proto` types
+//! (states, tokens, ids), so a change to their encoding is a schema change
+//! too; the tests below pin the bytes of each record.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use remora_proto::msg::ComputeState;
 use remora_proto::{AdminKey, ComputeId, NodeId, NodeState, RegionId, Token};
 use serde::{Deserialize, Serialize};
@@ -18,13 +27,47 @@ const REGIONS: TableDefinition<u64, &[u8]> = TableDefinition::new("regions");
 const COMPUTES: TableDefinition<u64, &[u8]> = TableDefinition::new("compute_nodes");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
-/// A store failure: the manager cannot promise durability, so it refuses the request.
+/// The layout of the tables and of the records in them. Any change to
+/// either needs a new number, and the manager then refuses stores written
+/// with the old one.
+pub const SCHEMA_VERSION: u64 = 1;
+const SCHEMA_KEY: &str = "schema_version";
+
+/// A store failure: the manager cannot promise durability, so it refuses the
+/// request, or cannot read the store at all, so it does not start.
 #[derive(Debug, thiserror::Error)]
-#[error("manager store: {0}")]
-pub struct StoreError(String);
+pub enum StoreError {
+    /// The database failed.
+    #[error("manager store: {0}")]
+    Db(String),
+    /// The store was written with another schema version.
+    #[error(
+        "manager store {path}: schema version {found}, but this build reads schema version {expected}; \
+         run the remora version that wrote it, or start from an empty data directory"
+    )]
+    SchemaMismatch {
+        /// The database file.
+        path: PathBuf,
+        /// The version it holds.
+        found: u64,
+        /// [`SCHEMA_VERSION`].
+        expected: u64,
+    },
+    /// The store holds records but no schema version: it predates versions.
+    #[error(
+        "manager store {path}: holds records but no schema version (written before schema versions existed), \
+         and this build reads schema version {expected}; start from an empty data directory"
+    )]
+    NoSchemaVersion {
+        /// The database file.
+        path: PathBuf,
+        /// [`SCHEMA_VERSION`].
+        expected: u64,
+    },
+}
 
 fn se(e: impl std::fmt::Display) -> StoreError {
-    StoreError(e.to_string())
+    StoreError::Db(e.to_string())
 }
 
 /// A memory node as stored.
@@ -107,17 +150,45 @@ pub(crate) struct Store {
 }
 
 impl Store {
-    /// Opens (or creates) `dir/manager.redb`.
+    /// Opens (or creates) `dir/manager.redb`, refusing one of another
+    /// schema version (see the module docs).
     pub(crate) fn open(dir: &Path) -> Result<Self, StoreError> {
         std::fs::create_dir_all(dir).map_err(|e| se(format!("cannot create {}: {e}", dir.display())))?;
         let path = dir.join("manager.redb");
         let db = Database::create(&path).map_err(|e| se(format!("{}: {e}", path.display())))?;
         let w = db.begin_write().map_err(se)?;
         {
-            w.open_table(NODES).map_err(se)?;
-            w.open_table(REGIONS).map_err(se)?;
-            w.open_table(COMPUTES).map_err(se)?;
-            w.open_table(META).map_err(se)?;
+            let nodes = w.open_table(NODES).map_err(se)?;
+            let regions = w.open_table(REGIONS).map_err(se)?;
+            let computes = w.open_table(COMPUTES).map_err(se)?;
+            let mut meta = w.open_table(META).map_err(se)?;
+            let found = meta.get(SCHEMA_KEY).map_err(se)?.map(|v| v.value());
+            match found {
+                Some(SCHEMA_VERSION) => {}
+                // Returning drops the transaction uncommitted: the store is left as it was.
+                Some(found) => {
+                    return Err(StoreError::SchemaMismatch {
+                        path,
+                        found,
+                        expected: SCHEMA_VERSION,
+                    });
+                }
+                None => {
+                    // Empty (new, or created by a run that died before its
+                    // first commit): it is ours to stamp.
+                    let empty = nodes.is_empty().map_err(se)?
+                        && regions.is_empty().map_err(se)?
+                        && computes.is_empty().map_err(se)?
+                        && meta.is_empty().map_err(se)?;
+                    if !empty {
+                        return Err(StoreError::NoSchemaVersion {
+                            path,
+                            expected: SCHEMA_VERSION,
+                        });
+                    }
+                    meta.insert(SCHEMA_KEY, SCHEMA_VERSION).map_err(se)?;
+                }
+            }
         }
         w.commit().map_err(se)?;
         Ok(Self { db })
@@ -181,5 +252,149 @@ impl Store {
             }
         }
         w.commit().map_err(se)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored_version(dir: &Path) -> Option<u64> {
+        let db = Database::create(dir.join("manager.redb")).unwrap();
+        let r = db.begin_read().unwrap();
+        let meta = r.open_table(META).unwrap();
+        meta.get(SCHEMA_KEY).unwrap().map(|v| v.value())
+    }
+
+    fn set_meta(dir: &Path, key: &str, value: u64) {
+        let db = Database::create(dir.join("manager.redb")).unwrap();
+        let w = db.begin_write().unwrap();
+        w.open_table(META).unwrap().insert(key, value).unwrap();
+        w.commit().unwrap();
+    }
+
+    fn node() -> NodeRec {
+        NodeRec {
+            addr: "h:9".into(),
+            capacity: 1 << 30,
+            region_size: 1 << 26,
+            admin: Token([7; 16]),
+            state: NodeState::Draining,
+            regions: vec![RegionId(1), RegionId(2)],
+        }
+    }
+
+    #[test]
+    fn fresh_store_is_stamped_and_reopens() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let mut b = Batch::default();
+        b.node(NodeId(4), &node()).meta(Meta {
+            next_node: 5,
+            ..Meta::default()
+        });
+        store.commit(&b).unwrap();
+        drop(store);
+        assert_eq!(stored_version(dir.path()), Some(SCHEMA_VERSION));
+        let loaded = Store::open(dir.path()).unwrap().load().unwrap();
+        assert_eq!(loaded.nodes.len(), 1);
+        assert_eq!(loaded.nodes[0].0, NodeId(4));
+        assert_eq!(loaded.nodes[0].1.addr, "h:9");
+        assert_eq!(loaded.meta.next_node, 5);
+        // Reopening does not disturb the version.
+        assert_eq!(stored_version(dir.path()), Some(SCHEMA_VERSION));
+    }
+
+    #[test]
+    fn another_schema_version_is_refused_and_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(Store::open(dir.path()).unwrap());
+        set_meta(dir.path(), SCHEMA_KEY, SCHEMA_VERSION + 98);
+        match Store::open(dir.path()) {
+            Err(StoreError::SchemaMismatch { path, found, expected }) => {
+                assert_eq!(found, SCHEMA_VERSION + 98);
+                assert_eq!(expected, SCHEMA_VERSION);
+                assert_eq!(path, dir.path().join("manager.redb"));
+            }
+            Err(e) => panic!("expected a schema mismatch, got {e}"),
+            Ok(_) => panic!("a store of schema version {} opened", SCHEMA_VERSION + 98),
+        }
+        let msg = Store::open(dir.path()).err().unwrap().to_string();
+        assert!(
+            msg.contains(&format!("schema version {}", SCHEMA_VERSION + 98))
+                && msg.contains(&format!("reads schema version {SCHEMA_VERSION}")),
+            "{msg}"
+        );
+        assert_eq!(
+            stored_version(dir.path()),
+            Some(SCHEMA_VERSION + 98),
+            "refusal rewrote the version"
+        );
+    }
+
+    #[test]
+    fn unversioned_store_with_records_is_refused() {
+        // What a build before schema versions left behind.
+        let dir = tempfile::tempdir().unwrap();
+        set_meta(dir.path(), "next_node", 3);
+        match Store::open(dir.path()) {
+            Err(StoreError::NoSchemaVersion { expected, .. }) => assert_eq!(expected, SCHEMA_VERSION),
+            Err(e) => panic!("expected a missing schema version, got {e}"),
+            Ok(_) => panic!("an unversioned store with records opened"),
+        }
+        assert_eq!(stored_version(dir.path()), None);
+    }
+
+    #[test]
+    fn unversioned_empty_store_is_stamped() {
+        // A run that died between creating the file and its first commit.
+        let dir = tempfile::tempdir().unwrap();
+        let db = Database::create(dir.path().join("manager.redb")).unwrap();
+        let w = db.begin_write().unwrap();
+        w.open_table(NODES).unwrap();
+        w.open_table(META).unwrap();
+        w.commit().unwrap();
+        drop(db);
+        drop(Store::open(dir.path()).unwrap());
+        assert_eq!(stored_version(dir.path()), Some(SCHEMA_VERSION));
+    }
+
+    fn hex(b: &[u8]) -> String {
+        b.iter().map(|x| format!("{x:02x}")).collect()
+    }
+
+    /// The records' bytes are the schema: a change here needs a new
+    /// SCHEMA_VERSION (and a new golden).
+    #[test]
+    fn record_golden_bytes() {
+        assert_eq!(SCHEMA_VERSION, 1, "a new schema version needs new golden records");
+        assert_eq!(
+            hex(&postcard::to_allocvec(&node()).unwrap()),
+            format!("03683a39 8080808004 80808020 {} 01 02 01 02", "07".repeat(16)).replace(' ', "")
+        );
+        let region = RegionRec {
+            node: NodeId(2),
+            size: 1 << 26,
+            owner: Some((ComputeId(5), Token([9; 16]))),
+        };
+        assert_eq!(
+            hex(&postcard::to_allocvec(&region).unwrap()),
+            format!("02 80808020 01 05 {}", "09".repeat(16)).replace(' ', "")
+        );
+        let free = RegionRec {
+            node: NodeId(2),
+            size: 1 << 26,
+            owner: None,
+        };
+        assert_eq!(hex(&postcard::to_allocvec(&free).unwrap()), "028080802000");
+        let compute = ComputeRec {
+            name: "app".into(),
+            secret: Token([1; 16]),
+            state: ComputeState::Dead,
+        };
+        assert_eq!(
+            hex(&postcard::to_allocvec(&compute).unwrap()),
+            format!("03617070 {} 01", "01".repeat(16)).replace(' ', "")
+        );
     }
 }

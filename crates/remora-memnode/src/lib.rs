@@ -7,6 +7,8 @@
 //! Every data request carries a capability checked against the region's
 //! grant (see [`remora_proto::cap`]).
 
+#![forbid(unsafe_code)]
+
 mod fault;
 pub mod in_process;
 mod rebuild;
@@ -153,7 +155,8 @@ impl MemNode {
         let mgr = loop {
             match ManagerConn::connect(&cfg.manager, ConnOptions::default()) {
                 Ok(m) => break Arc::new(m),
-                Err(e) if start.elapsed() < cfg.manager_patience => {
+                // A manager of another protocol version will not change its mind.
+                Err(e) if e.is_transport() && start.elapsed() < cfg.manager_patience => {
                     tracing::debug!("manager not reachable yet: {e}");
                     thread::sleep(Duration::from_millis(100));
                 }

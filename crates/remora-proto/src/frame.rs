@@ -8,7 +8,7 @@
 //!  0       2    3    4         6         8                 16         20         24
 //!  +-------+----+----+---------+---------+-----------------+----------+----------+
 //!  | magic |ver |kind| flags=0 | rsvd=0  |   request id    | head len | payld len|
-//!  | "Rm"  | 1  |    |  (u16)  |  (u16)  |      (u64)      |  (u32)   |  (u32)   |
+//!  | "Rm"  | 2  |    |  (u16)  |  (u16)  |      (u64)      |  (u32)   |  (u32)   |
 //!  +-------+----+----+---------+---------+-----------------+----------+----------+
 //!  | head: head-len bytes of postcard  | payload: payload-len raw bytes           |
 //! ```
@@ -17,6 +17,16 @@
 //! response whose head is a [`crate::RemoteError`]. A response carries the id of
 //! the request it answers; responses may come in any order, so a client keeps
 //! many requests in flight on one connection.
+//!
+//! **Hello.** Before any other frame, the connecting side sends a *hello*
+//! ([`hello`]): a bare header of kind 4 whose `ver` byte is its protocol
+//! version and whose other fields are zero. The accepting side answers with
+//! its own hello, then serves requests if the versions match, or logs the
+//! mismatch and closes the connection if they differ; the connecting side
+//! reports a mismatch as a typed error. Magic and version sit at the same
+//! offsets in every version's frames (including version 1, which had no
+//! hello), so either side can name the other's version whatever it runs;
+//! that layout must never change. After the hello, kind 4 is invalid.
 //!
 //! Decoding never trusts the peer: the header is validated (magic, version,
 //! kind, reserved bits, length limits) before a single byte of the body is
@@ -29,8 +39,13 @@ use std::time::{Duration, Instant};
 
 /// Magic bytes at the start of every frame ("Rm" read as little-endian u16).
 pub const MAGIC: u16 = u16::from_le_bytes(*b"Rm");
-/// The protocol version this build speaks.
-pub const VERSION: u8 = 1;
+/// The protocol version this build speaks. Any change to the frame layout,
+/// the hello or the encoding of a message ([`crate::msg`]) needs a new one.
+///
+/// History: 1, the first; 2, adds the hello at connection setup.
+pub const VERSION: u8 = 2;
+/// The `kind` byte of a hello frame (see the module docs).
+pub const HELLO_KIND: u8 = 4;
 /// Size of the fixed header in bytes.
 pub const HEADER_LEN: usize = 24;
 /// Largest accepted head (the serialized message), 1 MiB.
@@ -84,6 +99,10 @@ pub enum FrameError {
     /// The head did not decode as the expected message.
     #[error("undecodable message head: {0}")]
     BadHead(String),
+    /// The first frame of a connection, from a peer of this very version,
+    /// was not a hello.
+    #[error("the connection did not start with a protocol hello")]
+    BadHello,
 }
 
 /// The validated fixed header of a frame.
@@ -145,12 +164,41 @@ impl FrameHeader {
     }
 }
 
+/// The hello this build sends first on every connection, and answers with.
+pub fn hello() -> [u8; HEADER_LEN] {
+    let mut b = [0u8; HEADER_LEN];
+    b[0..2].copy_from_slice(&MAGIC.to_le_bytes());
+    b[2] = VERSION;
+    b[3] = HELLO_KIND;
+    b
+}
+
+/// Checks the first 24 bytes a peer sent (or answered) on a connection.
+///
+/// A peer of another version fails with [`FrameError::BadVersion`] naming
+/// its version, whatever the rest of its bytes hold: an older or newer build
+/// may send a different hello or none at all, but every version puts the
+/// magic and the version byte first.
+pub fn check_hello(b: &[u8; HEADER_LEN]) -> Result<(), FrameError> {
+    let magic = u16::from_le_bytes([b[0], b[1]]);
+    if magic != MAGIC {
+        return Err(FrameError::BadMagic(magic));
+    }
+    if b[2] != VERSION {
+        return Err(FrameError::BadVersion(b[2]));
+    }
+    if *b != hello() {
+        return Err(FrameError::BadHello);
+    }
+    Ok(())
+}
+
 /// A parsed frame: header, head bytes and payload bytes.
 pub type ParsedFrame = (FrameHeader, Vec<u8>, Vec<u8>);
 
-/// Parses as many complete frames as `bytes` holds, as a server would, and
-/// returns them or the first error. Used by tests and fuzzing to show that no
-/// byte string makes decoding panic.
+/// Parses as many complete frames as `bytes` holds, as a server would after
+/// the hello, and returns them or the first error. Used by tests and fuzzing
+/// to show that no byte string makes decoding panic.
 pub fn parse_frames(mut bytes: &[u8]) -> Result<Vec<ParsedFrame>, FrameError> {
     let mut out = Vec::new();
     while bytes.len() >= HEADER_LEN {
@@ -194,6 +242,17 @@ pub fn write_frame(w: &mut impl Write, kind: FrameKind, id: u64, head: &[u8], pa
         }
     }
     Ok(())
+}
+
+/// Parses a whole connection's bytes as a server would: the hello, then as
+/// many complete frames as follow. `Ok(None)` means the hello is incomplete.
+/// Used by tests and fuzzing, like [`parse_frames`].
+pub fn parse_connection(bytes: &[u8]) -> Result<Option<Vec<ParsedFrame>>, FrameError> {
+    let Some((first, rest)) = bytes.split_first_chunk::<HEADER_LEN>() else {
+        return Ok(None);
+    };
+    check_hello(first)?;
+    parse_frames(rest).map(Some)
 }
 
 fn too_big(what: &str) -> io::Error {
@@ -401,7 +460,89 @@ mod tests {
         assert_eq!(frames[1].0.kind, FrameKind::Response);
     }
 
+    #[test]
+    fn hello_is_checked_field_by_field() {
+        let h = hello();
+        assert_eq!(check_hello(&h), Ok(()));
+        assert_eq!(&h[0..2], b"Rm");
+        assert_eq!(h[2], VERSION);
+        assert_eq!(h[3], HELLO_KIND);
+        let mut b = h;
+        b[1] = b'M';
+        assert!(matches!(check_hello(&b), Err(FrameError::BadMagic(_))));
+        // Another version is named whatever follows its version byte.
+        let mut b = h;
+        b[2] = VERSION + 1;
+        b[10] = 0xff;
+        assert_eq!(check_hello(&b), Err(FrameError::BadVersion(VERSION + 1)));
+        // Version 1 had no hello: its first frame is a request.
+        let mut old_request = FrameHeader {
+            kind: FrameKind::Request,
+            id: 1,
+            head_len: 1,
+            payload_len: 0,
+        }
+        .encode();
+        old_request[2] = 1;
+        assert_eq!(check_hello(&old_request), Err(FrameError::BadVersion(1)));
+        // This version must start with the hello, not a request.
+        let request = FrameHeader {
+            kind: FrameKind::Request,
+            id: 0,
+            head_len: 0,
+            payload_len: 0,
+        }
+        .encode();
+        assert_eq!(check_hello(&request), Err(FrameError::BadHello));
+        for i in 4..HEADER_LEN {
+            let mut b = h;
+            b[i] = 1;
+            assert_eq!(check_hello(&b), Err(FrameError::BadHello), "byte {i} set");
+        }
+        // After the hello, its kind is no frame kind.
+        assert_eq!(FrameHeader::decode(&h), Err(FrameError::BadKind(HELLO_KIND)));
+    }
+
+    #[test]
+    fn connection_starts_with_hello() {
+        let mut out = hello().to_vec();
+        write_frame(&mut out, FrameKind::Request, 7, b"head", &[]).unwrap();
+        let frames = parse_connection(&out).unwrap().unwrap();
+        assert_eq!(frames.len(), 1);
+        assert_eq!(frames[0].0.id, 7);
+        assert_eq!(parse_connection(&out[..HEADER_LEN - 1]), Ok(None));
+        assert_eq!(parse_connection(&out[HEADER_LEN..]), Err(FrameError::BadHello));
+    }
+
     proptest! {
+        #[test]
+        fn arbitrary_connections_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = parse_connection(&bytes);
+        }
+
+        #[test]
+        fn arbitrary_hellos_never_panic(bytes in proptest::array::uniform24(any::<u8>())) {
+            match check_hello(&bytes) {
+                Ok(()) => prop_assert_eq!(bytes, hello()),
+                Err(FrameError::BadVersion(v)) => {
+                    prop_assert_eq!(&bytes[0..2], b"Rm");
+                    prop_assert_eq!(v, bytes[2]);
+                    prop_assert_ne!(v, VERSION);
+                }
+                Err(FrameError::BadMagic(_)) => prop_assert_ne!(&bytes[0..2], b"Rm"),
+                Err(FrameError::BadHello) => prop_assert_ne!(bytes, hello()),
+                Err(e) => prop_assert!(false, "unexpected error {e}"),
+            }
+        }
+
+        #[test]
+        fn hello_then_garbage(tail in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let mut out = hello().to_vec();
+            out.extend_from_slice(&tail);
+            let parsed = parse_connection(&out);
+            prop_assert_eq!(parsed.map(|_| ()), parse_frames(&tail).map(|_| ()));
+        }
+
         #[test]
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
             let _ = parse_frames(&bytes);

@@ -7,6 +7,8 @@
 //! may come back in any order ([`rpc`]). Data requests carry capabilities
 //! ([`cap`]) that the manager issues per region and compute node.
 
+#![forbid(unsafe_code)]
+
 pub mod cap;
 pub mod checksum;
 pub mod client;

@@ -2,6 +2,16 @@
 //!
 //! Message heads are postcard-encoded enums; bulk bytes travel as the frame's
 //! raw payload (see [`crate::frame`]), so a span is never serialized.
+//!
+//! **The declaration order is the protocol.** Postcard writes an enum variant
+//! as its index and a struct's fields in declaration order, with no names, so
+//! reordering, inserting or removing a variant or a field (here or in
+//! [`crate::cap`]) silently changes what every other build reads. Such a
+//! change requires a bump of [`crate::frame::VERSION`], so that mixed builds
+//! refuse each other at connect time instead of misreading each other.
+//! `tests/golden.rs` pins the bytes of every variant of every message and
+//! fails (or stops compiling, for a new variant) until it is updated with
+//! the change.
 
 use serde::{Deserialize, Serialize};
 

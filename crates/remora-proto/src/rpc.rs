@@ -10,7 +10,7 @@
 //! into the caller's buffer without a copy.
 
 use std::collections::HashMap;
-use std::io;
+use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::frame::{FrameKind, FrameReader, ReadError, write_frame};
+use crate::frame::{
+    FrameError, FrameKind, FrameReader, HEADER_LEN, ReadError, VERSION, check_hello, hello, write_frame,
+};
 use crate::msg::{RemoteError, decode, encode};
 
 /// Why a call failed.
@@ -57,6 +59,20 @@ pub enum RpcError {
     /// The reply did not fit the request (wrong message or payload length).
     #[error("unexpected reply: {0}")]
     Unexpected(String),
+    /// The peer runs a remora build that speaks another protocol version
+    /// (found by the hello at connect time).
+    #[error(
+        "{addr} speaks remora protocol version {theirs}, this build speaks version {ours}: \
+         run the same remora version on every node"
+    )]
+    VersionMismatch {
+        /// Peer.
+        addr: String,
+        /// The version this build speaks ([`crate::frame::VERSION`]).
+        ours: u8,
+        /// The version the peer announced.
+        theirs: u8,
+    },
 }
 
 impl RpcError {
@@ -154,7 +170,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl RpcConn {
-    /// Connects to `addr`.
+    /// Connects to `addr` and exchanges hellos with it (one round trip within
+    /// `opts.connect_timeout`); a peer of another protocol version is refused
+    /// with [`RpcError::VersionMismatch`].
     pub fn connect(addr: &str, opts: ConnOptions) -> Result<Arc<Self>, RpcError> {
         let fail = |reason: String| RpcError::Connect {
             addr: addr.to_string(),
@@ -165,7 +183,8 @@ impl RpcConn {
             .map_err(|e| fail(e.to_string()))?
             .next()
             .ok_or_else(|| fail("address resolves to nothing".into()))?;
-        let sock = TcpStream::connect_timeout(&sa, opts.connect_timeout).map_err(|e| fail(e.to_string()))?;
+        let mut sock = TcpStream::connect_timeout(&sa, opts.connect_timeout).map_err(|e| fail(e.to_string()))?;
+        exchange_hello(&mut sock, addr, opts.connect_timeout)?;
         Self::from_stream(sock, addr.to_string(), opts).map_err(|e| fail(e.to_string()))
     }
 
@@ -411,6 +430,42 @@ impl RpcConn {
 impl Drop for RpcConn {
     fn drop(&mut self) {
         let _ = lock(&self.writer).shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// The client's half of the hello (see [`crate::frame`]): one round trip,
+/// within `timeout`, before the connection carries any request.
+fn exchange_hello(sock: &mut TcpStream, addr: &str, timeout: Duration) -> Result<(), RpcError> {
+    let fail = |reason: String| RpcError::Connect {
+        addr: addr.to_string(),
+        reason,
+    };
+    let io_fail = |e: io::Error| {
+        fail(match e.kind() {
+            // Builds before protocol version 2 close on a hello they cannot parse.
+            io::ErrorKind::UnexpectedEof => format!(
+                "closed during the protocol hello (by a remora build older than protocol version 2, \
+                 which has no hello, or by one shutting down): {e}"
+            ),
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+                format!("no answer to the protocol hello within {timeout:?}")
+            }
+            _ => format!("protocol hello failed: {e}"),
+        })
+    };
+    sock.set_write_timeout(Some(timeout)).map_err(io_fail)?;
+    sock.set_read_timeout(Some(timeout)).map_err(io_fail)?;
+    sock.write_all(&hello()).map_err(io_fail)?;
+    let mut reply = [0u8; HEADER_LEN];
+    sock.read_exact(&mut reply).map_err(io_fail)?;
+    match check_hello(&reply) {
+        Ok(()) => Ok(()),
+        Err(FrameError::BadVersion(theirs)) => Err(RpcError::VersionMismatch {
+            addr: addr.to_string(),
+            ours: VERSION,
+            theirs,
+        }),
+        Err(e) => Err(fail(format!("bad protocol hello: {e}"))),
     }
 }
 

@@ -1,23 +1,125 @@
 //! Server-side plumbing shared by the memory node and the manager: an accept
-//! loop with a thread per connection, a registry of open connections (to close
-//! them on shutdown or on a fault-injection command) and a reply writer that
-//! several threads may share (replies can be sent out of order).
+//! loop with a thread per connection that answers the protocol hello before
+//! anything else, a registry of open connections (to close them on shutdown or
+//! on a fault-injection command) and a reply writer that several threads may
+//! share (replies can be sent out of order).
 
 use std::collections::HashMap;
-use std::io;
+use std::io::{self, ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::frame::{FrameKind, write_frame};
+use crate::frame::{FrameError, FrameKind, HEADER_LEN, VERSION, check_hello, hello, write_frame};
 use crate::msg::{RemoteError, encode};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// How long an accepted connection may take to send its hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a refused peer of another version gets to read our hello before
+/// the connection is closed.
+const REFUSAL_LINGER: Duration = Duration::from_secs(1);
+
+/// Why an accepted connection was closed before serving any request.
+#[derive(Debug, thiserror::Error)]
+pub enum HelloError {
+    /// The peer hung up before sending a byte (a port probe, or a server
+    /// waking its own accept loop).
+    #[error("closed before its protocol hello")]
+    Closed,
+    /// The peer runs a remora build that speaks another protocol version. It
+    /// was sent this build's hello, so it can report the mismatch too.
+    #[error(
+        "peer speaks remora protocol version {theirs}, this build speaks version {ours}: \
+         run the same remora version on every node"
+    )]
+    VersionMismatch {
+        /// The version this build speaks ([`VERSION`]).
+        ours: u8,
+        /// The version the peer announced.
+        theirs: u8,
+    },
+    /// Not a remora peer, or one that did not start with the hello.
+    #[error(transparent)]
+    Frame(FrameError),
+    /// A socket error, an incomplete hello or none within the time limit.
+    #[error("protocol hello failed: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// The accepting side of the hello (see [`crate::frame`]): reads the peer's
+/// hello and answers with this build's, also to a peer of another version so
+/// that it learns why it is refused.
+pub fn answer_hello(s: &mut (impl Read + Write)) -> Result<(), HelloError> {
+    let mut b = [0u8; HEADER_LEN];
+    let mut filled = 0;
+    while filled < HEADER_LEN {
+        match s.read(&mut b[filled..]) {
+            Ok(0) if filled == 0 => return Err(HelloError::Closed),
+            Ok(0) => return Err(io::Error::new(ErrorKind::UnexpectedEof, "closed in the middle of its hello").into()),
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    match check_hello(&b) {
+        Ok(()) => {
+            s.write_all(&hello())?;
+            Ok(())
+        }
+        Err(FrameError::BadVersion(theirs)) => {
+            // Best effort: the peer may already be gone. A build of version 1
+            // (no hello) reads this as a header of version VERSION and
+            // reports that version as unsupported.
+            let _ = s.write_all(&hello());
+            Err(HelloError::VersionMismatch { ours: VERSION, theirs })
+        }
+        Err(e) => Err(HelloError::Frame(e)),
+    }
+}
+
+/// [`answer_hello`] on an accepted socket, with a time limit. On a version
+/// mismatch the socket is closed gracefully, so that the peer reads our hello
+/// before it sees the connection end.
+fn accept_hello(sock: &TcpStream) -> Result<(), HelloError> {
+    let (read_timeout, write_timeout) = (sock.read_timeout()?, sock.write_timeout()?);
+    sock.set_read_timeout(Some(HELLO_TIMEOUT))?;
+    sock.set_write_timeout(Some(HELLO_TIMEOUT))?;
+    let res = answer_hello(&mut &*sock);
+    if let Err(HelloError::VersionMismatch { .. }) = res {
+        linger(sock);
+        return res;
+    }
+    res?;
+    sock.set_read_timeout(read_timeout)?;
+    sock.set_write_timeout(write_timeout)?;
+    Ok(())
+}
+
+/// Closing a socket with unread input resets it, and a reset can destroy
+/// the reply still on its way; so stop writing, then read until the peer
+/// hangs up or the linger time runs out.
+fn linger(sock: &TcpStream) {
+    if sock.shutdown(Shutdown::Write).is_err() || sock.set_read_timeout(Some(REFUSAL_LINGER)).is_err() {
+        return;
+    }
+    let start = Instant::now();
+    let mut scratch = [0u8; 4096];
+    while start.elapsed() < REFUSAL_LINGER {
+        match (&*sock).read(&mut scratch) {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(_) => return,
+        }
+    }
 }
 
 /// The open connections of a server.
@@ -130,7 +232,9 @@ pub struct Listener {
 
 impl Listener {
     /// Starts accepting on `listener`, calling `handle(stream, guard)` on a
-    /// new thread for each connection.
+    /// new thread for each connection once it has exchanged hellos
+    /// ([`answer_hello`]). A connection of another protocol version, or one
+    /// that does not start with a hello, is logged and closed unhandled.
     pub fn start<F>(listener: TcpListener, name: &str, handle: F) -> io::Result<Self>
     where
         F: Fn(TcpStream, ConnGuard) + Send + Sync + 'static,
@@ -161,9 +265,18 @@ impl Listener {
                     }
                 };
                 let h = Arc::clone(&handle);
-                let spawned = thread::Builder::new()
-                    .name(format!("{name2}-conn"))
-                    .spawn(move || h(s, guard));
+                let server = name2.clone();
+                let spawned = thread::Builder::new().name(format!("{name2}-conn")).spawn(move || {
+                    let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
+                    match accept_hello(&s) {
+                        Ok(()) => h(s, guard),
+                        Err(e @ HelloError::Closed) => tracing::debug!("{server}: connection from {peer}: {e}"),
+                        Err(e @ HelloError::VersionMismatch { .. }) => {
+                            tracing::warn!("{server}: refusing connection from {peer}: {e}")
+                        }
+                        Err(e) => tracing::warn!("{server}: closing connection from {peer}: {e}"),
+                    }
+                });
                 if let Err(e) = spawned {
                     tracing::error!("cannot spawn connection thread: {e}");
                 }
