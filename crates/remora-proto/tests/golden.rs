@@ -225,11 +225,12 @@ fn mem_request() {
                     rows: vec![RebuildRow {
                         offset: 8,
                         row_len: 16,
+                        offsets: vec![0, 300],
                         lens: vec![16, 0],
                         out_len: 9,
                     }],
                 },
-                "05 | {CAP} | 04 02 01 | 01 00 03613a31 {CAP} | 01 08 10 02 10 00 09",
+                "05 | {CAP} | 04 02 01 | 01 00 03613a31 {CAP} | 01 08 10 02 00 ac02 02 10 00 09",
             ),
             (
                 MemRequest::Grant {

@@ -146,6 +146,28 @@ pub trait Scheme: Send + Sync {
     }
 }
 
+/// How to build a scheme: the erasure code and per-scheme switches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SchemeOptions {
+    /// Data spans (or fragments) per spanset, for erasure-coded schemes.
+    pub k: usize,
+    /// Parity spans (or fragments) per spanset.
+    pub m: usize,
+    /// `ec-split`: read k+1 fragments and decode from the first k to arrive.
+    pub late_binding: bool,
+}
+
+impl Default for SchemeOptions {
+    /// RS(4, 2), as in the paper.
+    fn default() -> Self {
+        Self {
+            k: 4,
+            m: 2,
+            late_binding: false,
+        }
+    }
+}
+
 /// One entry of the scheme table.
 pub struct SchemeInfo {
     /// The name on the command line.
@@ -154,7 +176,7 @@ pub struct SchemeInfo {
     pub about: &'static str,
     /// Whether `--ec K+M` applies to it.
     pub erasure_coded: bool,
-    make: fn(usize, usize) -> Result<Box<dyn Scheme>, RuntimeError>,
+    make: fn(&SchemeOptions) -> Result<Box<dyn Scheme>, RuntimeError>,
 }
 
 /// Every scheme, in the order `--scheme all` runs them.
@@ -163,35 +185,33 @@ pub const SCHEMES: &[SchemeInfo] = &[
         name: "non-ft",
         about: "one copy, no redundancy",
         erasure_coded: false,
-        make: |_, _| Ok(Box::new(NonFt::default())),
+        make: |_| Ok(Box::new(NonFt::default())),
     },
     SchemeInfo {
         name: "replication",
         about: "three copies on three distinct memory nodes",
         erasure_coded: false,
-        make: |_, _| Ok(Box::new(EcBatch::replication(3)?)),
+        make: |_| Ok(Box::new(EcBatch::replication(3)?)),
     },
     SchemeInfo {
         name: "ec-batch",
         about: "RS(k,m) spansets of whole spans; a swap-in is one read",
         erasure_coded: true,
-        make: |k, m| Ok(Box::new(EcBatch::new(k, m)?)),
+        make: |o| Ok(Box::new(EcBatch::new(o.k, o.m)?)),
     },
 ];
 
-/// The default erasure code: RS(4, 2), as in the paper.
-pub const DEFAULT_EC: (usize, usize) = (4, 2);
-
-/// Makes scheme `name`; erasure-coded schemes use RS(`k`, `m`).
-pub fn make(name: &str, k: usize, m: usize) -> Result<Box<dyn Scheme>, RuntimeError> {
+/// Makes scheme `name` with `opts`.
+pub fn make(name: &str, opts: &SchemeOptions) -> Result<Box<dyn Scheme>, RuntimeError> {
     let info = SCHEMES.iter().find(|s| s.name == name).ok_or_else(|| {
         let names: Vec<&str> = SCHEMES.iter().map(|s| s.name).collect();
         RuntimeError::Config(format!("unknown scheme {name:?} (known: {})", names.join(", ")))
     })?;
-    (info.make)(k, m)
+    (info.make)(opts)
 }
 
-/// Picks a scheme by name with the default code (`ec-batch` is RS(4,2)).
+/// Picks a scheme by name with the default options (erasure-coded schemes
+/// use RS(4,2)).
 pub fn by_name(name: &str) -> Option<Box<dyn Scheme>> {
-    make(name, DEFAULT_EC.0, DEFAULT_EC.1).ok()
+    make(name, &SchemeOptions::default()).ok()
 }
