@@ -24,9 +24,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run the memory manager: region registry, allocation and liveness.
-    Manager(remora_cluster::daemon::ManagerArgs),
+    Manager(remora_manager::daemon::ManagerArgs),
     /// Run a memory-node daemon that lends RAM to compute nodes.
-    Memnode(remora_cluster::daemon::MemnodeArgs),
+    Memnode(remora_memnode::daemon::MemnodeArgs),
     /// Mark a memory node draining (planned departure).
     Drain {
         /// The manager's address.
@@ -51,7 +51,7 @@ enum Cmd {
         which: BenchCmd,
     },
     /// Start a local cluster, run a workload, kill a memory node, verify every object.
-    Demo(remora_bench::demo::DemoArgs),
+    Demo(remora_apps::demo::DemoArgs),
 }
 
 #[derive(Subcommand)]
@@ -68,10 +68,10 @@ enum BenchCmd {
 
 fn main() {
     let cli = Cli::parse();
-    remora_cluster::daemon::init_logging(&cli.log);
+    remora_daemon::init_logging(&cli.log);
     let res = match cli.cmd {
-        Cmd::Manager(a) => remora_cluster::daemon::run_manager(a).map_err(Into::into),
-        Cmd::Memnode(a) => remora_cluster::daemon::run_memnode(a).map_err(Into::into),
+        Cmd::Manager(a) => remora_manager::daemon::run(a).map_err(Into::into),
+        Cmd::Memnode(a) => remora_memnode::daemon::run(a).map_err(Into::into),
         Cmd::Drain { manager, node } => drain(&manager, &node),
         Cmd::Status { manager, json } => status(&manager, json),
         Cmd::Bench { which } => match which {
@@ -80,7 +80,7 @@ fn main() {
             BenchCmd::Runtime(a) => remora_bench::runtime_bench::run(&a),
             BenchCmd::Drain(a) => remora_bench::drain::run(&a),
         },
-        Cmd::Demo(a) => remora_bench::demo::run(&a),
+        Cmd::Demo(a) => remora_apps::demo::run(&a),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");
@@ -108,6 +108,7 @@ fn status(manager: &str, json: bool) -> Result<()> {
                 "id": m.id.0, "addr": m.addr, "state": m.state.as_str(),
                 "regions_total": m.regions_total, "regions_free": m.regions_free,
                 "capacity_bytes": m.capacity_bytes,
+                "peer": { "rebuild_reads": m.peer.rebuild_reads, "rebuild_bytes": m.peer.rebuild_bytes },
             })).collect::<Vec<_>>(),
             "compute_nodes": s.compute_nodes.iter().map(|c| serde_json::json!({
                 "id": c.id.0, "name": c.name, "state": c.state.as_str(), "regions": c.regions,
@@ -118,18 +119,19 @@ fn status(manager: &str, json: bool) -> Result<()> {
     }
     println!("memory nodes ({}):", s.memory_nodes.len());
     println!(
-        "  {:<6} {:<22} {:<9} {:>8} {:>8} {:>12}",
-        "id", "addr", "state", "regions", "free", "capacity"
+        "  {:<6} {:<22} {:<9} {:>8} {:>8} {:>12} {:>16}",
+        "id", "addr", "state", "regions", "free", "capacity", "sent for rebuild"
     );
     for m in &s.memory_nodes {
         println!(
-            "  {:<6} {:<22} {:<9} {:>8} {:>8} {:>12}",
+            "  {:<6} {:<22} {:<9} {:>8} {:>8} {:>12} {:>16}",
             m.id.to_string(),
             m.addr,
             m.state.as_str(),
             m.regions_total,
             m.regions_free,
-            ByteSize(m.capacity_bytes).to_string()
+            ByteSize(m.capacity_bytes).to_string(),
+            ByteSize(m.peer.rebuild_bytes).to_string()
         );
     }
     println!("compute nodes ({}):", s.compute_nodes.len());

@@ -8,6 +8,7 @@ use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use common::*;
+use remora_proto::msg::PeerTraffic;
 use remora_runtime::{RemBox, Remotable, Runtime, RuntimeConfig, scheme};
 
 #[derive(Clone, Copy)]
@@ -155,6 +156,16 @@ fn kill_during_workload(name: &str, amp: f64) {
     // them depends on scheduling; `unreachable_node_is_served_by_degraded_reads`
     // checks degraded reads deterministically.
     assert!(st.reconstructed_bytes > 0, "nothing was rebuilt: {st:?}");
+    // The survivors report (in their heartbeats) what they sent the node
+    // that rebuilt: at least one copy of every rebuilt byte.
+    let reported = c.wait_until(Duration::from_secs(10), "peer traffic reported", |s| {
+        PeerTraffic::sum(s.memory_nodes.iter().map(|m| m.peer)).rebuild_bytes >= st.reconstructed_bytes
+    });
+    assert!(
+        reported.is_ok(),
+        "{name}: survivors reported {:?} for {st:?}",
+        c.peer_traffic()
+    );
     // One read per normal swap-in; a degraded one adds at most k (counted at
     // the transport: the plain read that failed also went out).
     assert!(

@@ -1,8 +1,7 @@
-//! remora's benchmarks and demo applications. Each benchmark starts its own
+//! remora's benchmarks. Each benchmark starts its own
 //! local cluster and prints what it measured next to a baseline measured in
 //! the same run, as ratios.
 
-pub mod demo;
 pub mod drain;
 pub mod micro;
 pub mod net;

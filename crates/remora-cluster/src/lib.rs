@@ -13,8 +13,6 @@
 //! call [`serve_if_child`] first thing in `main` and start the cluster with
 //! [`ClusterConfig::this_program`].
 
-pub mod daemon;
-
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
@@ -24,6 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use remora_proto::msg::PeerTraffic;
 use remora_proto::{
     AdminKey, ClusterStatus, ConnOptions, Fault, ManagerConn, MemNodeClient, NodeState, RpcError, Token,
 };
@@ -95,8 +94,8 @@ struct ChildCli {
 
 #[derive(clap::Subcommand)]
 enum ChildCmd {
-    Manager(daemon::ManagerArgs),
-    Memnode(daemon::MemnodeArgs),
+    Manager(remora_manager::daemon::ManagerArgs),
+    Memnode(remora_memnode::daemon::MemnodeArgs),
 }
 
 /// If this process was started as a daemon of a self-exec cluster, runs
@@ -106,10 +105,10 @@ pub fn serve_if_child() {
         return;
     }
     let cli = <ChildCli as clap::Parser>::parse();
-    daemon::init_logging(&std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()));
+    remora_daemon::init_logging(&std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()));
     let res = match cli.cmd {
-        ChildCmd::Manager(a) => daemon::run_manager(a),
-        ChildCmd::Memnode(a) => daemon::run_memnode(a),
+        ChildCmd::Manager(a) => remora_manager::daemon::run(a).map_err(|e| e.to_string()),
+        ChildCmd::Memnode(a) => remora_memnode::daemon::run(a).map_err(|e| e.to_string()),
     };
     match res {
         Ok(()) => std::process::exit(0),
@@ -269,6 +268,13 @@ impl LocalCluster {
     /// The manager's view of the cluster.
     pub fn status(&self) -> Result<ClusterStatus, ClusterError> {
         Ok(self.manager()?.status()?)
+    }
+
+    /// What every memory node has sent to peers, summed, as of each one's
+    /// last heartbeat (dead nodes included: what they sent still crossed
+    /// the wire).
+    pub fn peer_traffic(&self) -> Result<PeerTraffic, ClusterError> {
+        Ok(PeerTraffic::sum(self.status()?.memory_nodes.iter().map(|m| m.peer)))
     }
 
     /// Polls the manager's status until `pred` holds.

@@ -11,6 +11,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod daemon;
 mod store;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -23,7 +24,8 @@ use std::time::{Duration, Instant};
 
 use remora_proto::frame::{FrameKind, FrameReader, ReadError};
 use remora_proto::msg::{
-    ClusterStatus, ComputeState, ComputeStatus, Event, EventKind, MemNodeStatus, MgrRequest, MgrResponse, decode,
+    ClusterStatus, ComputeState, ComputeStatus, Event, EventKind, MemNodeStatus, MgrRequest, MgrResponse, PeerTraffic,
+    decode,
 };
 use remora_proto::server::{ConnGuard, Listener, Responder};
 use remora_proto::{
@@ -67,6 +69,8 @@ pub enum ManagerError {
 struct Node {
     rec: NodeRec,
     last_seen: Instant,
+    /// As of its last heartbeat (not persisted: a statistic).
+    peer: PeerTraffic,
 }
 
 struct Compute {
@@ -121,7 +125,16 @@ impl Manager {
             nodes: loaded
                 .nodes
                 .into_iter()
-                .map(|(id, rec)| (id, Node { rec, last_seen: now }))
+                .map(|(id, rec)| {
+                    (
+                        id,
+                        Node {
+                            rec,
+                            last_seen: now,
+                            peer: PeerTraffic::default(),
+                        },
+                    )
+                })
                 .collect(),
             regions: loaded.regions.into_iter().collect(),
             computes: loaded
@@ -313,7 +326,7 @@ fn handle(shared: &Shared, req: MgrRequest) -> Result<MgrResponse, RemoteError> 
             region_size,
             admin,
         } => register_node(shared, addr, capacity, region_size, admin),
-        MgrRequest::MemNodeHeartbeat { node, admin } => {
+        MgrRequest::MemNodeHeartbeat { node, admin, peer } => {
             let mut st = lock(&shared.state);
             let n = st.nodes.get_mut(&node).ok_or(RemoteError::Unknown)?;
             if !n.rec.admin.ct_eq(&admin) {
@@ -323,6 +336,7 @@ fn handle(shared: &Shared, req: MgrRequest) -> Result<MgrResponse, RemoteError> 
                 return Err(RemoteError::Fenced);
             }
             n.last_seen = Instant::now();
+            n.peer = peer;
             Ok(MgrResponse::HeartbeatAck { state: n.rec.state })
         }
         MgrRequest::Deregister { node, admin } => {
@@ -521,6 +535,7 @@ fn register_node(
         Node {
             rec,
             last_seen: Instant::now(),
+            peer: PeerTraffic::default(),
         },
     );
     tracing::info!("memory node {node} registered at {addr}: {count} regions of {region_size} bytes");
@@ -773,6 +788,7 @@ fn status(st: &State) -> ClusterStatus {
                         .count() as u64
                 },
                 capacity_bytes: n.rec.capacity,
+                peer: n.peer,
             })
             .collect(),
         compute_nodes: st

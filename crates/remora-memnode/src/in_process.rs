@@ -25,13 +25,14 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
-use remora_proto::msg::{MemRequest, MemResponse};
+use remora_proto::msg::{MemRequest, MemResponse, PeerTraffic};
 use remora_proto::rpc::Ticket;
 use remora_proto::{
     Cap, ComputeId, Event, EventKind, FarBackend, MemTransport, NodeId, NodeState, RegionGrant, RegionId, RemoteError,
     Rights, RpcError, SessionEvent, Token,
 };
 
+use crate::peer_traffic::PeerCounters;
 use crate::region::RegionTable;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -71,6 +72,7 @@ struct Node {
     regions: RegionTable,
     ids: Vec<RegionId>,
     faults: Faults,
+    peer: PeerCounters,
 }
 
 #[derive(Debug)]
@@ -135,6 +137,7 @@ impl InProcessCluster {
             regions,
             ids,
             faults: Faults::default(),
+            peer: PeerCounters::default(),
         });
         nodes.push(Arc::clone(&node));
         NodeHandle {
@@ -283,6 +286,11 @@ impl NodeHandle {
         self.node.faults.die_after.store(n as i64, Ordering::Release);
     }
 
+    /// What this node has sent to peers so far.
+    pub fn peer_traffic(&self) -> PeerTraffic {
+        self.node.peer.snapshot()
+    }
+
     /// Whether the node is dead.
     pub fn is_dead(&self) -> bool {
         self.node.faults.dead.load(Ordering::Acquire)
@@ -319,6 +327,7 @@ impl Node {
                 let region = self.regions.get(cap.region)?;
                 let g = region.read();
                 let range = g.check(&region, cap, false, *offset, *len as u64)?;
+                self.peer.served_read(cap.rights, *len as u64);
                 Ok((MemResponse::Data, g.mem[range].to_vec()))
             }
             MemRequest::ReadV { ranges } => {
@@ -329,6 +338,7 @@ impl Node {
                     let range = g.check(&region, &r.cap, false, r.offset, r.len as u64)?;
                     out.extend_from_slice(&g.mem[range]);
                 }
+                self.peer.served_read_v(ranges, out.len() as u64);
                 Ok((MemResponse::Data, out))
             }
             MemRequest::Write { cap, offset } => {

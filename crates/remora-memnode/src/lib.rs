@@ -9,8 +9,10 @@
 
 #![forbid(unsafe_code)]
 
+pub mod daemon;
 mod fault;
 pub mod in_process;
+mod peer_traffic;
 mod rebuild;
 mod region;
 mod serve;
@@ -82,6 +84,8 @@ pub(crate) struct Shared {
     pub(crate) admin: AdminKey,
     pub(crate) regions: RegionTable,
     pub(crate) faults: Faults,
+    /// What this node sent to peers.
+    pub(crate) peer: peer_traffic::PeerCounters,
     node_id: AtomicU64,
     draining: AtomicBool,
     stop: AtomicBool,
@@ -133,6 +137,7 @@ impl MemNode {
             admin: cfg.admin_key.unwrap_or_else(Token::random),
             regions: RegionTable::default(),
             faults: Faults::default(),
+            peer: Default::default(),
             node_id: AtomicU64::new(0),
             draining: AtomicBool::new(false),
             stop: AtomicBool::new(false),
@@ -290,6 +295,7 @@ fn heartbeat_loop(shared: &Shared, mgr: &ManagerConn, addr: &str, cfg: &Config, 
         let req = MgrRequest::MemNodeHeartbeat {
             node: NodeId(shared.node_id.load(Ordering::Acquire)),
             admin: shared.admin,
+            peer: shared.peer.snapshot(),
         };
         match mgr.call(&req) {
             Ok(MgrResponse::HeartbeatAck { state }) => {

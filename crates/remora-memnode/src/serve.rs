@@ -111,6 +111,7 @@ impl Conn<'_> {
                         if let Some(o) = out {
                             let head = encode(&MemResponse::Data);
                             o.with_socket(|s| write_frame(s, FrameKind::Response, id, &head, &[&g.mem[range]]))?;
+                            self.shared.peer.served_read(cap.rights, len as u64);
                         }
                         Ok(())
                     }
@@ -173,6 +174,7 @@ impl Conn<'_> {
                                 let head = encode(&MemResponse::Data);
                                 let slices: Vec<&[u8]> = rs.into_iter().map(|r| &g.mem[r]).collect();
                                 o.with_socket(|s| write_frame(s, FrameKind::Response, id, &head, &slices))?;
+                                self.shared.peer.served_read(first.cap.rights, total);
                             }
                             Ok(())
                         }
@@ -186,6 +188,7 @@ impl Conn<'_> {
                         Ok(buf) => {
                             if let Some(o) = out {
                                 o.ok(id, &MemResponse::Data, &[&buf])?;
+                                self.shared.peer.served_read_v(&ranges, buf.len() as u64);
                             }
                             Ok(())
                         }

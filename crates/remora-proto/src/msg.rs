@@ -292,6 +292,35 @@ pub struct MemNodeStatus {
     pub regions_free: u64,
     /// Bytes it lends.
     pub capacity_bytes: u64,
+    /// What it sent to other memory nodes, as of its last heartbeat.
+    pub peer: PeerTraffic,
+}
+
+/// What a memory node sent to other memory nodes since it started, by
+/// purpose, counted where it is served. Network figures add these in, since
+/// they cross the wire without passing through any compute node.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerTraffic {
+    /// Reads served to a peer rebuilding a lost member (requests made with
+    /// a delegated, read-only capability).
+    pub rebuild_reads: u64,
+    /// Bytes those reads returned.
+    pub rebuild_bytes: u64,
+}
+
+impl PeerTraffic {
+    /// Bytes sent to peers, whatever the purpose.
+    pub fn bytes(&self) -> u64 {
+        self.rebuild_bytes
+    }
+
+    /// The sum over several nodes.
+    pub fn sum(all: impl IntoIterator<Item = PeerTraffic>) -> PeerTraffic {
+        all.into_iter().fold(PeerTraffic::default(), |a, b| PeerTraffic {
+            rebuild_reads: a.rebuild_reads + b.rebuild_reads,
+            rebuild_bytes: a.rebuild_bytes + b.rebuild_bytes,
+        })
+    }
 }
 
 /// One compute node in a status report.
@@ -336,6 +365,8 @@ pub enum MgrRequest {
         node: NodeId,
         /// Proof of identity.
         admin: AdminKey,
+        /// What it has sent to peers so far.
+        peer: PeerTraffic,
     },
     /// A drained memory node leaves: its regions are withdrawn from the pool.
     Deregister {

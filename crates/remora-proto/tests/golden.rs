@@ -23,7 +23,8 @@ use remora_proto::frame::{
 };
 use remora_proto::msg::{
     ClusterStatus, ComputeState, ComputeStatus, Event, EventKind, Fault, MemNodeStatus, MemRequest, MemResponse,
-    MgrRequest, MgrResponse, NodeState, Range, RebuildRow, RebuildSource, RegionGrant, RemoteError, decode, encode,
+    MgrRequest, MgrResponse, NodeState, PeerTraffic, Range, RebuildRow, RebuildSource, RegionGrant, RemoteError,
+    decode, encode,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -425,8 +426,12 @@ fn mgr_request() {
                 MgrRequest::MemNodeHeartbeat {
                     node: NodeId(1),
                     admin: ADMIN,
+                    peer: PeerTraffic {
+                        rebuild_reads: 2,
+                        rebuild_bytes: 300,
+                    },
                 },
-                "01 | 01 | {A}",
+                "01 | 01 | {A} | 02 ac02",
             ),
             (
                 MgrRequest::Deregister {
@@ -541,6 +546,7 @@ fn mgr_response() {
                         regions_total: 16,
                         regions_free: 15,
                         capacity_bytes: 1 << 30,
+                        peer: PeerTraffic::default(),
                     }],
                     compute_nodes: vec![ComputeStatus {
                         id: ComputeId(5),
@@ -549,7 +555,7 @@ fn mgr_response() {
                         regions: 1,
                     }],
                 }),
-                "05 | 01 | 01 03683a39 00 10 0f 8080808004 | 01 | 05 03617070 01 01",
+                "05 | 01 | 01 03683a39 00 10 0f 8080808004 00 00 | 01 | 05 03617070 01 01",
             ),
             (MgrResponse::Ok, "06"),
         ],
@@ -636,7 +642,7 @@ fn frame_header_constants() {
 /// The hello: magic and version where every version keeps them, kind 4.
 #[test]
 fn hello_frame() {
-    let want = unhex("526d 02 04 0000 0000 | 0000000000000000 | 00000000 | 00000000");
+    let want = unhex("526d 03 04 0000 0000 | 0000000000000000 | 00000000 | 00000000");
     assert_eq!(hex(&hello()), hex(&want));
     assert_eq!(HELLO_KIND, 4);
     assert_eq!(check_hello(&hello()), Ok(()));
@@ -645,7 +651,7 @@ fn hello_frame() {
 /// A whole request frame and its error reply: header, head and payload.
 #[test]
 fn whole_frames() {
-    assert_eq!(VERSION, 2, "a new VERSION needs new golden frames");
+    assert_eq!(VERSION, 3, "a new VERSION needs new golden frames");
     let head = encode(&MemRequest::Write { cap: cap(), offset: 1 });
     let mut out = Vec::new();
     write_frame(
@@ -657,7 +663,7 @@ fn whole_frames() {
     )
     .unwrap();
     let want = golden(
-        "526d 02 01 0000 0000 | 0807060504030201 | 14000000 | 07000000 \
+        "526d 03 01 0000 0000 | 0807060504030201 | 14000000 | 07000000 \
          | 01 {CAP} 01 | 7061796c6f6164",
     );
     assert_eq!(hex(&out), hex(&want), "request frame");
@@ -672,6 +678,6 @@ fn whole_frames() {
     let head = encode(&RemoteError::NoSuchRegion { region: RegionId(3) });
     let mut out = Vec::new();
     write_frame(&mut out, FrameKind::Error, 0x0102_0304_0506_0708, &head, &[]).unwrap();
-    let want = unhex("526d 02 03 0000 0000 | 0807060504030201 | 02000000 | 00000000 | 01 03");
+    let want = unhex("526d 03 03 0000 0000 | 0807060504030201 | 02000000 | 00000000 | 01 03");
     assert_eq!(hex(&out), hex(&want), "error frame");
 }

@@ -68,6 +68,11 @@ pub struct Stats {
     pub objects_moved: u64,
     /// Local spans filtering emptied and freed.
     pub spans_filtered: u64,
+    /// Spansets written (erasure-coded schemes).
+    pub spansets_written: u64,
+    /// Of those, partial ones: fewer than k data spans, so they cost
+    /// (j+m)/j in bytes written instead of (k+m)/k.
+    pub partial_spansets: u64,
 }
 
 /// Counters the runtime's paths bump (relaxed: they are statistics).
@@ -102,6 +107,8 @@ impl Inner {
             recoveries: rep.recoveries,
             recovering: rep.recovering,
             hole_bytes: rep.hole_bytes,
+            spansets_written: rep.batches,
+            partial_spansets: rep.partial_batches,
             checksum_repairs: rep.repairs,
             rebuild_retries: rep.rebuild_retries,
             swap_ins: self.counters.swap_ins.load(StdOrdering::Relaxed),

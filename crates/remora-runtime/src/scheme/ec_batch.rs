@@ -108,6 +108,8 @@ struct Shared {
     st: Mutex<State>,
     degraded: AtomicU64,
     repairs: AtomicU64,
+    batches: AtomicU64,
+    partial_batches: AtomicU64,
     recovery: Recovery,
 }
 
@@ -152,6 +154,8 @@ impl EcBatch {
                 st: Mutex::new(State::default()),
                 degraded: AtomicU64::new(0),
                 repairs: AtomicU64::new(0),
+                batches: AtomicU64::new(0),
+                partial_batches: AtomicU64::new(0),
                 recovery: Recovery::default(),
             }),
         })
@@ -532,6 +536,10 @@ impl Shared {
             .enumerate()
             .map(|(j, p)| (pages[k + j], remora_proto::checksum::checksum(p)))
             .collect();
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        if chunk.len() < k {
+            self.partial_batches.fetch_add(1, Ordering::Relaxed);
+        }
         let mut st = self.lock();
         st.next_id += 1;
         let id = st.next_id;
@@ -728,6 +736,8 @@ impl Scheme for EcBatch {
             kept_bytes: kept_pages * PAGE_SIZE as u64,
             repairs: sh.repairs.load(Ordering::Relaxed),
             rebuild_retries: r.retries.load(Ordering::Relaxed),
+            batches: sh.batches.load(Ordering::Relaxed),
+            partial_batches: sh.partial_batches.load(Ordering::Relaxed),
         }
     }
 }

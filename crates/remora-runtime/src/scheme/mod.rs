@@ -67,6 +67,11 @@ pub struct SchemeReport {
     pub rebuild_retries: u64,
     /// Far bytes held by kept copies of swapped-in clean spans.
     pub kept_bytes: u64,
+    /// Spansets written with fewer than k data spans (a batch of j < k
+    /// spans costs (j+m)/j, not (k+m)/k, in bytes written).
+    pub partial_batches: u64,
+    /// Spansets written, full or partial.
+    pub batches: u64,
 }
 
 /// A way of keeping evicted spans in far memory.

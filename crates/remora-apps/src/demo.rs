@@ -4,8 +4,7 @@
 //! 100 ms before, during and after; reconstruction figures; and finally
 //! every object checked against what was written.
 
-use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -358,8 +357,11 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         speed
     );
     println!(
-        "  swap-out bytes          {:.2}x data (RS 4+2: 1.5x); reads per swap-in {:.3}",
+        "  swap-out bytes          {:.2}x data (RS 4+2: 1.5x over full spansets; {} of {} spansets partial); \
+         reads per swap-in {:.3}",
         st.bytes_written_remote as f64 / st.bytes_evicted_data.max(1) as f64,
+        st.partial_spansets,
+        st.spansets_written,
         st.swap_in_reads as f64 / st.swap_ins.max(1) as f64
     );
     draw(&args.plot, &samples, kill_at, rec_at).with_context(|| format!("writing {}", args.plot.display()))?;
@@ -409,94 +411,66 @@ fn stats_json(s: &Stats) -> serde_json::Value {
         "swap_ins": s.swap_ins, "swap_in_reads": s.swap_in_reads, "swap_outs": s.swap_outs,
         "bytes_evicted_data": s.bytes_evicted_data, "bytes_written_remote": s.bytes_written_remote,
         "bytes_read_remote": s.bytes_read_remote, "remote_bytes_used": s.remote_bytes_used,
+        "spansets_written": s.spansets_written, "partial_spansets": s.partial_spansets,
         "hole_bytes": s.hole_bytes, "local_bytes": s.local_bytes,
     })
 }
 
-/// Draws the throughput timeline as a self-contained SVG.
-fn draw(path: &PathBuf, samples: &[Sample], kill: f64, recovered: f64) -> Result<()> {
-    let (w, h, ml, mr, mt, mb) = (900.0, 360.0, 70.0, 20.0, 40.0, 50.0);
+/// Draws the throughput timeline as an SVG: ops/s every 100 ms, the kill
+/// and the end of the rebuild marked, the degraded window shaded.
+fn draw(path: &Path, samples: &[Sample], kill: f64, recovered: f64) -> Result<()> {
+    use plotters::prelude::*;
     let tmax = samples.last().map(|s| s.t).unwrap_or(1.0).max(1.0);
-    let ymax = samples.iter().map(|s| s.ops_per_sec).fold(1.0, f64::max) * 1.1;
-    let x = |t: f64| ml + (t / tmax) * (w - ml - mr);
-    let y = |v: f64| mt + (1.0 - v / ymax) * (h - mt - mb);
-    let mut svg = String::new();
-    writeln!(
-        svg,
-        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">"##
-    )?;
-    writeln!(svg, r##"<rect width="100%" height="100%" fill="white"/>"##)?;
-    writeln!(
-        svg,
-        r##"<text x="{}" y="22" font-size="15">remora demo: throughput, ec-batch RS(4,2), memory node killed at {kill:.1}s</text>"##,
-        ml
-    )?;
-    writeln!(
-        svg,
-        r##"<rect x="{}" y="{mt}" width="{}" height="{}" fill="#fdecea"/>"##,
-        x(kill),
-        (x(recovered) - x(kill)).max(1.0),
-        h - mt - mb
-    )?;
-    for i in 0..=5 {
-        let v = ymax * i as f64 / 5.0;
-        writeln!(
-            svg,
-            r##"<line x1="{ml}" x2="{0}" y1="{1}" y2="{1}" stroke="#ddd"/><text x="{2}" y="{3}" text-anchor="end">{4:.0}k</text>"##,
-            w - mr,
-            y(v),
-            ml - 6.0,
-            y(v) + 4.0,
-            v / 1000.0
-        )?;
+    let ymax = samples.iter().map(|s| s.ops_per_sec).fold(1.0, f64::max) * 1.1 / 1000.0;
+    let root = SVGBackend::new(path, (900, 360)).into_drawing_area();
+    let err = |e: DrawingAreaErrorKind<_>| anyhow!("drawing {}: {e}", path.display());
+    root.fill(&WHITE).map_err(err)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("remora demo: throughput, ec-batch RS(4,2), memory node killed at {kill:.1}s"),
+            ("sans-serif", 15),
+        )
+        .margin(10)
+        .x_label_area_size(35)
+        .y_label_area_size(55)
+        .build_cartesian_2d(0.0..tmax, 0.0..ymax)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("time (s)")
+        .y_desc("k ops/s")
+        .light_line_style(RGBColor(238, 238, 238))
+        .draw()
+        .map_err(err)?;
+    let red = RGBColor(214, 39, 40);
+    let green = RGBColor(44, 160, 44);
+    chart
+        .draw_series(std::iter::once(Rectangle::new(
+            [(kill, 0.0), (recovered.max(kill), ymax)],
+            RGBColor(253, 236, 234).filled(),
+        )))
+        .map_err(err)?;
+    chart
+        .draw_series(LineSeries::new(
+            samples.iter().map(|s| (s.t, s.ops_per_sec / 1000.0)),
+            RGBColor(31, 119, 180).stroke_width(2),
+        ))
+        .map_err(err)?
+        .label("throughput")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RGBColor(31, 119, 180).stroke_width(2)));
+    for (at, color, label) in [(kill, red, "kill -9"), (recovered, green, "rebuilt")] {
+        chart
+            .draw_series(std::iter::once(PathElement::new(vec![(at, 0.0), (at, ymax)], color)))
+            .map_err(err)?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
     }
-    let steps = (tmax.ceil() as usize).max(1);
-    for i in 0..=steps {
-        let t = i as f64;
-        if t > tmax {
-            break;
-        }
-        writeln!(
-            svg,
-            r##"<text x="{}" y="{}" text-anchor="middle">{t:.0}s</text>"##,
-            x(t),
-            h - mb + 18.0
-        )?;
-    }
-    let pts: Vec<String> = samples
-        .iter()
-        .map(|s| format!("{:.1},{:.1}", x(s.t), y(s.ops_per_sec)))
-        .collect();
-    writeln!(
-        svg,
-        r##"<polyline fill="none" stroke="#1f77b4" stroke-width="2" points="{}"/>"##,
-        pts.join(" ")
-    )?;
-    writeln!(
-        svg,
-        r##"<line x1="{0}" x2="{0}" y1="{mt}" y2="{1}" stroke="#d62728" stroke-dasharray="4 3"/><text x="{2}" y="{3}" fill="#d62728">kill -9</text>"##,
-        x(kill),
-        h - mb,
-        x(kill) + 4.0,
-        mt + 14.0
-    )?;
-    writeln!(
-        svg,
-        r##"<line x1="{0}" x2="{0}" y1="{mt}" y2="{1}" stroke="#2ca02c" stroke-dasharray="4 3"/><text x="{2}" y="{3}" fill="#2ca02c">rebuilt</text>"##,
-        x(recovered),
-        h - mb,
-        x(recovered) + 4.0,
-        mt + 28.0
-    )?;
-    writeln!(
-        svg,
-        r##"<text x="{}" y="{}" text-anchor="middle">time</text><text x="16" y="{}" transform="rotate(-90 16 {})" text-anchor="middle">ops/s</text>"##,
-        (ml + w - mr) / 2.0,
-        h - 8.0,
-        h / 2.0,
-        h / 2.0
-    )?;
-    writeln!(svg, "</svg>")?;
-    std::fs::write(path, svg)?;
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)?;
     Ok(())
 }

@@ -1,0 +1,6 @@
+//! Applications built on remora's public API, as a user would build them,
+//! and run through the `remora` binary. `remora demo` is the promise in one
+//! run: a workload over remotable objects survives a memory node killed
+//! with SIGKILL, and every object is verified at the end.
+
+pub mod demo;

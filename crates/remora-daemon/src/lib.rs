@@ -1,0 +1,77 @@
+//! What every remora daemon process shares, so `remora manager` and `remora
+//! memnode` (and a test binary re-executed as one of them by
+//! `remora-cluster`) behave alike: logs go to stderr, SIGTERM/SIGINT start a
+//! clean shutdown, a launcher can tie a daemon's life to its own through
+//! stdin (`--exit-with-parent`), and the daemon prints one ready line on
+//! stdout once it listens, from which launchers learn the bound address.
+//!
+//! The daemons' main loops live in their own crates (`remora_manager::daemon`,
+//! `remora_memnode::daemon`); this crate only holds the process plumbing.
+
+#![forbid(unsafe_code)]
+
+use std::io::{IsTerminal, Read, Write};
+use std::sync::mpsc;
+use std::thread;
+
+/// Signal handlers could not be installed.
+#[derive(Debug, thiserror::Error)]
+#[error("installing signal handlers: {0}")]
+pub struct SignalsError(#[source] pub std::io::Error);
+
+/// Sends tracing logs to stderr with the given filter (RUST_LOG syntax); a
+/// bad filter is reported and replaced by `info` rather than refused, since
+/// losing a daemon over its log level helps nobody.
+pub fn init_logging(filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|e| {
+        eprintln!("warning: bad log filter {filter:?} ({e}); using info");
+        tracing_subscriber::EnvFilter::new("info")
+    });
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::env::var_os("NO_COLOR").is_none() && std::io::stderr().is_terminal())
+        .init();
+}
+
+/// What a daemon's main loop reacts to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wake {
+    /// SIGTERM or SIGINT arrived.
+    Signal,
+    /// The launcher's lifeline (stdin) closed: the launcher is gone.
+    ParentGone,
+}
+
+/// Delivers SIGTERM/SIGINT and, with `exit_with_parent`, the closing of
+/// stdin (a launcher holds the other end, so no daemon outlives it even
+/// when the launcher is killed with SIGKILL).
+pub fn wake_channel(exit_with_parent: bool) -> Result<mpsc::Receiver<Wake>, SignalsError> {
+    let (tx, rx) = mpsc::channel();
+    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT])
+        .map_err(SignalsError)?;
+    let t2 = tx.clone();
+    thread::spawn(move || {
+        for _ in signals.forever() {
+            if t2.send(Wake::Signal).is_err() {
+                break;
+            }
+        }
+    });
+    if exit_with_parent {
+        thread::spawn(move || {
+            let mut buf = [0u8; 64];
+            let mut stdin = std::io::stdin();
+            while matches!(stdin.read(&mut buf), Ok(n) if n > 0) {}
+            let _ = tx.send(Wake::ParentGone);
+        });
+    }
+    Ok(rx)
+}
+
+/// Prints the ready line launchers wait for (`remora manager listening on
+/// ADDR`, ...) and flushes it, since stdout is a pipe when launched.
+pub fn announce(line: &str) {
+    println!("{line}");
+    let _ = std::io::stdout().flush();
+}

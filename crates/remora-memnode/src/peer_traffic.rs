@@ -1,0 +1,41 @@
+//! What a memory node sends to other memory nodes, counted where it is
+//! served. A read made with a delegated (read-only) capability comes from a
+//! peer: only the owner holds the read-write one, and it hands read-only
+//! ones to the node rebuilding a lost member. Counted as served, so the
+//! figure is what crossed the wire, not what a code path meant to send.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use remora_proto::Rights;
+use remora_proto::msg::{PeerTraffic, Range};
+
+/// Counters behind [`PeerTraffic`] (relaxed: they are statistics).
+#[derive(Debug, Default)]
+pub(crate) struct PeerCounters {
+    rebuild_reads: AtomicU64,
+    rebuild_bytes: AtomicU64,
+}
+
+impl PeerCounters {
+    /// A read of `bytes` made with capability rights `rights` was answered.
+    pub(crate) fn served_read(&self, rights: Rights, bytes: u64) {
+        if rights == Rights::ReadOnly {
+            self.rebuild_reads.fetch_add(1, Ordering::Relaxed);
+            self.rebuild_bytes.fetch_add(bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// A vectored read of `bytes` was answered; it came from a peer if
+    /// every range was opened with a delegated capability.
+    pub(crate) fn served_read_v(&self, ranges: &[Range], bytes: u64) {
+        let delegated = !ranges.is_empty() && ranges.iter().all(|r| r.cap.rights == Rights::ReadOnly);
+        self.served_read(if delegated { Rights::ReadOnly } else { Rights::ReadWrite }, bytes);
+    }
+
+    pub(crate) fn snapshot(&self) -> PeerTraffic {
+        PeerTraffic {
+            rebuild_reads: self.rebuild_reads.load(Ordering::Relaxed),
+            rebuild_bytes: self.rebuild_bytes.load(Ordering::Relaxed),
+        }
+    }
+}
