@@ -58,6 +58,8 @@ enum Cmd {
 enum BenchCmd {
     /// Data path: READ latency vs raw TCP ping-pong, READ/WRITE throughput.
     Net(remora_bench::net::NetArgs),
+    /// Swap-in READ latency on an idle memory node vs under eviction WRITEs, with and without lanes.
+    Lanes(remora_bench::net::lanes::LanesArgs),
     /// Paper §5.1 microbenchmark: Zipf-skewed object accesses over a remotable array, per scheme.
     Micro(remora_bench::micro::MicroArgs),
     /// Runtime costs: local-hit deref vs a plain reference, span swap-in vs a raw READ.
@@ -76,6 +78,7 @@ fn main() {
         Cmd::Status { manager, json } => status(&manager, json),
         Cmd::Bench { which } => match which {
             BenchCmd::Net(a) => remora_bench::net::run(&a),
+            BenchCmd::Lanes(a) => remora_bench::net::lanes::run(&a),
             BenchCmd::Micro(a) => remora_bench::micro::run(&a),
             BenchCmd::Runtime(a) => remora_bench::runtime_bench::run(&a),
             BenchCmd::Drain(a) => remora_bench::drain::run(&a),

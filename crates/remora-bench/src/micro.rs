@@ -69,7 +69,7 @@
 //! misses), so a policy's distance from an ideal one is read off one run.
 
 mod cache_sim;
-mod open_loop;
+pub(crate) mod open_loop;
 mod record;
 mod redis_cache;
 mod redis_server;

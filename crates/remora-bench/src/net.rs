@@ -40,6 +40,7 @@
 //! move either server across the process boundary to measure what that
 //! boundary alone costs.
 
+pub mod lanes;
 mod pattern;
 pub(crate) mod pin;
 mod raw;

@@ -1,4 +1,4 @@
-//! Human-friendly sizes (`256MiB`, `4GiB`, `1G`, `65536`) and durations
+//! Human-friendly sizes (`256MiB`, `4GiB`, `300MB`, `1.5GiB`, `65536`) and durations
 //! (`3s`, `500ms`, `2m`) for command-line flags.
 
 use std::fmt;
@@ -27,26 +27,16 @@ impl FromStr for ByteSize {
             input: s.to_string(),
             why,
         };
-        let t = s.trim();
-        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-        let (num, unit) = t.split_at(split);
-        if num.is_empty() {
-            return Err(err(
-                "expected a number followed by an optional unit such as KiB, MiB or GiB",
-            ));
-        }
-        let n: u64 = num.parse().map_err(|_| err("number too large"))?;
-        let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-            "" | "b" => 1,
-            "k" | "kb" | "kib" => 1 << 10,
-            "m" | "mb" | "mib" => 1 << 20,
-            "g" | "gb" | "gib" => 1 << 30,
-            "t" | "tb" | "tib" => 1 << 40,
-            _ => return Err(err("unknown unit (use B, KiB, MiB, GiB or TiB)")),
-        };
-        n.checked_mul(mult)
-            .map(ByteSize)
-            .ok_or_else(|| err("size overflows 64 bits"))
+        // parse-size knows the SI (KB = 1000) and IEC (KiB = 1024) units,
+        // fractions and overflow; a "300MB" eviction rate means 300e6 bytes.
+        parse_size::parse_size(s.trim()).map(ByteSize).map_err(|e| {
+            err(match e {
+                parse_size::Error::Empty => "expected a number followed by an optional unit such as KiB, MiB or GiB",
+                parse_size::Error::InvalidDigit => "unknown unit (use B, KB, MB, GB, or KiB, MiB, GiB, TiB)",
+                parse_size::Error::PosOverflow => "size overflows 64 bits",
+                _ => "not a size",
+            })
+        })
     }
 }
 
@@ -101,7 +91,8 @@ mod tests {
     fn sizes() {
         assert_eq!("256MiB".parse::<ByteSize>().unwrap().0, 256 << 20);
         assert_eq!("4GiB".parse::<ByteSize>().unwrap().0, 4 << 30);
-        assert_eq!("1g".parse::<ByteSize>().unwrap().0, 1 << 30);
+        assert_eq!("300MB".parse::<ByteSize>().unwrap().0, 300_000_000);
+        assert_eq!("1.5KiB".parse::<ByteSize>().unwrap().0, 1536);
         assert_eq!("4096".parse::<ByteSize>().unwrap().0, 4096);
         assert!("".parse::<ByteSize>().is_err());
         assert!("12XB".parse::<ByteSize>().is_err());
