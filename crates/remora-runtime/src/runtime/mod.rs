@@ -206,6 +206,10 @@ impl Runtime {
             swapped_in: filtering::SwappedIn::default(),
             filtering: cfg.filtering_threads > 0,
         });
+        if let Err(e) = inner.scheme.start(&inner.far) {
+            inner.scheme.stop();
+            return Err(e);
+        }
         let mut threads = Vec::new();
         for i in 0..cfg.eviction_threads.max(1) {
             let weak = Arc::downgrade(&inner);

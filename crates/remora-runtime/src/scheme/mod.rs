@@ -137,7 +137,15 @@ pub trait Scheme: Send + Sync {
     /// (in the background; [`Scheme::stop`] joins it).
     fn node_failed(&self, _far: &Arc<FarMemory>, _node: NodeId) {}
 
-    /// The runtime is shutting down: stop background work and join it.
+    /// The runtime is starting: start background work (compaction and
+    /// scrubbing will), on threads [`Scheme::stop`] joins. Called once,
+    /// before any other method; an error fails `Runtime::new`.
+    fn start(&self, _far: &Arc<FarMemory>) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
+    /// The runtime is shutting down (or failed to start): stop background
+    /// work and join it. Called once, after every other call has returned.
     fn stop(&self) {}
 
     /// Far bytes allocated now: data, redundancy and holes.
