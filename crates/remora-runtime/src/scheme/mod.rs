@@ -6,8 +6,8 @@
 //! - `ec-batch`: spansets of k spans plus m parity spans on k+m distinct
 //!   memory nodes (paper §3.4.1).
 //!
-//! What every scheme shares lives beside them: [`placement`] (stripe groups
-//! on distinct nodes, suspects, far space) and [`recovery`] (rebuilding a
+//! What every scheme shares lives beside them: `placement` (stripe groups
+//! on distinct nodes, suspects, far space) and `recovery` (rebuilding a
 //! dead node's positions, joined on shutdown).
 //!
 //! # Lock contract
