@@ -134,10 +134,15 @@ fn draw(path: &Path, summary: &Summary, subtitle: &str) -> Result<(), Box<dyn st
             // schemes saturating at the same rate stay readable.
             // Left of the line when it is in the right half, so it stays inside.
             let y = y_hi / 1.25f64.powi(i as i32 + 1);
-            let (h, label) = if sat > x_max / 2.0 {
-                (HPos::Right, format!("{} saturates at {sat:.0}/s ", c.scheme))
+            let what = if summary.at_top(c) {
+                format!("{} kept up at every rate swept (saturation >= {sat:.0}/s)", c.scheme)
             } else {
-                (HPos::Left, format!(" {} saturates at {sat:.0}/s", c.scheme))
+                format!("{} saturates at {sat:.0}/s", c.scheme)
+            };
+            let (h, label) = if sat > x_max / 2.0 {
+                (HPos::Right, format!("{what} "))
+            } else {
+                (HPos::Left, format!(" {what}"))
             };
             let style = ("sans-serif", 12)
                 .into_font()
@@ -194,7 +199,11 @@ mod tests {
             saturation: sat,
         };
         let s = Summary {
-            curves: vec![curve("non-ft", Some(1000.0)), curve("ec-batch", None)],
+            curves: vec![
+                curve("non-ft", Some(1000.0)),
+                curve("ec-batch", None),
+                curve("replication", Some(2000.0)),
+            ],
             rates: vec![1000.0, 2000.0],
             at: vec![],
         };
@@ -207,6 +216,8 @@ mod tests {
             assert!(svg.contains(want), "{want} missing");
         }
         assert!(!svg.contains("ec-batch saturates"));
+        assert!(svg.contains("replication kept up at every rate swept (saturation &gt;= 2000/s)"));
+        assert!(!s.at_top(&s.curves[0]) && !s.at_top(&s.curves[1]) && s.at_top(&s.curves[2]));
         assert_eq!(y_range(&s.curves), (10.0, 100_000.0));
         assert!(write(&dir.path().join("no/such/dir/p.svg"), &s, "test").is_err());
     }

@@ -176,6 +176,11 @@ impl Summary {
         Some(s)
     }
 
+    /// Whether `c` kept up at the highest rate swept: its saturation is then only a lower bound.
+    pub(crate) fn at_top(&self, c: &Curve) -> bool {
+        c.saturation.is_some() && c.saturation == self.rates.last().copied()
+    }
+
     fn curve(&self, scheme: &str) -> Option<&Curve> {
         self.curves.iter().find(|c| c.scheme == scheme)
     }
@@ -226,7 +231,11 @@ impl Summary {
             print!(
                 "{:<w$} {:>12} {:>11} {:>9}",
                 c.scheme,
-                c.saturation.map_or("none".to_string(), |s| format!("{s:.0}")),
+                match c.saturation {
+                    Some(s) if self.at_top(c) => format!(">={s:.0}"),
+                    Some(s) => format!("{s:.0}"),
+                    None => "none".to_string(),
+                },
                 opt(self.sat_over(c, REFERENCE), 2),
                 opt(self.sat_over(c, BASELINE), 2)
             );
@@ -238,6 +247,12 @@ impl Summary {
                 print!(" {cell:>22}");
             }
             println!();
+        }
+        if self.curves.iter().any(|c| self.at_top(c)) {
+            println!(
+                "  >=: kept up at the highest swept rate, so its saturation is at least that (a lower bound; \
+                 sweep higher to find it)"
+            );
         }
         if self.curve(REFERENCE).is_none() {
             println!("  {REFERENCE} did not run: no ratios to it (it runs under --scheme all once the runtime has it)");
@@ -273,6 +288,7 @@ impl Summary {
             "schemes": self.curves.iter().map(|c| json!({
                 "scheme": c.scheme,
                 "saturation_ops": c.saturation,
+                "saturation_is_lower_bound": self.at_top(c),
                 "saturation_over_ec_split": self.sat_over(c, REFERENCE),
                 "saturation_over_non_ft": self.sat_over(c, BASELINE),
                 "points": c.points.iter().map(|p| json!({
