@@ -113,6 +113,15 @@ fn micro_rejects_bad_flags_without_panicking() {
         &["bench", "micro", "--high-watermark", "1.5"],
         &["bench", "micro", "--filter-interval", "soon"],
         &["bench", "micro", "--high-watermark", "0.8", "--low-watermark", "0.9"],
+        &["bench", "micro", "--scheme", "all,nope"],
+        &["bench", "micro", "--ec", "0+2"],
+        &["bench", "micro", "--ec", "4"],
+        &["bench", "micro", "--ec", "4+x"],
+        &["bench", "micro", "--ec", "20+20"],
+        // RS needs a parity span: ec-batch refuses 4+0 before any cluster starts.
+        &["bench", "micro", "--scheme", "all", "--ec", "4+0"],
+        &["bench", "micro", "--plot", "x.svg"],
+        &["bench", "micro", "--sweep", "auto,100"],
     ] {
         let out = remora(args);
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -229,5 +238,93 @@ fn micro_rejects_bad_open_loop_flags() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{args:?} was accepted");
         assert!(!stderr.contains("panicked"), "{args:?} panicked: {stderr}");
+    }
+}
+
+/// `--scheme all` runs every scheme of the runtime's table, in its order, on
+/// one cluster, at each rate of a two-rate sweep; every record verifies, the
+/// whole-span schemes read once per swap-in, every record carries its ratios
+/// to non-ft, and the plot names every scheme.
+#[test]
+fn micro_all_schemes_sweep_and_plot() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("all.json");
+    let svg = dir.path().join("sweep.svg");
+    let threads = 2u64;
+    let out = remora(&[
+        "bench",
+        "micro",
+        "--scheme",
+        "all",
+        "--objects",
+        "2000",
+        "--object-size",
+        "4KiB",
+        "--local-ratio",
+        "0.25",
+        "--threads",
+        "2",
+        "--write-ratio",
+        "0.1",
+        "--sweep",
+        "300,600",
+        "--duration",
+        "1",
+        "--warmup",
+        "200ms",
+        "--plot",
+        svg.to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "bench micro --scheme all failed:\n{stdout}\n{stderr}"
+    );
+    for want in ["ratios to non-ft", "saturation", "clean re-evictions"] {
+        assert!(stdout.contains(want), "{want} missing:\n{stdout}");
+    }
+    let v = read_json(&json);
+    let results = v["results"].as_array().expect("results array");
+    let table: Vec<&str> = remora_runtime::scheme::SCHEMES.iter().map(|s| s.name).collect();
+    // One record per scheme and rate, schemes in table order.
+    let ran: Vec<&str> = results.iter().map(|r| r["scheme"].as_str().unwrap()).collect();
+    let want: Vec<&str> = table.iter().flat_map(|s| [*s, *s]).collect();
+    assert_eq!(ran, want, "records in table order");
+    for r in results {
+        let scheme = r["scheme"].as_str().unwrap();
+        assert_eq!(r["errors"], 0, "{r}");
+        assert_eq!(r["wrong_bytes"], 0, "{r}");
+        assert!(r["swap_ins"].as_u64().unwrap() > 0, "{r}");
+        if ["non-ft", "replication", "ec-batch"].contains(&scheme) {
+            // One read per swap-in; reads are counted at the transport, so
+            // each thread may have one in flight across either window edge.
+            let (ins, reads) = (r["swap_ins"].as_u64().unwrap(), r["swap_in_reads"].as_u64().unwrap());
+            assert!(ins.abs_diff(reads) <= 2 * threads, "one read per swap-in: {r}");
+        }
+        let ratios = &r["ratio_to_non_ft"];
+        assert!(ratios.is_object(), "ratio_to_non_ft: {r}");
+        if scheme == "non-ft" {
+            assert_eq!(ratios["throughput"].as_f64(), Some(1.0), "{r}");
+            assert_eq!(ratios["remote_bytes_used"].as_f64(), Some(1.0), "{r}");
+        }
+        if scheme == "replication" {
+            // Three copies: far memory and bytes written about 3x non-ft's.
+            let far = ratios["remote_bytes_used"].as_f64().unwrap();
+            assert!((2.0..=4.5).contains(&far), "replication far memory {far}x non-ft: {r}");
+        }
+        if r["ec"].is_string() {
+            assert_eq!((r["ec_k"].as_u64(), r["ec_m"].as_u64()), (Some(4), Some(2)), "{r}");
+        }
+    }
+    let sweep = &v["sweep"];
+    assert_eq!(sweep["rates"].as_array().map(Vec::len), Some(2), "{sweep}");
+    assert_eq!(sweep["schemes"].as_array().map(Vec::len), Some(table.len()), "{sweep}");
+    let svg = std::fs::read_to_string(&svg).expect("SVG written");
+    assert!(svg.contains("<svg"), "not an SVG");
+    for s in &table {
+        assert!(svg.contains(s), "{s} missing from the plot");
     }
 }

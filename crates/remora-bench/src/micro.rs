@@ -2,10 +2,12 @@
 //! array of N fixed-size objects, a local budget of a fraction of it, and T
 //! threads reading (and optionally writing) objects with Zipf skew.
 //!
-//! For each `--scheme` the benchmark connects a fresh runtime to one local
-//! cluster of [`MEMNODES`] memory nodes (k + m + 1 with RS(4,2), whatever the
-//! scheme, so every scheme runs on the same machines; the death of a memory
-//! node is logged, never fatal) and then:
+//! For each `--scheme` (`all`: every scheme of the runtime's table, `non-ft`
+//! first; see `schemes.rs`) the benchmark connects a fresh runtime to one
+//! local cluster of [`MEMNODES`] memory nodes (k + m + 1 with RS(4,2); more
+//! if `--ec K+M` needs them; whatever the scheme, so every scheme runs on
+//! the same machines; the death of a memory node is logged, never fatal)
+//! and then:
 //!
 //! 1. **Fill.** Allocates N objects of `--object-size` bytes with the local
 //!    budget already at `--local-ratio` of the data, so the far part is
@@ -62,6 +64,14 @@
 //! `redis_cache.rs`. Without `redis-server` the scheme is skipped with
 //! install instructions (`REMORA_REQUIRE_REDIS=1` makes that an error).
 //!
+//! **Comparing schemes.** After the per-record tables, each figure Figure 5
+//! and Table 2 compare (throughput, p50/p99/p99.9, reads per swap-in, bytes
+//! written per byte evicted, far memory, misses per op) is divided by
+//! `non-ft`'s from the same run at the same load (`ratios.rs`, also in the
+//! JSON as `ratio_to_non_ft`). With `--sweep` each scheme's saturation is
+//! found and compared, and p99 against offered load is drawn to `--plot`
+//! (SVG; `sweep.rs`, `plot.rs`).
+//!
 //! **Miss ratios.** Each record keeps its measured access stream and
 //! simulates an ideal LRU and an S3-FIFO cache of budget / slot bytes
 //! objects over it (`cache_sim.rs`), printed beside its measured miss ratio
@@ -69,12 +79,18 @@
 //! misses), so a policy's distance from an ideal one is read off one run.
 
 mod cache_sim;
+mod layout;
+mod objects;
 pub(crate) mod open_loop;
+mod plot;
+mod ratios;
 mod record;
 mod redis_cache;
 mod redis_server;
 mod remora_store;
 mod report;
+mod schemes;
+mod sweep;
 mod worker;
 
 use std::path::PathBuf;
@@ -84,22 +100,30 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, anyhow, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::SeedableRng;
-use rand::rngs::{SmallRng, StdRng};
-use rand::seq::SliceRandom;
+use rand::rngs::SmallRng;
 use rand_distr::Zipf;
 use remora_cluster::{ClusterConfig, ClusterEvent, LocalCluster};
 use remora_proto::{ByteSize, parse_duration};
-use remora_runtime::size_classes::{PAGE_SIZE, SizeClass};
+use remora_runtime::scheme::SchemeOptions;
 use serde_json::json;
 
 use self::cache_sim::SimMisses;
+pub use self::layout::SpanLayout;
+use self::objects::permutation;
+pub(crate) use self::objects::{alloc_parallel, base, check, fill, join_all, splitmix};
 use self::open_loop::MAX_RATE;
 use self::record::Record;
 use self::remora_store::run_scheme;
+pub use self::schemes::Ec;
+use self::schemes::Spec;
+pub use self::sweep::Sweep;
 use self::worker::Run;
 
-/// Memory nodes of the benchmark's cluster: k + m + 1 for RS(4,2), for every scheme.
+/// Memory nodes of the benchmark's cluster: k + m + 1 for RS(4,2), for every
+/// scheme (more when `--ec` asks for a wider code).
 pub const MEMNODES: usize = 7;
+/// Where `--sweep` draws its plot when `--plot` names no file.
+pub const DEFAULT_PLOT: &str = "remora-micro-sweep.svg";
 /// Region size of the benchmark's memory nodes.
 const REGION_SIZE: u64 = 64 << 20;
 /// Object sizes the benchmark supports (each is a `[u64; size / 8]`).
@@ -122,9 +146,18 @@ const STACK: usize = 8 << 20;
 /// Flags of `remora bench micro`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct MicroArgs {
-    /// Fault-tolerance schemes to run, one record each (repeat the flag or separate with commas).
+    /// Fault-tolerance schemes to run, one after another on one cluster (repeat the flag or
+    /// separate with commas); `all` is every remora scheme, non-ft first.
     #[arg(long = "scheme", value_delimiter = ',', default_value = "non-ft")]
     pub schemes: Vec<String>,
+    /// Erasure code K+M (k data, m parity spans) of the erasure-coded schemes; the cluster gets at
+    /// least K+M+1 memory nodes.
+    #[arg(long, default_value = "4+2", value_parser = schemes::parse_ec)]
+    pub ec: Ec,
+    /// Late binding for the schemes that support it (ec-split: read k+1 fragments, decode from the
+    /// first k to arrive).
+    #[arg(long)]
+    pub late_binding: bool,
     /// Number of objects in the remotable array.
     #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..=u32::MAX as u64))]
     pub objects: u64,
@@ -177,70 +210,44 @@ pub struct MicroArgs {
     #[arg(long, value_name = "RATE", conflicts_with = "sweep")]
     pub open_loop: Option<f64>,
     /// Open loop at each of these offered rates in turn (ops/s, comma-separated), each for
-    /// `--warmup` then `--duration`: one row per rate, latency against load.
-    #[arg(long, value_delimiter = ',', value_name = "R1,R2,...")]
-    pub sweep: Vec<f64>,
+    /// `--warmup` then `--duration`: one row per rate, latency against load, each scheme's
+    /// saturation, and a plot. `auto`: a closed-loop run of every scheme first, then 10 rates from
+    /// 10 % to 120 % of the fastest one's throughput.
+    #[arg(long, value_name = "R1,R2,...|auto", value_parser = sweep::parse_sweep)]
+    pub sweep: Option<Sweep>,
+    /// Where `--sweep` draws p99 latency against offered load, one line per scheme (SVG; default
+    /// remora-micro-sweep.svg).
+    #[arg(long, value_name = "FILE.svg", requires = "sweep")]
+    pub plot: Option<PathBuf>,
     /// Also write the results as JSON (`{"results":[...]}`, one record per scheme and rate) to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
 }
 
 impl MicroArgs {
-    /// The measured runs of each scheme: an offered rate (ops/s) each, `None` for the closed loop.
+    /// The measured runs of each scheme: an offered rate (ops/s) each, `None`
+    /// for the closed loop (`--sweep auto` starts with one).
     pub fn loads(&self) -> Vec<Option<f64>> {
-        if self.sweep.is_empty() {
-            vec![self.open_loop]
-        } else {
-            self.sweep.iter().copied().map(Some).collect()
-        }
-    }
-}
-
-/// How objects of one size sit in local spans (TCMalloc size classes, with
-/// the runtime's 8-byte object header).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SpanLayout {
-    /// The object's value size.
-    pub object_size: usize,
-    /// Bytes each object takes in its span (header included, rounded to its class).
-    pub slot_bytes: usize,
-    /// Bytes of each span.
-    pub span_bytes: usize,
-    /// Objects each span holds.
-    pub objects_per_span: usize,
-}
-
-impl SpanLayout {
-    /// The layout of objects whose value is `object_size` bytes.
-    pub fn for_object(object_size: usize) -> Self {
-        let need = object_size + 8;
-        match SizeClass::for_size(need) {
-            Some(c) => {
-                let info = c.info();
-                Self {
-                    object_size,
-                    slot_bytes: info.size(),
-                    span_bytes: info.span_bytes(),
-                    objects_per_span: info.objects(),
-                }
-            }
-            None => {
-                let bytes = need.div_ceil(PAGE_SIZE) * PAGE_SIZE;
-                Self {
-                    object_size,
-                    slot_bytes: bytes,
-                    span_bytes: bytes,
-                    objects_per_span: 1,
-                }
-            }
+        match &self.sweep {
+            None => vec![self.open_loop],
+            Some(Sweep::Auto) => vec![None],
+            Some(Sweep::Rates(r)) => r.iter().copied().map(Some).collect(),
         }
     }
 
-    /// Span bytes that `n` objects occupy when packed.
-    pub fn bytes_for(&self, n: u64) -> u64 {
-        n.div_ceil(self.objects_per_span as u64) * self.span_bytes as u64
+    /// The schemes to run, `all` expanded.
+    pub fn scheme_names(&self) -> Vec<String> {
+        schemes::expand(&self.schemes)
+    }
+
+    /// The file `--sweep` draws to.
+    pub fn plot_path(&self) -> Option<PathBuf> {
+        self.sweep
+            .as_ref()
+            .map(|_| self.plot.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_PLOT)))
     }
 }
+
 /// The parameters every scheme's run shares.
 struct Plan {
     n: u64,
@@ -252,18 +259,25 @@ struct Plan {
     /// Redis baseline's cache and of the simulated caches.
     cache_objects: u64,
     perm: Vec<u32>,
+    /// Memory nodes of the cluster.
+    memnodes: usize,
+    /// What every remora scheme is built with.
+    opts: SchemeOptions,
+    /// The measured runs of each scheme (see [`MicroArgs::loads`]).
+    loads: Vec<Option<f64>>,
 }
 
 /// Runs the benchmark; see the module docs.
 pub fn run(args: &MicroArgs) -> anyhow::Result<()> {
     check_args(args)?;
+    let names = args.scheme_names();
     let layout = SpanLayout::for_object(usize::try_from(args.object_size.0)?);
     let n = args.objects;
     let data_bytes = layout.bytes_for(n);
     let wanted = (args.local_ratio * data_bytes as f64) as u64;
     let floor = 16 * layout.span_bytes as u64;
     let budget = wanted.max(floor);
-    let plan = Plan {
+    let mut plan = Plan {
         n,
         layout,
         data_bytes,
@@ -271,6 +285,9 @@ pub fn run(args: &MicroArgs) -> anyhow::Result<()> {
         budget_clamped: budget != wanted,
         cache_objects: (budget / layout.slot_bytes as u64).max(1),
         perm: permutation(n, args.seed),
+        memnodes: schemes::memnodes(&names, args.ec),
+        opts: schemes::options(args.ec, args.late_binding),
+        loads: args.loads(),
     };
     if plan.budget_clamped {
         progress(format_args!(
@@ -278,8 +295,7 @@ pub fn run(args: &MicroArgs) -> anyhow::Result<()> {
         ));
     }
 
-    let specs = args
-        .schemes
+    let specs = names
         .iter()
         .map(|s| Spec::parse(s).ok_or_else(|| anyhow!("unknown scheme {s:?}")))
         .collect::<anyhow::Result<Vec<_>>>()?;
@@ -300,7 +316,7 @@ pub fn run(args: &MicroArgs) -> anyhow::Result<()> {
                     );
                 }
                 eprintln!("[bench micro] redis-cache SKIPPED: {msg}");
-                for (name, s) in args.schemes.iter().zip(&specs) {
+                for (name, s) in names.iter().zip(&specs) {
                     if matches!(s, Spec::Redis(_)) {
                         skipped.push((name.clone(), msg.clone()));
                     }
@@ -309,30 +325,89 @@ pub fn run(args: &MicroArgs) -> anyhow::Result<()> {
         }
     }
 
-    let remora_schemes = specs.iter().filter(|s| matches!(s, Spec::Remora(_))).count() as u64;
-    let cluster = if remora_schemes > 0 {
-        Some(start_cluster(data_bytes, remora_schemes)?)
+    // Far memory for every run at once (a finished run's regions are only
+    // reclaimed after its heartbeat timeout): `--sweep auto` fills twice.
+    let auto = matches!(args.sweep, Some(Sweep::Auto));
+    let far_need = names
+        .iter()
+        .filter(|s| schemes::info(s).is_some())
+        .map(|s| schemes::far_factor(s, args.ec))
+        .sum::<u64>()
+        .saturating_mul(if auto { 2 } else { 1 })
+        .saturating_mul(data_bytes);
+    let cluster = if far_need > 0 {
+        Some(start_cluster_for(far_need, plan.memnodes)?)
     } else {
         None
     };
-
-    let mut records: Vec<Record> = Vec::new();
-    for (name, spec) in args.schemes.iter().zip(&specs) {
-        let r = match (spec, &cluster, &redis_bin) {
-            (Spec::Remora(scheme), Some(cluster), _) => run_remora(args, &plan, cluster, scheme),
-            (Spec::Redis(replicas), _, Some(bin)) => redis_cache::run_scheme(args, &plan, bin, *replicas),
-            _ => continue,
+    let run_all = |plan: &Plan| -> anyhow::Result<Vec<Record>> {
+        let mut records: Vec<Record> = Vec::new();
+        for (name, spec) in names.iter().zip(&specs) {
+            let r = match (spec, &cluster, &redis_bin) {
+                (Spec::Remora(scheme), Some(cluster), _) => run_remora(args, plan, cluster, scheme),
+                (Spec::Redis(replicas), _, Some(bin)) => redis_cache::run_scheme(args, plan, bin, *replicas),
+                _ => continue,
+            }
+            .with_context(|| format!("scheme {name}"))?;
+            records.extend(r);
         }
-        .with_context(|| format!("scheme {name}"))?;
-        records.extend(r);
+        Ok(records)
+    };
+    let mut records = run_all(&plan)?;
+    if auto {
+        let fastest = records.iter().map(Record::throughput).fold(0.0, f64::max);
+        if fastest < 1.0 {
+            bail!("--sweep auto: no scheme completed an operation per second in the closed loop; give rates instead");
+        }
+        let rates = sweep::auto_rates(fastest);
+        let list: Vec<String> = rates.iter().map(f64::to_string).collect();
+        progress(format_args!(
+            "--sweep auto: fastest closed loop {fastest:.0} ops/s; sweeping {}",
+            list.join(",")
+        ));
+        plan.loads = rates.into_iter().map(Some).collect();
+        records.extend(run_all(&plan)?);
     }
     drop(cluster);
 
     report::print_report(args, &plan, &records, &skipped);
+    ratios::print(&records);
+    let summary = args.sweep.as_ref().and_then(|_| sweep::Summary::of(&records));
+    let mut plot = None;
+    if let (Some(s), Some(path)) = (&summary, args.plot_path()) {
+        s.print();
+        let subtitle = format!(
+            "{} objects of {}, local ratio {}, Zipf {}, {:.0} % writes, {}, {:.1} s per rate; RS({},{}); \
+             dashed: saturation (highest rate with >= 95 % of the load done); x: did not keep up",
+            plan.n,
+            args.object_size,
+            args.local_ratio,
+            args.zipf,
+            args.write_ratio * 100.0,
+            threads_label(args.threads),
+            args.duration.as_secs_f64(),
+            plan.opts.k,
+            plan.opts.m
+        );
+        plot::write(&path, s, &subtitle)?;
+        progress(format_args!("sweep plot written to {}", path.display()));
+        plot = Some(path);
+    }
     if let Some(path) = &args.json {
+        let results: Vec<serde_json::Value> = records
+            .iter()
+            .map(|r| {
+                let mut v = r.to_json(args, &plan);
+                if let Some(m) = v.as_object_mut() {
+                    m.insert("ratio_to_non_ft".into(), ratios::to_json(r, &records));
+                }
+                v
+            })
+            .collect();
         let v = json!({
-            "results": records.iter().map(|r| r.to_json(args, &plan)).collect::<Vec<_>>(),
+            "results": results,
             "skipped": skipped.iter().map(|(s, why)| json!({ "scheme": s, "reason": why })).collect::<Vec<_>>(),
+            "sweep": summary.as_ref().map(|s| s.to_json(plot.as_deref())),
         });
         let text = serde_json::to_string_pretty(&v)?;
         std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
@@ -341,47 +416,25 @@ pub fn run(args: &MicroArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// What one `--scheme` names.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Spec {
-    /// A remora fault-tolerance scheme.
-    Remora(String),
-    /// The baseline: a local cache in front of Redis with this many replicas.
-    Redis(u32),
-}
-
-/// Replicas `redis-cache` gets when the name gives none.
-const DEFAULT_REPLICAS: u32 = 2;
-/// Most replicas `redis-cache:R` accepts.
-const MAX_REPLICAS: u32 = 8;
-
-impl Spec {
-    fn parse(s: &str) -> Option<Self> {
-        if s == "redis-cache" {
-            return Some(Self::Redis(DEFAULT_REPLICAS));
-        }
-        if let Some(r) = s.strip_prefix("redis-cache:") {
-            return r.parse().ok().filter(|&r| r <= MAX_REPLICAS).map(Self::Redis);
-        }
-        remora_runtime::scheme::by_name(s).map(|_| Self::Remora(s.to_string()))
-    }
-}
-
-/// The local cluster the remora schemes run on.
+/// The local cluster of [`MEMNODES`] nodes `bench drain` runs its schemes
+/// on, with far room for `schemes` runs at 3x redundancy each.
 pub(crate) fn start_cluster(data_bytes: u64, schemes: u64) -> anyhow::Result<LocalCluster> {
-    // Far memory for every scheme's run (a finished run's regions are only
-    // reclaimed after its heartbeat timeout) with room for 3x redundancy.
-    let far_need = data_bytes.saturating_mul(3 * schemes);
-    let per_node = far_need.div_ceil(MEMNODES as u64).div_ceil(REGION_SIZE) * REGION_SIZE + 2 * REGION_SIZE;
+    start_cluster_for(data_bytes.saturating_mul(3 * schemes), MEMNODES)
+}
+
+/// A local cluster of `memnodes` memory nodes with `far_need` bytes of far
+/// memory in all, spread evenly, plus two spare regions per node.
+fn start_cluster_for(far_need: u64, memnodes: usize) -> anyhow::Result<LocalCluster> {
+    let per_node = far_need.div_ceil(memnodes as u64).div_ceil(REGION_SIZE) * REGION_SIZE + 2 * REGION_SIZE;
     let binary = std::env::current_exe().context("locating the remora binary")?;
     let mut cfg = ClusterConfig::new(&binary);
-    cfg.memnodes = MEMNODES;
+    cfg.memnodes = memnodes;
     cfg.region_size = REGION_SIZE;
     cfg.capacity = per_node;
     cfg.log_level = "warn".into();
     cfg.heartbeat_timeout = Duration::from_secs(5);
     progress(format_args!(
-        "starting a local cluster: manager + {MEMNODES} memory nodes of {} ({} regions)",
+        "starting a local cluster: manager + {memnodes} memory nodes of {} ({} regions)",
         ByteSize(per_node),
         ByteSize(REGION_SIZE)
     ));
@@ -467,7 +520,8 @@ fn check_args(args: &MicroArgs) -> anyhow::Result<()> {
     if args.duration.is_zero() {
         bail!("--duration must be positive");
     }
-    if args.schemes.is_empty() {
+    let names = args.scheme_names();
+    if names.is_empty() {
         bail!("--scheme needs at least one scheme");
     }
     for rate in args.loads().into_iter().flatten() {
@@ -475,18 +529,12 @@ fn check_args(args: &MicroArgs) -> anyhow::Result<()> {
             bail!("offered rates (--open-loop, --sweep) must be in (0, {MAX_RATE}] ops/s, got {rate}");
         }
     }
-    for s in &args.schemes {
+    for s in &names {
         if Spec::parse(s).is_none() {
-            bail!(
-                "unknown scheme {s:?} (known: {}, redis-cache[:R] with R <= {MAX_REPLICAS})",
-                remora_runtime::scheme::SCHEMES
-                    .iter()
-                    .map(|s| s.name)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
+            bail!("unknown scheme {s:?} (known: {})", schemes::known());
         }
     }
+    schemes::check_builds(&names, &schemes::options(args.ec, args.late_binding)).map_err(|e| anyhow!(e))?;
     Ok(())
 }
 
@@ -494,97 +542,6 @@ fn progress(msg: std::fmt::Arguments<'_>) {
     eprintln!("[bench micro] {msg}");
 }
 
-/// A fixed random permutation of `0..n`: rank `r` (1-based) maps to object `perm[r - 1]`.
-fn permutation(n: u64, seed: u64) -> Vec<u32> {
-    let mut p: Vec<u32> = (0..n as u32).collect();
-    p.shuffle(&mut StdRng::seed_from_u64(seed));
-    p
-}
-
-/// Allocates objects `0..n` of `rt` from `threads` threads (named
-/// `{name}-{t}`), object `i` at version 0, wrapped by `wrap`; returns them
-/// in index order. Ticks `pb` every 1024 objects.
-pub(crate) fn alloc_parallel<const W: usize, T: Send>(
-    rt: &remora_runtime::Runtime,
-    n: u64,
-    threads: u64,
-    name: &str,
-    pb: &ProgressBar,
-    wrap: impl Fn(remora_runtime::RemBox<[u64; W]>) -> T + Sync,
-) -> anyhow::Result<Vec<T>> {
-    let chunk = n.div_ceil(threads.max(1));
-    let wrap = &wrap;
-    let parts: Vec<anyhow::Result<Vec<T>>> = thread::scope(|s| {
-        let handles: Vec<_> = (0..threads.max(1))
-            .map(|t| {
-                let range = (t * chunk).min(n)..((t + 1) * chunk).min(n);
-                thread::Builder::new()
-                    .name(format!("{name}-{t}"))
-                    .stack_size(STACK)
-                    .spawn_scoped(s, move || -> anyhow::Result<Vec<T>> {
-                        let mut out = Vec::with_capacity(range.clone().count());
-                        for i in range {
-                            let mut v = [0u64; W];
-                            fill(&mut v, base(i, 0));
-                            let b = rt.alloc(v).with_context(|| format!("allocating object {i} of {n}"))?;
-                            out.push(wrap(b));
-                            if i % 1024 == 1023 {
-                                pb.inc(1024);
-                            }
-                        }
-                        Ok(out)
-                    })
-            })
-            .collect();
-        join_all(handles, "fill")
-    });
-    let mut all = Vec::with_capacity(usize::try_from(n)?);
-    for p in parts {
-        all.extend(p?);
-    }
-    Ok(all)
-}
-
-/// Joins scoped threads that return results; a panic or a failed spawn
-/// becomes an error naming what the threads were for.
-pub(crate) fn join_all<R>(
-    handles: Vec<std::io::Result<thread::ScopedJoinHandle<'_, anyhow::Result<R>>>>,
-    what: &str,
-) -> Vec<anyhow::Result<R>> {
-    handles
-        .into_iter()
-        .map(|h| match h {
-            Ok(h) => h.join().unwrap_or_else(|_| Err(anyhow!("a {what} thread panicked"))),
-            Err(e) => Err(anyhow!("cannot start a {what} thread: {e}")),
-        })
-        .collect()
-}
-
-pub(crate) fn splitmix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// The seed of the words of object `index` at `version`.
-pub(crate) fn base(index: u64, version: u64) -> u64 {
-    splitmix(splitmix(index) ^ version.wrapping_mul(0xD6E8_FEB8_6659_FD93))
-}
-
-fn word(base: u64, j: usize) -> u64 {
-    base ^ (j as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-}
-
-pub(crate) fn fill(obj: &mut [u64], base: u64) {
-    for (j, w) in obj.iter_mut().enumerate() {
-        *w = word(base, j);
-    }
-}
-
-pub(crate) fn check(obj: &[u64], base: u64) -> bool {
-    obj.iter().enumerate().all(|(j, &w)| w == word(base, j))
-}
 fn bar(len: u64, prefix: &'static str, template: &str) -> ProgressBar {
     let style = ProgressStyle::with_template(template)
         .unwrap_or_else(|_| ProgressStyle::default_bar())
@@ -608,36 +565,5 @@ fn parse_watermark(s: &str) -> Result<f64, String> {
         Ok(v)
     } else {
         Err(format!("{v} is not a fraction of the budget in (0, 1]"))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn layout_follows_size_classes() {
-        let l = SpanLayout::for_object(4096);
-        assert_eq!((l.slot_bytes, l.span_bytes, l.objects_per_span), (4736, 24576, 5));
-        let l = SpanLayout::for_object(1024);
-        assert_eq!((l.slot_bytes, l.span_bytes, l.objects_per_span), (1152, 16384, 14));
-        let l = SpanLayout::for_object(64);
-        assert_eq!((l.slot_bytes, l.objects_per_span), (80, 102));
-        let l = SpanLayout::for_object(1 << 20);
-        assert_eq!((l.span_bytes, l.objects_per_span), ((1 << 20) + PAGE_SIZE, 1));
-        assert_eq!(SpanLayout::for_object(4096).bytes_for(11), 3 * 24576);
-    }
-
-    #[test]
-    fn words_depend_on_index_and_version() {
-        let mut a = [0u64; 8];
-        fill(&mut a, base(3, 0));
-        assert!(check(&a, base(3, 0)));
-        assert!(!check(&a, base(3, 1)));
-        assert!(!check(&a, base(4, 0)));
-        let p = permutation(1000, 7);
-        let mut s = p.clone();
-        s.sort_unstable();
-        assert_eq!(s, (0..1000).collect::<Vec<u32>>());
     }
 }

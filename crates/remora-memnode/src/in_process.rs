@@ -6,7 +6,7 @@
 //! stands in for the manager: it hands out regions ([`FarBackend`]) and
 //! tells compute nodes when a node dies. A node serves the wire's
 //! [`MemRequest`]s with the daemon's own capability checks
-//! ([`crate::region`]) and offloaded rebuild ([`crate::rebuild`]), so a scheme
+//! (`region`) and offloaded rebuild (`rebuild`), so a scheme
 //! tested here speaks exactly the protocol it speaks to a real daemon. It
 //! never replaces the tests against real processes; it adds the faults a
 //! real process cannot be made to show at a precise moment:

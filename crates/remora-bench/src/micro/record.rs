@@ -9,8 +9,9 @@ use serde_json::{Value, json};
 
 use super::cache_sim::SimMisses;
 use super::redis_cache::RedisFigures;
+use super::sweep::KEEP_UP;
 use super::worker::Run;
-use super::{MEMNODES, MicroArgs, Plan};
+use super::{MicroArgs, Plan, schemes};
 use crate::net::stats::Latency;
 
 /// One record: a scheme at one load.
@@ -46,6 +47,13 @@ impl RemoraFigures {
     pub(crate) fn reads_per_swap_in(&self) -> Option<f64> {
         let d = &self.delta;
         (d.swap_ins > 0).then(|| d.swap_in_reads as f64 / d.swap_ins as f64)
+    }
+
+    /// Bytes written to memory nodes per byte of data spans evicted: what
+    /// the scheme's redundancy costs in writes (1 without any).
+    pub(crate) fn write_amplification(&self) -> Option<f64> {
+        let d = &self.delta;
+        (d.bytes_evicted_data > 0).then(|| d.bytes_written_remote as f64 / d.bytes_evicted_data as f64)
     }
 
     /// Bytes of spans swapped in per byte of them dereferenced while local.
@@ -110,9 +118,9 @@ impl Record {
             .map(|_| self.run.completed as f64 / self.run.scheduled.max(1) as f64)
     }
 
-    /// Open loop: whether less than 95 % of the offered load completed.
+    /// Open loop: whether less than [`KEEP_UP`] (95 %) of the offered load completed.
     pub(crate) fn saturated(&self) -> bool {
-        self.achieved_fraction().is_some_and(|f| f < 0.95)
+        self.achieved_fraction().is_some_and(|f| f < KEEP_UP)
     }
 
     fn mode(&self) -> &'static str {
@@ -240,6 +248,17 @@ impl Record {
         extend(&mut v, self.memory_json());
         extend(&mut v, self.remora_json(args));
         extend(&mut v, self.redis_json());
+        // The code and switches the scheme was built with (null where none apply).
+        let ec = schemes::info(&self.scheme).is_some_and(|i| i.erasure_coded);
+        extend(
+            &mut v,
+            json!({
+                "ec": ec.then(|| format!("{}+{}", plan.opts.k, plan.opts.m)),
+                "ec_k": ec.then_some(plan.opts.k),
+                "ec_m": ec.then_some(plan.opts.m),
+                "late_binding": self.remora().map(|_| plan.opts.late_binding),
+            }),
+        );
         if open {
             extend(
                 &mut v,
@@ -274,7 +293,7 @@ impl Record {
                 "warmup_s": args.warmup.as_secs_f64(),
                 "write_ratio": args.write_ratio,
                 "seed": args.seed,
-                "memnodes": MEMNODES,
+                "memnodes": plan.memnodes,
             }),
         );
         v
@@ -341,6 +360,8 @@ impl Record {
                 "miss_ratio": null, "deref_misses": null,
                 "swap_in_amplification": null, "evict_mib_s": null, "evict_mib_per_busy_s": null,
                 "room_wait_pct": null, "clean_evictions": null, "clean_bytes_saved": null,
+                "write_amplification": null, "misses_per_op": null, "degraded_reads": null,
+                "reconstructed_bytes": null,
                 "kept_bytes": null, "local_objects": null, "objects_moved": null, "spans_filtered": null,
             });
         };
@@ -356,6 +377,10 @@ impl Record {
             "bytes_read_remote": d.bytes_read_remote,
             "bytes_written_remote": d.bytes_written_remote,
             "bytes_evicted_data": d.bytes_evicted_data,
+            "write_amplification": f.write_amplification(),
+            "misses_per_op": self.measured_miss_ratio(),
+            "degraded_reads": d.degraded_reads,
+            "reconstructed_bytes": d.reconstructed_bytes,
             "live_bytes": f.avg_live,
             "miss_ratio": self.measured_miss_ratio(),
             "deref_misses": d.deref_misses,
@@ -396,6 +421,12 @@ pub(crate) fn delta(a: &Stats, b: &Stats) -> Stats {
         clean_bytes_saved: b.clean_bytes_saved - a.clean_bytes_saved,
         objects_moved: b.objects_moved - a.objects_moved,
         spans_filtered: b.spans_filtered - a.spans_filtered,
+        degraded_reads: b.degraded_reads.saturating_sub(a.degraded_reads),
+        reconstructed_bytes: b.reconstructed_bytes.saturating_sub(a.reconstructed_bytes),
+        reconstruct_seconds: (b.reconstruct_seconds - a.reconstruct_seconds).max(0.0),
+        recoveries: b.recoveries.saturating_sub(a.recoveries),
+        checksum_repairs: b.checksum_repairs.saturating_sub(a.checksum_repairs),
+        rebuild_retries: b.rebuild_retries.saturating_sub(a.rebuild_retries),
         ..b.clone()
     }
 }

@@ -479,7 +479,7 @@ pub(super) fn run_scheme(args: &MicroArgs, plan: &Plan, bin: &Path, replicas: u3
         let scheme = if wait { format!("{name}+wait") } else { name.clone() };
         let store = RedisCache::new(&group, args, plan, wait)?;
         let fill_time = store.fill(args, plan, &scheme)?;
-        for offered in args.loads() {
+        for &offered in &plan.loads {
             let (mut run, snaps) =
                 worker::measure(args, &store, &plan.perm, zipf.as_ref(), offered).with_context(|| match offered {
                     Some(rate) => format!("{scheme}: open loop at {rate} ops/s"),

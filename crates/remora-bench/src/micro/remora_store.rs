@@ -98,7 +98,8 @@ pub(super) fn run_scheme<const W: usize>(
 ) -> anyhow::Result<Vec<Record>> {
     let mut cfg = RuntimeConfig::new(cluster.manager_addr(), usize::try_from(plan.budget)?);
     cfg.name = format!("bench-micro-{scheme}");
-    cfg.scheme = remora_runtime::scheme::by_name(scheme).ok_or_else(|| anyhow!("unknown scheme {scheme:?}"))?;
+    cfg.scheme =
+        remora_runtime::scheme::make(scheme, &plan.opts).map_err(|e| anyhow!("building scheme {scheme}: {e}"))?;
     if let Some(t) = args.filtering_threads {
         cfg.filtering_threads = t as usize;
     }
@@ -164,7 +165,7 @@ pub(super) fn run_scheme<const W: usize>(
 
     // One measured run per load, each after its own warm-up.
     let mut records = Vec::new();
-    for offered in args.loads() {
+    for &offered in &plan.loads {
         let (mut run, snaps) =
             worker::measure(args, &array, &plan.perm, zipf.as_ref(), offered).with_context(|| match offered {
                 Some(rate) => format!("open loop at {rate} ops/s"),

@@ -7,11 +7,11 @@ use remora_proto::ByteSize;
 
 use super::record::{Record, ci_us, mib, us};
 use super::redis_cache::RedisFigures;
-use super::{MEMNODES, MicroArgs, Plan, threads_label};
+use super::{MicroArgs, Plan, schemes, threads_label};
 use crate::net::stats::Latency;
 
 /// An offered rate for display: `2000/s`, `0.5/s`, or `closed`.
-fn load_label(offered: Option<f64>) -> String {
+pub(crate) fn load_label(offered: Option<f64>) -> String {
     match offered {
         Some(r) if r.fract() == 0.0 => format!("{r:.0}/s"),
         Some(r) => format!("{r}/s"),
@@ -78,7 +78,26 @@ pub(crate) fn print_report(args: &MicroArgs, plan: &Plan, records: &[Record], sk
         println!("  latency is closed-loop (each thread issues its next op when one completes)");
     }
     if records.iter().any(|r| r.remora().is_some()) {
-        println!("  remora schemes: a local cluster of {MEMNODES} memory nodes");
+        println!("  remora schemes: a local cluster of {} memory nodes", plan.memnodes);
+        let coded: Vec<&str> = records
+            .iter()
+            .filter(|r| schemes::info(&r.scheme).is_some_and(|i| i.erasure_coded))
+            .map(|r| r.scheme.as_str())
+            .fold(Vec::new(), |mut v, s| {
+                if !v.contains(&s) {
+                    v.push(s);
+                }
+                v
+            });
+        if !coded.is_empty() {
+            println!(
+                "  erasure code: RS({}, {}) for {}; late binding {}",
+                plan.opts.k,
+                plan.opts.m,
+                coded.join(", "),
+                if plan.opts.late_binding { "on" } else { "off" }
+            );
+        }
     }
     for (scheme, why) in skipped {
         println!("  {scheme}: SKIPPED: {why}");
@@ -131,7 +150,7 @@ pub(crate) fn print_report(args: &MicroArgs, plan: &Plan, records: &[Record], sk
     }
 
     println!();
-    if args.sweep.is_empty() {
+    if args.sweep.is_none() {
         println!("latency in µs with 95 % confidence intervals (order statistics, Lancet eqs. 4.1-4.2)");
     } else {
         println!(
