@@ -171,10 +171,20 @@ impl Shared {
         self.k + self.m
     }
 
+    /// Far pages a kept copy of `pages` holds. With one data span per
+    /// spanset (replication) the copy is the whole spanset, its replicas
+    /// included; with k > 1 it is the member alone (parity stays alive for
+    /// the live members, never for the copy).
+    fn kept_weight(&self, pages: u64) -> u64 {
+        if self.k == 1 { pages * self.n() as u64 } else { pages }
+    }
+
     /// A data member's span left far memory (swapped in, or freed): it
     /// becomes a hole, or a kept copy when `keep` (returning the token). The
     /// spanset is freed once no member is live; its kept copies are
-    /// cancelled with it, so a kept copy never keeps a spanset alive.
+    /// cancelled with it, so a kept copy never keeps other members alive.
+    /// With one data span per spanset (replication) the kept copy is the
+    /// spanset, so keeping it keeps nothing else alive.
     fn unlive(&self, far: &FarMemory, at: SpanAddr, keep: bool) -> Option<u64> {
         let mut st = self.lock();
         let &(id, pos) = st.by_span.get(&(at.region, at.page))?;
@@ -185,10 +195,10 @@ impl Shared {
         }
         mem.live = false;
         let pages = mem.pages as u64;
-        if ss.members.iter().any(|m| m.live) {
+        if ss.members.iter().any(|m| m.live) || (keep && self.k == 1) {
             if keep {
                 ss.members[pos].kept = true;
-                st.kept_pages += pages;
+                st.kept_pages += self.kept_weight(pages);
                 return Some(id);
             }
             st.hole_pages += pages;
@@ -212,11 +222,16 @@ impl Shared {
             }
         }
         drop(st);
+        self.free_far(far, &ss);
+        None
+    }
+
+    /// Gives back the far space of a spanset already out of the table.
+    fn free_far(&self, far: &FarMemory, ss: &Spanset) {
         for p in 0..self.n() {
             let (page, len) = ss.at(p);
             self.place.free(far, ss.group, p, page, (len / PAGE_SIZE) as u32);
         }
-        None
     }
 
     /// Writes one spanset's members (`shards[p]` at `pages[p]`); returns the
@@ -569,10 +584,7 @@ impl Shared {
             }
         }
         drop(st);
-        for p in 0..self.n() {
-            let (page, len) = ss.at(p);
-            self.place.free(far, ss.group, p, page, (len / PAGE_SIZE) as u32);
-        }
+        self.free_far(far, &ss);
     }
 }
 
@@ -671,11 +683,11 @@ impl Scheme for EcBatch {
         mem.kept = false;
         mem.live = true;
         let pages = mem.pages as u64;
-        st.kept_pages -= pages;
+        st.kept_pages -= self.sh.kept_weight(pages);
         true
     }
 
-    fn drop_kept(&self, _far: &FarMemory, at: SpanAddr, _pages: u32, token: u64) {
+    fn drop_kept(&self, far: &FarMemory, at: SpanAddr, _pages: u32, token: u64) {
         let mut st = self.sh.lock();
         let Some(&(id, pos)) = st.by_span.get(&(at.region, at.page)) else {
             return;
@@ -687,11 +699,20 @@ impl Scheme for EcBatch {
         if id != token || !mem.kept {
             return;
         }
-        // A plain hole now; the spanset already has a live member (or it
-        // would have been freed, cancelling this copy).
         mem.kept = false;
         let pages = mem.pages as u64;
-        st.kept_pages -= pages;
+        st.kept_pages -= self.sh.kept_weight(pages);
+        if self.sh.k == 1 {
+            // The copy was the spanset: nothing else is live in it.
+            let ss = st.sets.remove(&id).expect("present");
+            let regions = self.sh.place.group(ss.group).regions;
+            st.by_span.remove(&(regions[pos], ss.members[pos].page));
+            drop(st);
+            self.sh.free_far(far, &ss);
+            return;
+        }
+        // A plain hole now; the spanset already has a live member (or it
+        // would have been freed, cancelling this copy).
         st.hole_pages += pages;
     }
 
