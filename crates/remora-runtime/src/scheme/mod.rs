@@ -7,8 +7,9 @@
 //!   memory nodes (paper §3.4.1).
 //!
 //! What every scheme shares lives beside them: [`placement`] (stripe groups
-//! on distinct nodes, suspects, far space) and [`recovery`] (rebuilding a
-//! dead node's positions, joined on shutdown).
+//! on distinct nodes, suspects, far space), [`recovery`] (rebuilding a
+//! dead node's positions, joined on shutdown) and [`shards`] (reading k of
+//! k+m shards around failures, writing a stripe).
 //!
 //! # Lock contract
 //!
@@ -25,6 +26,7 @@ mod ec_batch;
 mod non_ft;
 pub(crate) mod placement;
 pub(crate) mod recovery;
+pub(crate) mod shards;
 
 use std::sync::Arc;
 use std::time::Duration;
