@@ -48,15 +48,23 @@ fn scheme_runtime(c: &remora_cluster::LocalCluster, name: &str, budget: usize, p
 /// serve its spans, recovery rebuilds them elsewhere, every object verifies.
 #[test]
 fn kill_during_workload_loses_nothing() {
-    kill_during_workload("ec-batch", 1.5);
+    kill_during_workload("ec-batch", 1.5, 1);
 }
 
 #[test]
 fn replication_survives_kill_during_workload() {
-    kill_during_workload("replication", 3.0);
+    kill_during_workload("replication", 3.0, 1);
 }
 
-fn kill_during_workload(name: &str, amp: f64) {
+/// Hydra's split spans: a swap-in reads k = 4 fragments, and the dead
+/// node's fragments are read around and rebuilt.
+#[test]
+fn ec_split_survives_kill_during_workload() {
+    kill_during_workload("ec-split", 1.5, 4);
+}
+
+/// `reads` is the read requests a swap-in takes while every node is healthy.
+fn kill_during_workload(name: &str, amp: f64, reads: u64) {
     let c = quick_cluster(7, 64 << 20, 8 << 20);
     let rt = scheme_runtime(&c, name, 2 << 20, Duration::from_secs(20));
     let n = 8192u64; // 16 MiB of 2 KiB objects: 8x the budget
@@ -70,8 +78,9 @@ fn kill_during_workload(name: &str, amp: f64) {
         "{name} writes {amp}x the data: {ratio} ({before:?})"
     );
     assert_eq!(
-        before.swap_in_reads, before.swap_ins,
-        "one read per swap-in outside failures"
+        before.swap_in_reads,
+        reads * before.swap_ins,
+        "{reads} reads per swap-in outside failures"
     );
     let stop = AtomicBool::new(false);
     let errors = Mutex::new(Vec::<String>::new());
@@ -166,10 +175,12 @@ fn kill_during_workload(name: &str, amp: f64) {
         "{name}: survivors reported {:?} for {st:?}",
         c.peer_traffic()
     );
-    // One read per normal swap-in; a degraded one adds at most k (counted at
-    // the transport: the plain read that failed also went out).
+    // `reads` per normal swap-in; a degraded one adds at most k (ec-batch:
+    // k survivors; counted at the transport, the plain read that failed
+    // also went out) or m (ec-split: parity fragments for failed ones).
+    let extra = if name == "ec-split" { 2 } else { 4 };
     assert!(
-        st.swap_in_reads >= st.swap_ins && st.swap_in_reads <= st.swap_ins + 4 * st.degraded_reads,
+        st.swap_in_reads >= reads * st.swap_ins && st.swap_in_reads <= reads * st.swap_ins + extra * st.degraded_reads,
         "{st:?}"
     );
     // Every object, at its latest version, from wherever it now lives.

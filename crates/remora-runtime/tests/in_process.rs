@@ -5,10 +5,11 @@
 //! transport saw. (The same schemes run against real processes in the
 //! workspace's `tests/`.)
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use remora_memnode::InProcessCluster;
 use remora_proto::msg::PeerTraffic;
+use remora_runtime::scheme::SchemeOptions;
 use remora_runtime::{RemBox, Remotable, Runtime, RuntimeConfig, RuntimeError, Stats, scheme};
 
 const KIB: usize = 1 << 10;
@@ -37,13 +38,17 @@ fn cluster() -> InProcessCluster {
 }
 
 fn runtime(c: &InProcessCluster, scheme_name: &str, budget: usize) -> Runtime {
+    runtime_with(c, scheme_name, SchemeOptions::default(), budget)
+}
+
+fn runtime_with(c: &InProcessCluster, scheme_name: &str, opts: SchemeOptions, budget: usize) -> Runtime {
     // `RUST_LOG=debug` shows what the runtime did around a failure.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
     let mut cfg = RuntimeConfig::new("unused:0", budget);
-    cfg.scheme = scheme::by_name(scheme_name).expect("known scheme");
+    cfg.scheme = scheme::make(scheme_name, &opts).expect("known scheme");
     cfg.patience = Duration::from_secs(5);
     Runtime::with_backend(cfg, c.backend()).expect("runtime starts")
 }
@@ -94,13 +99,20 @@ fn non_ft_round_trip_counts_one_read_per_swap_in() {
     assert!(st.bytes_read_remote >= st.swap_in_bytes, "{st:?}");
 }
 
-/// The schemes that survive a memory node's death, and the bytes each
-/// writes per byte of data (RS(4,2): 1.5; three copies: 3).
-const REDUNDANT: [(&str, f64); 2] = [("ec-batch", 1.5), ("replication", 3.0)];
+/// The schemes that survive a memory node's death, the bytes each writes
+/// per byte of data (RS(4,2): 1.5; three copies: 3), and the read requests
+/// a swap-in takes while every node is healthy (ec-split reads its k = 4
+/// data fragments).
+const REDUNDANT: [(&str, f64, u64); 3] = [("ec-batch", 1.5, 1), ("replication", 3.0, 1), ("ec-split", 1.5, 4)];
+
+/// Read requests per healthy swap-in of scheme `name`.
+fn reads_per_swap_in(name: &str) -> u64 {
+    REDUNDANT.iter().find(|r| r.0 == name).map_or(1, |r| r.2)
+}
 
 #[test]
 fn redundant_round_trip_writes_what_the_code_says() {
-    for (name, amp) in REDUNDANT {
+    for (name, amp, reads) in REDUNDANT {
         let c = cluster();
         let rt = runtime(&c, name, MIB);
         let objs = fill(&rt, 8 * KIB as u64);
@@ -118,8 +130,9 @@ fn redundant_round_trip_writes_what_the_code_says() {
         let st = rt.stats();
         assert!(st.swap_ins > 100, "{name}: {st:?}");
         assert_eq!(
-            st.swap_in_reads, st.swap_ins,
-            "{name}: one read request per swap-in: {st:?}"
+            st.swap_in_reads,
+            reads * st.swap_ins,
+            "{name}: {reads} read requests per swap-in: {st:?}"
         );
         assert_eq!(st.degraded_reads, 0, "{name}");
     }
@@ -127,7 +140,7 @@ fn redundant_round_trip_writes_what_the_code_says() {
 
 #[test]
 fn redundant_schemes_read_around_a_dead_node_without_a_notice() {
-    for (name, _) in REDUNDANT {
+    for (name, ..) in REDUNDANT {
         read_around_a_dead_node(name);
     }
 }
@@ -143,21 +156,29 @@ fn read_around_a_dead_node(name: &str) {
     c.node(victim).unwrap().kill(false);
     verify(&rt, &objs, |_| 0).unwrap();
     let st = rt.stats();
-    assert!(st.degraded_reads > 0, "{name}: {st:?}");
-    // A degraded read takes up to k reads instead of 1 (fewer when the
-    // spanset has virtual all-zero members); the failed plain read to the
-    // dead node never left (its connection was broken).
-    let degraded_reads = st.swap_in_reads - (st.swap_ins - st.degraded_reads);
+    let d = st.degraded_reads;
+    assert!(d > 0, "{name}: {st:?}");
+    // ec-batch: a degraded read takes up to k reads instead of 1 (fewer
+    // when the spanset has virtual all-zero members). ec-split: k fragments
+    // as always, the dead node's replaced by a parity fragment (up to k+m
+    // if reads failed in flight). The read to the dead node never left
+    // (its connection was broken).
+    let reads = reads_per_swap_in(name);
+    let degraded_reads = st.swap_in_reads - reads * (st.swap_ins - d);
+    let (lo, hi) = if name == "ec-split" {
+        (4 * d, 6 * d)
+    } else {
+        (d.max(k * d / 2), k * d)
+    };
     assert!(
-        degraded_reads >= st.degraded_reads.max(k * st.degraded_reads / 2) && degraded_reads <= k * st.degraded_reads,
-        "{name}: {degraded_reads} reads for {} degraded swap-ins: {st:?}",
-        st.degraded_reads
+        degraded_reads >= lo && degraded_reads <= hi,
+        "{name}: {degraded_reads} reads for {d} degraded swap-ins: {st:?}"
     );
 }
 
 #[test]
 fn redundant_schemes_rebuild_a_dead_node_on_a_spare() {
-    for (name, _) in REDUNDANT {
+    for (name, ..) in REDUNDANT {
         rebuild_on_a_spare(name);
     }
 }
@@ -205,12 +226,15 @@ fn rebuild_on_a_spare(name: &str) {
     verify(&rt, &objs, |_| 0).unwrap();
     let st = rt.stats();
     assert_eq!(st.degraded_reads, before.degraded_reads, "{st:?}");
-    assert_eq!(st.swap_in_reads - before.swap_in_reads, st.swap_ins - before.swap_ins);
+    assert_eq!(
+        st.swap_in_reads - before.swap_in_reads,
+        reads_per_swap_in(name) * (st.swap_ins - before.swap_ins)
+    );
 }
 
 #[test]
 fn redundant_schemes_repair_corrupt_reads() {
-    for (name, _) in REDUNDANT {
+    for (name, ..) in REDUNDANT {
         let c = cluster();
         let rt = runtime(&c, name, MIB);
         let objs = fill(&rt, 8 * KIB as u64);
@@ -227,7 +251,7 @@ fn redundant_schemes_repair_corrupt_reads() {
 
 #[test]
 fn redundant_schemes_survive_a_node_dying_mid_write() {
-    for (name, _) in REDUNDANT {
+    for (name, ..) in REDUNDANT {
         die_mid_write(name);
     }
 }
@@ -248,7 +272,7 @@ fn die_mid_write(name: &str) {
 
 #[test]
 fn broken_connections_lose_nothing() {
-    for name in ["non-ft", "ec-batch", "replication"] {
+    for name in ["non-ft", "ec-batch", "replication", "ec-split"] {
         let c = cluster();
         let rt = runtime(&c, name, MIB);
         let mut objs: Vec<RemBox<Obj>> = (0..2 * KIB as u64).map(|i| rt.alloc(obj(i, 0)).unwrap()).collect();
@@ -311,7 +335,7 @@ fn big(id: u64) -> Box<Big> {
 
 #[test]
 fn large_objects_go_far_and_come_back() {
-    for name in ["non-ft", "ec-batch", "replication"] {
+    for name in ["non-ft", "ec-batch", "replication", "ec-split"] {
         let c = cluster();
         let rt = runtime(&c, name, 2 * MIB);
         let objs: Vec<RemBox<Big>> = (0..24).map(|i| rt.alloc(*big(i)).unwrap()).collect();
@@ -327,10 +351,15 @@ fn large_objects_go_far_and_come_back() {
             );
         }
         let st = rt.stats();
-        assert!(st.swap_ins >= 10 && st.swap_in_reads == st.swap_ins, "{name}: {st:?}");
+        assert!(
+            st.swap_ins >= 10 && st.swap_in_reads == reads_per_swap_in(name) * st.swap_ins,
+            "{name}: {st:?}"
+        );
     }
 }
 
+// ec-split is not here: a span goes far as k fragments, so a span larger
+// than a region still fits.
 #[test]
 fn a_span_larger_than_a_region_fails_cleanly_without_draining_the_pool() {
     for name in ["non-ft", "ec-batch", "replication"] {
@@ -363,4 +392,139 @@ fn a_span_larger_than_a_region_fails_cleanly_without_draining_the_pool() {
             assert!(got.words == big(i as u64).words, "{name}: object {i}: wrong bytes");
         }
     }
+}
+
+/// Hydra's cost, counted at the transport: with every node healthy an
+/// ec-split swap-in is exactly k = 4 read requests (its data fragments;
+/// nothing is decoded), and k+1 = 5 with late binding (one parity more).
+#[test]
+fn ec_split_swap_in_reads_k_fragments_or_k_plus_one_with_late_binding() {
+    for (late_binding, reads) in [(false, 4), (true, 5)] {
+        let c = cluster();
+        let opts = SchemeOptions {
+            late_binding,
+            ..SchemeOptions::default()
+        };
+        let rt = runtime_with(&c, "ec-split", opts, MIB);
+        let objs = fill(&rt, 8 * KIB as u64);
+        let before = rt.stats();
+        verify(&rt, &objs, |_| 0).unwrap();
+        let st = rt.stats();
+        let swap_ins = st.swap_ins - before.swap_ins;
+        assert!(swap_ins > 100, "{st:?}");
+        assert_eq!(
+            st.swap_in_reads - before.swap_in_reads,
+            reads * swap_ins,
+            "late binding {late_binding}: {reads} reads per swap-in: {st:?}"
+        );
+        assert_eq!(st.degraded_reads, 0, "{st:?}");
+        eprintln!(
+            "ec-split, late binding {late_binding}: {swap_ins} swap-ins, {:.2} reads per swap-in",
+            (st.swap_in_reads - before.swap_in_reads) as f64 / swap_ins as f64
+        );
+    }
+}
+
+/// A straggler: one node answers every request 2 s late. Without late
+/// binding a swap-in whose data fragment it holds waits for it; with late
+/// binding the swap-in takes the first k of k+1 fragments and does not.
+#[test]
+fn ec_split_late_binding_reads_around_a_slow_node() {
+    let delay = Duration::from_secs(2);
+    for late_binding in [false, true] {
+        let c = cluster();
+        let opts = SchemeOptions {
+            late_binding,
+            ..SchemeOptions::default()
+        };
+        let rt = runtime_with(&c, "ec-split", opts, MIB);
+        // 2 MiB of data: every span lands in the first stripe group, whose
+        // first data position is the slow node.
+        let objs = fill(&rt, 2 * KIB as u64);
+        // Room for every swap-in below: nothing is written to the slow node.
+        rt.set_local_budget(64 * MIB);
+        let slow = rt.regions()[0].1.node;
+        c.node(slow).unwrap().set_delay(delay);
+        let before = rt.stats();
+        let start = Instant::now();
+        // Without late binding one swap-in shows the delay; with it, many don't.
+        let n = if late_binding { objs.len() } else { 1 };
+        let mut scope = rt.scope();
+        let mut i = 0;
+        while i < objs.len() && rt.stats().swap_ins - before.swap_ins < n as u64 {
+            let got = objs[i].deref(&scope).unwrap();
+            assert!(got.words == obj(i as u64, 0).words && got.id == i as u64, "object {i}");
+            i += 1;
+            if i % 64 == 0 {
+                scope.renew();
+            }
+        }
+        drop(scope);
+        let took = start.elapsed();
+        let st = rt.stats();
+        let swap_ins = st.swap_ins - before.swap_ins;
+        eprintln!("ec-split, late binding {late_binding}: {swap_ins} swap-ins in {took:?}");
+        assert_eq!(st.degraded_reads, 0, "a slow fragment is not a lost one: {st:?}");
+        if late_binding {
+            assert!(swap_ins >= 32, "{st:?}");
+            assert!(took < delay, "a swap-in waited for the slow node: {took:?} {st:?}");
+        } else {
+            assert!(took >= delay, "the slow node holds a data fragment: {took:?}");
+        }
+    }
+}
+
+/// A split span shares no parity with other spans, so swapping it in frees
+/// its far pages as soon as no live span's fragment shares them: with
+/// every span back, no far byte is held (no holes, unlike spansets).
+#[test]
+fn ec_split_frees_far_pages_as_spans_come_back() {
+    let c = cluster();
+    let rt = runtime(&c, "ec-split", MIB);
+    let objs = fill(&rt, 8 * KIB as u64);
+    let st = rt.stats();
+    assert!(far_share(&st) > 0.5 && st.remote_bytes_used > 0, "{st:?}");
+    // Room for everything: nothing goes far again.
+    rt.set_local_budget(64 * MIB);
+    verify(&rt, &objs[..objs.len() / 2], |_| 0).unwrap();
+    let half = rt.stats();
+    assert!(
+        half.remote_bytes_used < st.remote_bytes_used,
+        "pages were freed as spans came back: {half:?}"
+    );
+    verify(&rt, &objs, |_| 0).unwrap();
+    let st = rt.stats();
+    assert_eq!(st.far_objects, 0, "{st:?}");
+    assert_eq!(st.remote_bytes_used, 0, "every far page is free: {st:?}");
+    assert_eq!(st.hole_bytes, 0, "{st:?}");
+}
+
+/// RS(3, 2): 3 does not divide a span's length, so each span's last data
+/// fragment is zero-padded. Round trip, then a dead node read around
+/// (decoding with padded fragments), every byte compared.
+#[test]
+fn ec_split_pads_fragments_when_k_does_not_divide_the_span() {
+    let c = cluster();
+    let opts = SchemeOptions {
+        k: 3,
+        m: 2,
+        late_binding: false,
+    };
+    let rt = runtime_with(&c, "ec-split", opts, MIB);
+    let objs = fill(&rt, 8 * KIB as u64);
+    let st = rt.stats();
+    let ratio = st.bytes_written_remote as f64 / st.bytes_evicted_data as f64;
+    assert!(
+        (5.0 / 3.0..5.0 / 3.0 * 1.01).contains(&ratio),
+        "writes ~5/3: {ratio} {st:?}"
+    );
+    verify(&rt, &objs, |_| 0).unwrap();
+    let st = rt.stats();
+    assert_eq!(st.swap_in_reads, 3 * st.swap_ins, "{st:?}");
+    rt.set_local_budget(MIB / 2);
+    rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
+    let victim = rt.regions()[0].1.node;
+    c.node(victim).unwrap().kill(false);
+    verify(&rt, &objs, |_| 0).unwrap();
+    assert!(rt.stats().degraded_reads > 0, "{:?}", rt.stats());
 }

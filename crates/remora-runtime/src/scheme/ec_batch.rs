@@ -25,25 +25,17 @@
 //!   index is rebound, so far pointer words need no change.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
 
-use remora_ec::Codec;
-use remora_proto::{NodeId, RebuildRow, RebuildSource};
+use remora_proto::{NodeId, RebuildRow};
 
-use super::placement::Placement;
-use super::recovery::Recovery;
+use super::recovery::{self, Lost};
+use super::shards::{self, Shard, Stripes};
 use super::{Scheme, SchemeReport, SpanAddr};
 use crate::error::RuntimeError;
 use crate::far_memory::FarMemory;
 use crate::size_classes::PAGE_SIZE;
-
-/// Row bytes per offloaded rebuild request.
-const REBUILD_REQUEST_BYTES: u64 = 32 << 20;
-
-/// Write attempts (each on a new placement) before a swap-out gives up.
-const WRITE_ATTEMPTS: usize = 3;
 
 #[derive(Clone, Copy)]
 struct Member {
@@ -100,17 +92,8 @@ struct State {
 }
 
 struct Shared {
-    name: &'static str,
-    codec: Codec,
-    k: usize,
-    m: usize,
-    place: Placement,
+    c: Stripes,
     st: Mutex<State>,
-    degraded: AtomicU64,
-    repairs: AtomicU64,
-    batches: AtomicU64,
-    partial_batches: AtomicU64,
-    recovery: Recovery,
 }
 
 /// Erasure-coded spansets with RS(k, m).
@@ -143,20 +126,10 @@ impl EcBatch {
     }
 
     fn named(name: &'static str, k: usize, m: usize) -> Result<Self, RuntimeError> {
-        let codec = Codec::new(k, m).map_err(|e| RuntimeError::Config(format!("{name}: {e}")))?;
         Ok(Self {
             sh: Arc::new(Shared {
-                name,
-                codec,
-                k,
-                m,
-                place: Placement::new(k + m, name),
+                c: Stripes::new(name, k, m)?,
                 st: Mutex::new(State::default()),
-                degraded: AtomicU64::new(0),
-                repairs: AtomicU64::new(0),
-                batches: AtomicU64::new(0),
-                partial_batches: AtomicU64::new(0),
-                recovery: Recovery::default(),
             }),
         })
     }
@@ -167,16 +140,16 @@ impl Shared {
         self.st.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn n(&self) -> usize {
-        self.k + self.m
-    }
-
     /// Far pages a kept copy of `pages` holds. With one data span per
     /// spanset (replication) the copy is the whole spanset, its replicas
     /// included; with k > 1 it is the member alone (parity stays alive for
     /// the live members, never for the copy).
     fn kept_weight(&self, pages: u64) -> u64 {
-        if self.k == 1 { pages * self.n() as u64 } else { pages }
+        if self.c.k == 1 {
+            pages * self.c.n() as u64
+        } else {
+            pages
+        }
     }
 
     /// A data member's span left far memory (swapped in, or freed): it
@@ -195,7 +168,7 @@ impl Shared {
         }
         mem.live = false;
         let pages = mem.pages as u64;
-        if ss.members.iter().any(|m| m.live) || (keep && self.k == 1) {
+        if ss.members.iter().any(|m| m.live) || (keep && self.c.k == 1) {
             if keep {
                 ss.members[pos].kept = true;
                 st.kept_pages += self.kept_weight(pages);
@@ -206,7 +179,7 @@ impl Shared {
         }
         // Every data span is gone: free the whole spanset.
         let ss = st.sets.remove(&id).expect("present");
-        let regions = self.place.group(ss.group).regions;
+        let regions = self.c.place.group(ss.group).regions;
         for (i, m) in ss.members.iter().enumerate() {
             if m.pages == 0 {
                 continue;
@@ -228,45 +201,9 @@ impl Shared {
 
     /// Gives back the far space of a spanset already out of the table.
     fn free_far(&self, far: &FarMemory, ss: &Spanset) {
-        for p in 0..self.n() {
+        for p in 0..self.c.n() {
             let (page, len) = ss.at(p);
-            self.place.free(far, ss.group, p, page, (len / PAGE_SIZE) as u32);
-        }
-    }
-
-    /// Writes one spanset's members (`shards[p]` at `pages[p]`); returns the
-    /// failing node on error.
-    fn write_members(
-        &self,
-        far: &FarMemory,
-        group: usize,
-        pages: &[u32],
-        shards: &[Option<&[u8]>],
-    ) -> Result<(), (NodeId, RuntimeError)> {
-        let g = self.place.group(group);
-        let mut inflight = Vec::new();
-        let mut first_err: Option<(NodeId, RuntimeError)> = None;
-        for (pos, shard) in shards.iter().enumerate() {
-            let Some(data) = shard else { continue };
-            let sent = far
-                .regions
-                .client(g.regions[pos])
-                .and_then(|(r, c)| Ok((c.send_write(r.grant.cap, offset(pages[pos]), data)?, c)));
-            match sent {
-                Ok((t, c)) => inflight.push((pos, c, t)),
-                Err(e) => {
-                    first_err.get_or_insert((g.nodes[pos], e));
-                }
-            }
-        }
-        for (pos, c, t) in inflight {
-            if let Err(e) = c.wait_write(t) {
-                first_err.get_or_insert((g.nodes[pos], e.into()));
-            }
-        }
-        match first_err {
-            None => Ok(()),
-            Some(e) => Err(e),
+            self.c.place.free(far, ss.group, p, page, (len / PAGE_SIZE) as u32);
         }
     }
 
@@ -278,61 +215,49 @@ impl Shared {
             let ss = st
                 .sets
                 .get(&id)
-                .ok_or_else(|| RuntimeError::DataLost(format!("{}: no spanset {id}", self.name)))?;
-            let at: Vec<(u32, usize)> = (0..self.n()).map(|p| ss.at(p)).collect();
-            let virt: Vec<bool> = (0..self.n()).map(|p| p < self.k && ss.members[p].pages == 0).collect();
+                .ok_or_else(|| RuntimeError::DataLost(format!("{}: no spanset {id}", self.c.name)))?;
+            let at: Vec<(u32, usize)> = (0..self.c.n()).map(|p| ss.at(p)).collect();
+            let virt: Vec<bool> = (0..self.c.n())
+                .map(|p| p < self.c.k && ss.members[p].pages == 0)
+                .collect();
             (ss.group, ss.row_pages, at, virt)
         };
-        let g = self.place.group(group);
+        let g = self.c.place.group(group);
         let row_bytes = bytes(row_pages);
         debug_assert_eq!(out.len(), row_bytes);
         // Candidates: virtual members cost nothing, then data, then parity.
-        let mut cands: Vec<usize> = (0..self.n()).filter(|&p| p != want && !g.failed[p]).collect();
-        cands.sort_by_key(|&p| (!virt[p], p >= self.k));
-        let mut bufs: Vec<(usize, Vec<u8>)> = Vec::with_capacity(self.k);
-        let mut next = 0;
-        while bufs.len() < self.k {
-            // Send reads for as many candidates as are still needed, all in flight.
-            let need = self.k - bufs.len();
-            let batch: Vec<usize> = cands[next..].iter().copied().take(need).collect();
-            next += batch.len();
-            if batch.is_empty() {
-                return Err(RuntimeError::DataLost(format!(
-                    "{} spanset {id}: fewer than {} readable members (more failures than parity covers)",
-                    self.name, self.k
-                )));
-            }
-            let mut inflight = Vec::new();
-            for p in batch {
-                let (page, len) = at[p];
-                if len == 0 {
-                    bufs.push((p, vec![0u8; row_bytes]));
-                    continue;
-                }
-                let sent = far
-                    .regions
-                    .reader(g.regions[p])
-                    .and_then(|(r, c)| Ok((c.send_read(r.grant.cap, offset(page), len)?, c)));
-                match sent {
-                    Ok((t, c)) => inflight.push((p, c, t, len)),
-                    Err(e) => tracing::debug!("degraded read: member {p} unreachable: {e}"),
-                }
-            }
-            for (p, c, t, len) in inflight {
-                let mut b = vec![0u8; row_bytes];
-                match c.wait_read(t, &mut b[..len]) {
-                    Ok(()) => bufs.push((p, b)),
-                    Err(e) => {
-                        if e.is_transport() {
-                            self.place.suspects.suspect(g.nodes[p]);
-                        }
-                        tracing::debug!("degraded read: member {p} failed: {e}");
-                    }
-                }
-            }
+        let mut cands: Vec<usize> = (0..self.c.n()).filter(|&p| p != want && !g.failed[p]).collect();
+        cands.sort_by_key(|&p| (!virt[p], p >= self.c.k));
+        let cands: Vec<Shard> = cands
+            .into_iter()
+            .map(|p| Shard {
+                pos: p,
+                node: g.nodes[p],
+                region: g.regions[p],
+                offset: offset(at[p].0),
+                len: at[p].1,
+            })
+            .collect();
+        let mut space = vec![0u8; cands.len() * row_bytes];
+        let mut dests: Vec<&mut [u8]> = space.chunks_mut(row_bytes.max(1)).collect();
+        let got = shards::gather(
+            far,
+            &self.c.place.suspects,
+            &cands,
+            &mut dests,
+            self.c.k,
+            None,
+            &mut |_, _| true,
+        );
+        if got.arrived.len() < self.c.k {
+            return Err(RuntimeError::DataLost(format!(
+                "{} spanset {id}: fewer than {} readable members (more failures than parity covers)",
+                self.c.name, self.c.k
+            )));
         }
-        let present: Vec<(usize, &[u8])> = bufs.iter().map(|(p, b)| (*p, b.as_slice())).collect();
-        self.codec
+        let present: Vec<(usize, &[u8])> = got.arrived.iter().map(|&i| (cands[i].pos, &*dests[i])).collect();
+        self.c
+            .codec
             .decode_data(&present, want, out)
             .map_err(|e| RuntimeError::DataLost(format!("decode of spanset {id}: {e}")))
     }
@@ -342,12 +267,12 @@ impl Shared {
         let (id, pos, group, row_pages) = {
             let st = self.lock();
             let &(id, pos) = st.by_span.get(&(at.region, at.page)).ok_or_else(|| {
-                RuntimeError::DataLost(format!("{}: no spanset holds r{}:p{}", self.name, at.region, at.page))
+                RuntimeError::DataLost(format!("{}: no spanset holds r{}:p{}", self.c.name, at.region, at.page))
             })?;
             let ss = &st.sets[&id];
             (id, pos, ss.group, ss.row_pages)
         };
-        Ok((id, pos, row_pages, self.place.unusable(group, pos)))
+        Ok((id, pos, row_pages, self.c.place.unusable(group, pos)))
     }
 
     fn degraded(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<(), RuntimeError> {
@@ -355,64 +280,16 @@ impl Shared {
         let mut out = vec![0u8; bytes(row_pages)];
         self.decode(far, id, pos, &mut out)?;
         dest.copy_from_slice(&out[..dest.len()]);
-        self.degraded.fetch_add(1, Ordering::Relaxed);
+        self.c.degraded.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
-    /// Rebuilds position `pos` of group `g` on a replacement region; returns
-    /// the bytes rebuilt.
-    fn recover(&self, far: &FarMemory, g: usize, pos: usize, attempt: usize) -> Result<u64, RuntimeError> {
-        let start = Instant::now();
-        let grant = self.place.replacement(far, g)?;
-        let region = grant.cap.region;
-        let res = self.rebuild_on(far, g, pos, attempt, grant, start);
-        if res.is_err() {
-            // Give the unused replacement back; a retry asks for another.
-            far.give_back(region);
-        }
-        res
-    }
-
-    fn rebuild_on(
-        &self,
-        far: &FarMemory,
-        g: usize,
-        pos: usize,
-        attempt: usize,
-        grant: remora_proto::RegionGrant,
-        start: Instant,
-    ) -> Result<u64, RuntimeError> {
-        let client = far.regions.connect(&grant.addr)?;
-        let grp = self.place.group(g);
-        // The replacement node does the work: it reads k survivors of every
-        // spanset with read-only capabilities delegated from ours and decodes.
-        let mut cands: Vec<usize> = (0..self.n()).filter(|&p| p != pos && !grp.failed[p]).collect();
-        cands.sort_by_key(|&p| p >= self.k);
-        if cands.len() < self.k {
-            return Err(RuntimeError::DataLost(format!(
-                "{} stripe group {g}: {} survivors, {} needed (more failures than parity covers)",
-                self.name,
-                cands.len(),
-                self.k
-            )));
-        }
-        // A retry (after a rebuilt shard failed its checksum) tries another
-        // set of survivors: one of them was corrupt.
-        let spare = cands.len() - self.k;
-        cands.rotate_left(attempt % (spare + 1));
-        cands.truncate(self.k);
-        let sources: Vec<RebuildSource> = cands
-            .iter()
-            .map(|&p| {
-                let r = far.regions.get(grp.regions[p]);
-                RebuildSource {
-                    index: p as u8,
-                    addr: r.grant.addr.clone(),
-                    cap: r.grant.cap.read_only(),
-                }
-            })
-            .collect();
-        let mut rows: Vec<(RebuildRow, u64)> = {
+    /// Rebuilds position `pos` of group `g` on a replacement region (every
+    /// member there, holes included: other members' parity equations need
+    /// them); returns the bytes rebuilt.
+    fn recover(&self, far: &FarMemory, lost: &Lost) -> Result<u64, RuntimeError> {
+        let (g, pos) = (lost.group, lost.pos);
+        recovery::rebuild(far, &self.c.place, lost, |cands| {
             let st = self.lock();
             st.sets
                 .values()
@@ -431,43 +308,7 @@ impl Shared {
                     })
                 })
                 .collect()
-        };
-        rows.sort_by_key(|(r, _)| r.offset);
-        let mut rebuilt = 0u64;
-        // Every rebuilt shard is checked against the checksum recorded when
-        // it was written, as reported by the node that rebuilt it.
-        for batch in rows.chunk_by(|a, b| {
-            // Keep requests near REBUILD_REQUEST_BYTES of rows each.
-            a.0.offset / REBUILD_REQUEST_BYTES == b.0.offset / REBUILD_REQUEST_BYTES
-        }) {
-            let (rows, expect): (Vec<RebuildRow>, Vec<u64>) = batch.iter().cloned().unzip();
-            let offsets: Vec<u64> = rows.iter().map(|r| r.offset).collect();
-            let (n, sums) = client.rebuild(
-                grant.cap,
-                self.k as u8,
-                self.m as u8,
-                pos as u8,
-                sources.clone(),
-                rows,
-                Duration::from_secs(120),
-            )?;
-            if let Some(i) = (0..expect.len()).find(|&i| sums.get(i) != Some(&expect[i])) {
-                return Err(RuntimeError::DataLost(format!(
-                    "rebuilt shard {pos} of group {g} at offset {} failed its checksum",
-                    offsets[i]
-                )));
-            }
-            rebuilt += n;
-        }
-        let node = grant.node;
-        self.place.rebind(far, g, pos, grant)?;
-        tracing::info!(
-            "{}: rebuilt group {g} position {pos} ({} members, {rebuilt} bytes) on {node} in {:?}",
-            self.name,
-            rows.len(),
-            start.elapsed()
-        );
-        Ok(rebuilt)
+        })
     }
 
     /// Places and writes one spanset of up to k spans (`chunk` indexes
@@ -479,7 +320,7 @@ impl Shared {
         sums: &[u64],
         chunk: &[usize],
     ) -> Result<u64, RuntimeError> {
-        let (k, m) = (self.k, self.m);
+        let (k, m) = (self.c.k, self.c.m);
         let row_len = chunk.iter().map(|&i| spans[i].len()).max().unwrap_or(0);
         let row_pages = (row_len / PAGE_SIZE) as u32;
         // Zero-padded copies only for members shorter than the row.
@@ -504,7 +345,8 @@ impl Shared {
         let mut parity = vec![vec![0u8; row_len]; m];
         {
             let mut prefs: Vec<&mut [u8]> = parity.iter_mut().map(|v| v.as_mut_slice()).collect();
-            self.codec
+            self.c
+                .codec
                 .encode(&data, &mut prefs)
                 .map_err(|e| RuntimeError::LocalMemory(format!("encode: {e}")))?;
         }
@@ -516,27 +358,14 @@ impl Shared {
             .iter()
             .map(|s| s.map_or(0, |s| (s.len() / PAGE_SIZE) as u32))
             .collect();
-        let mut exclude: Vec<NodeId> = Vec::new();
-        let mut attempts = 0;
-        let (group, pages) = loop {
-            let (group, pages) = self.place.place(far, &sizes, &exclude)?;
-            match self.write_members(far, group, &pages, &shards) {
-                Ok(()) => break (group, pages),
-                Err((node, e)) => {
-                    attempts += 1;
-                    tracing::warn!("{}: write to {node} failed ({e}); re-placing the spanset", self.name);
-                    self.place.suspects.suspect(node);
-                    for (p, &page) in pages.iter().enumerate() {
-                        self.place.free(far, group, p, page, sizes[p]);
-                    }
-                    exclude.push(node);
-                    if attempts >= WRITE_ATTEMPTS {
-                        return Err(e);
-                    }
-                }
-            }
-        };
-        let regions = self.place.group(group).regions;
+        let (group, pages) = shards::place_and_write(far, &self.c.place, self.c.name, &sizes, |pages| {
+            shards
+                .iter()
+                .enumerate()
+                .filter_map(|(p, s)| s.map(|d| (p, vec![(offset(pages[p]), d)])))
+                .collect()
+        })?;
+        let regions = self.c.place.group(group).regions;
         let members = (0..k)
             .map(|p| Member {
                 page: pages[p],
@@ -551,13 +380,10 @@ impl Shared {
             .enumerate()
             .map(|(j, p)| (pages[k + j], remora_proto::checksum::checksum(p)))
             .collect();
-        self.batches.fetch_add(1, Ordering::Relaxed);
-        if chunk.len() < k {
-            self.partial_batches.fetch_add(1, Ordering::Relaxed);
-        }
         let mut st = self.lock();
         st.next_id += 1;
         let id = st.next_id;
+        self.c.count_batch(chunk.len());
         for p in 0..chunk.len() {
             st.by_span.insert((regions[p], pages[p]), (id, p));
         }
@@ -576,7 +402,7 @@ impl Shared {
     /// Frees a spanset just written (a later one of the same swap-out failed).
     fn unplace(&self, far: &FarMemory, id: u64) {
         let Some(ss) = self.lock().sets.remove(&id) else { return };
-        let regions = self.place.group(ss.group).regions;
+        let regions = self.c.place.group(ss.group).regions;
         let mut st = self.lock();
         for (p, m) in ss.members.iter().enumerate() {
             if m.pages > 0 {
@@ -590,7 +416,7 @@ impl Shared {
 
 impl Scheme for EcBatch {
     fn name(&self) -> &'static str {
-        self.sh.name
+        self.sh.c.name
     }
 
     fn swap_out(&self, far: &FarMemory, spans: &[&[u8]], sums: &[u64]) -> Result<Vec<SpanAddr>, RuntimeError> {
@@ -600,13 +426,13 @@ impl Scheme for EcBatch {
         order.sort_by_key(|&i| std::cmp::Reverse(spans[i].len()));
         let mut out = vec![SpanAddr { region: 0, page: 0 }; spans.len()];
         let mut placed: Vec<u64> = Vec::new();
-        for chunk in order.chunks(sh.k) {
+        for chunk in order.chunks(sh.c.k) {
             match sh.swap_out_one(far, spans, sums, chunk) {
                 Ok(id) => {
                     placed.push(id);
                     let st = sh.lock();
                     let ss = &st.sets[&id];
-                    let regions = sh.place.group(ss.group).regions;
+                    let regions = sh.c.place.group(ss.group).regions;
                     for (p, &i) in chunk.iter().enumerate() {
                         out[i] = SpanAddr {
                             region: regions[p],
@@ -634,7 +460,7 @@ impl Scheme for EcBatch {
         let (r, c) = match far.regions.reader(at.region) {
             Ok(x) => x,
             Err(_) => {
-                self.sh.place.suspects.suspect(far.regions.get(at.region).grant.node);
+                self.sh.c.place.suspects.suspect(far.regions.get(at.region).grant.node);
                 return self.sh.degraded(far, at, dest);
             }
         };
@@ -642,7 +468,7 @@ impl Scheme for EcBatch {
             Ok(()) => Ok(()),
             Err(e) if e.is_transport() => {
                 tracing::debug!("swap-in from {} failed ({e}); degraded read", r.grant.addr);
-                self.sh.place.suspects.suspect(r.grant.node);
+                self.sh.c.place.suspects.suspect(r.grant.node);
                 self.sh.degraded(far, at, dest)
             }
             Err(e) => Err(e.into()),
@@ -656,7 +482,7 @@ impl Scheme for EcBatch {
     fn repair(&self, far: &FarMemory, at: SpanAddr, good: &[u8]) -> Result<(), RuntimeError> {
         let (r, c) = far.regions.client(at.region)?;
         c.write(r.grant.cap, offset(at.page), good)?;
-        self.sh.repairs.fetch_add(1, Ordering::Relaxed);
+        self.sh.c.repairs.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
@@ -702,10 +528,10 @@ impl Scheme for EcBatch {
         mem.kept = false;
         let pages = mem.pages as u64;
         st.kept_pages -= self.sh.kept_weight(pages);
-        if self.sh.k == 1 {
+        if self.sh.c.k == 1 {
             // The copy was the spanset: nothing else is live in it.
             let ss = st.sets.remove(&id).expect("present");
-            let regions = self.sh.place.group(ss.group).regions;
+            let regions = self.sh.c.place.group(ss.group).regions;
             st.by_span.remove(&(regions[pos], ss.members[pos].page));
             drop(st);
             self.sh.free_far(far, &ss);
@@ -717,23 +543,16 @@ impl Scheme for EcBatch {
     }
 
     fn node_failed(&self, far: &Arc<FarMemory>, node: NodeId) {
-        let affected = self.sh.place.fail_node(node);
-        if affected.is_empty() {
-            return;
-        }
-        tracing::warn!(
-            "{}: {node} died; rebuilding {} stripe-group positions",
-            self.sh.name,
-            affected.len()
-        );
-        let (sh, far) = (Arc::clone(&self.sh), Arc::clone(far));
-        self.sh.recovery.start(self.sh.name, affected, move |g, pos, attempt| {
-            sh.recover(&far, g, pos, attempt)
-        });
+        let sh = &self.sh;
+        let (me, far) = (Arc::clone(sh), Arc::clone(far));
+        sh.c.recovery
+            .node_failed(self.sh.c.name, (sh.c.k, sh.c.m), &sh.c.place, node, move |lost| {
+                me.recover(&far, lost)
+            });
     }
 
     fn stop(&self) {
-        self.sh.recovery.stop();
+        self.sh.c.recovery.stop();
     }
 
     fn remote_bytes_used(&self, far: &FarMemory) -> u64 {
@@ -746,19 +565,10 @@ impl Scheme for EcBatch {
             let st = sh.lock();
             (st.hole_pages, st.kept_pages)
         };
-        let r = &sh.recovery.stats;
         SchemeReport {
-            degraded_reads: sh.degraded.load(Ordering::Relaxed),
-            reconstructed_bytes: r.rebuilt_bytes.load(Ordering::Relaxed),
-            reconstruct_time: Duration::from_nanos(r.nanos.load(Ordering::Relaxed)),
-            recoveries: r.finished.load(Ordering::Relaxed),
-            recovering: r.running.load(Ordering::Relaxed),
             hole_bytes: hole_pages * PAGE_SIZE as u64,
             kept_bytes: kept_pages * PAGE_SIZE as u64,
-            repairs: sh.repairs.load(Ordering::Relaxed),
-            rebuild_retries: r.retries.load(Ordering::Relaxed),
-            batches: sh.batches.load(Ordering::Relaxed),
-            partial_batches: sh.partial_batches.load(Ordering::Relaxed),
+            ..sh.c.report()
         }
     }
 }

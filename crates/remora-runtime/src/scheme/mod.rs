@@ -4,11 +4,15 @@
 //! - `non-ft`: one copy, no redundancy;
 //! - `replication`: three copies on three distinct memory nodes;
 //! - `ec-batch`: spansets of k spans plus m parity spans on k+m distinct
-//!   memory nodes (paper §3.4.1).
+//!   memory nodes (paper §3.4.1);
+//! - `ec-split`: each span cut into k data fragments plus m parity
+//!   fragments on k+m distinct memory nodes (Hydra; paper §3.4, Table 1),
+//!   so a swap-in reads k fragments.
 //!
 //! What every scheme shares lives beside them: `placement` (stripe groups
-//! on distinct nodes, suspects, far space) and `recovery` (rebuilding a
-//! dead node's positions, joined on shutdown).
+//! on distinct nodes, suspects, far space), `recovery` (rebuilding a
+//! dead node's positions, joined on shutdown) and `shards` (reading k of
+//! k+m shards around failures, writing a stripe).
 //!
 //! # Lock contract
 //!
@@ -22,14 +26,17 @@
 //! touch the network.
 
 mod ec_batch;
+mod ec_split;
 mod non_ft;
 pub(crate) mod placement;
 pub(crate) mod recovery;
+pub(crate) mod shards;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 pub use ec_batch::EcBatch;
+pub use ec_split::EcSplit;
 pub use non_ft::NonFt;
 use remora_proto::NodeId;
 
@@ -211,6 +218,12 @@ pub const SCHEMES: &[SchemeInfo] = &[
         about: "RS(k,m) spansets of whole spans; a swap-in is one read",
         erasure_coded: true,
         make: |o| Ok(Box::new(EcBatch::new(o.k, o.m)?)),
+    },
+    SchemeInfo {
+        name: "ec-split",
+        about: "RS(k,m) fragments of each span (Hydra); a swap-in is k reads",
+        erasure_coded: true,
+        make: |o| Ok(Box::new(EcSplit::new(o.k, o.m, o.late_binding)?)),
     },
 ];
 

@@ -1,0 +1,372 @@
+//! Reading and writing the shards of an erasure-coded stripe, shared by
+//! `ec-batch` (a shard is a whole span, or a parity span) and `ec-split` (a
+//! shard is one fragment of a span):
+//!
+//! - [`gather`]: reads shards, preferred ones first, until enough have
+//!   arrived (and passed the caller's check), all reads of a wave in
+//!   flight at once; a failed or rejected shard is replaced by the next
+//!   candidate. With late binding, the first wave asks for one shard more
+//!   than needed and takes the first to arrive, so one straggler does not
+//!   hold the read up.
+//! - [`place_and_write`]: places a stripe on a stripe group and writes it,
+//!   every position in flight at once, re-placing it away from a node
+//!   that failed a write.
+//! - [`Stripes`]: what every erasure-coded scheme holds besides its own
+//!   layout: the code, stripe-group placement, recovery, counters.
+//! - [`Waiters`]: the threads that wait for late-bound reads. A transport
+//!   waits for one ticket at a time, so "the first k of k+1 to arrive"
+//!   needs the waits to run in parallel: one thread per connection.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use remora_proto::msg::{MemRequest, MemResponse};
+use remora_proto::rpc::Ticket;
+use remora_proto::{NodeId, Range, RpcError};
+
+use remora_ec::Codec;
+
+use super::SchemeReport;
+use super::placement::{Placement, Suspects};
+use super::recovery::Recovery;
+use crate::error::RuntimeError;
+use crate::far_memory::FarMemory;
+use crate::region_table::Link;
+
+/// Write attempts (each on a new placement) before a swap-out gives up.
+const WRITE_ATTEMPTS: usize = 3;
+
+/// An RS(k, m) code on stripe groups of k+m positions, its recoveries and
+/// counters.
+pub(crate) struct Stripes {
+    pub(crate) name: &'static str,
+    pub(crate) codec: Codec,
+    pub(crate) k: usize,
+    pub(crate) m: usize,
+    pub(crate) place: Placement,
+    /// Swap-ins served by decoding around a lost shard.
+    pub(crate) degraded: AtomicU64,
+    /// Corrupt far copies rewritten.
+    pub(crate) repairs: AtomicU64,
+    /// Stripes (spansets or rows) written, and those with fewer than k spans.
+    pub(crate) batches: AtomicU64,
+    pub(crate) partial_batches: AtomicU64,
+    pub(crate) recovery: Recovery,
+}
+
+impl Stripes {
+    pub(crate) fn new(name: &'static str, k: usize, m: usize) -> Result<Self, RuntimeError> {
+        Ok(Self {
+            name,
+            codec: Codec::new(k, m).map_err(|e| RuntimeError::Config(format!("{name}: {e}")))?,
+            k,
+            m,
+            place: Placement::new(k + m, name),
+            degraded: AtomicU64::new(0),
+            repairs: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
+            partial_batches: AtomicU64::new(0),
+            recovery: Recovery::default(),
+        })
+    }
+
+    /// A stripe of `spans` data spans was written: a partial one (fewer
+    /// than k) costs (j+m)/j in bytes written, so it is counted apart.
+    pub(crate) fn count_batch(&self, spans: usize) {
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        if spans < self.k {
+            self.partial_batches.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Positions per stripe.
+    pub(crate) fn n(&self) -> usize {
+        self.k + self.m
+    }
+
+    /// Degraded reads, repairs and recoveries (holes and kept copies are
+    /// the scheme's to add).
+    pub(crate) fn report(&self) -> SchemeReport {
+        SchemeReport {
+            degraded_reads: self.degraded.load(Ordering::Relaxed),
+            repairs: self.repairs.load(Ordering::Relaxed),
+            batches: self.batches.load(Ordering::Relaxed),
+            partial_batches: self.partial_batches.load(Ordering::Relaxed),
+            ..self.recovery.stats.report()
+        }
+    }
+}
+
+/// One shard to read: its code position, where it is, its length (0: an
+/// all-zero shard that was never written, read for free).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Shard {
+    pub(crate) pos: usize,
+    pub(crate) node: NodeId,
+    pub(crate) region: u16,
+    pub(crate) offset: u64,
+    pub(crate) len: usize,
+}
+
+/// What [`gather`] got.
+pub(crate) struct Gathered {
+    /// Indices (into the candidates) of the shards that arrived and passed.
+    pub(crate) arrived: Vec<usize>,
+    /// Reads that failed or were rejected by the check.
+    pub(crate) failed: usize,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn send(far: &FarMemory, s: &Shard) -> Result<(Ticket, Link), RuntimeError> {
+    let (r, c) = far.regions.reader(s.region)?;
+    Ok((c.send_read(r.grant.cap, s.offset, s.len)?, c))
+}
+
+/// Reads candidates (in order of preference) on the swap-in lane until
+/// `need` have arrived and passed `check(index, bytes)`; shard `i` lands in
+/// `dests[i][..len]` (the rest of `dests[i]` is left as it is: zero it for
+/// padding). A node whose read fails in the transport becomes a suspect.
+/// Returns fewer than `need` only when the candidates ran out.
+pub(crate) fn gather(
+    far: &FarMemory,
+    suspects: &Suspects,
+    cands: &[Shard],
+    dests: &mut [&mut [u8]],
+    need: usize,
+    late: Option<&Waiters>,
+    check: &mut dyn FnMut(usize, &[u8]) -> bool,
+) -> Gathered {
+    let mut got = Gathered {
+        arrived: Vec::with_capacity(need),
+        failed: 0,
+    };
+    let mut next = 0;
+    let mut extra = usize::from(late.is_some());
+    while got.arrived.len() < need && next < cands.len() {
+        let want = need - got.arrived.len() + std::mem::take(&mut extra);
+        let wave: Vec<usize> = (next..cands.len()).take(want).collect();
+        next += wave.len();
+        let mut inflight = Vec::with_capacity(wave.len());
+        for i in wave {
+            let s = &cands[i];
+            if s.len == 0 {
+                got.arrived.push(i);
+                continue;
+            }
+            match send(far, s) {
+                Ok((t, c)) => inflight.push((i, t, c)),
+                Err(e) => {
+                    suspects.suspect(s.node);
+                    got.failed += 1;
+                    tracing::debug!("shard {} on {}: {e}", s.pos, s.node);
+                }
+            }
+        }
+        let mut arrive = |i: usize, r: Result<(), RpcError>, bytes: &[u8], got: &mut Gathered| match r {
+            Ok(()) if check(i, bytes) => got.arrived.push(i),
+            Ok(()) => got.failed += 1,
+            Err(e) => {
+                if e.is_transport() {
+                    suspects.suspect(cands[i].node);
+                }
+                tracing::debug!("shard {} on {}: {e}", cands[i].pos, cands[i].node);
+                got.failed += 1;
+            }
+        };
+        match late {
+            None => {
+                for (i, t, c) in inflight {
+                    let d = &mut dests[i][..cands[i].len];
+                    let r = c.wait_read(t, d);
+                    arrive(i, r, d, &mut got);
+                }
+            }
+            Some(pool) => {
+                // The waits run in parallel; what arrives after `need` is dropped.
+                let (tx, rx) = mpsc::channel();
+                let sent = inflight.len();
+                for (i, t, c) in inflight {
+                    let (tx, len, link) = (tx.clone(), cands[i].len, Arc::clone(&c));
+                    let deadline = Instant::now() + c.call_timeout();
+                    pool.submit(
+                        &link,
+                        Box::new(move || {
+                            let mut b = vec![0u8; len];
+                            let left = deadline.saturating_duration_since(Instant::now());
+                            let r = match c.wait(t, Some(&mut b), left) {
+                                Ok(MemResponse::Data) => Ok(()),
+                                Ok(other) => Err(RpcError::Unexpected(format!("{other:?}"))),
+                                Err(e) => Err(e),
+                            };
+                            let _ = tx.send((i, r, b));
+                        }),
+                    );
+                }
+                drop(tx);
+                for (i, r, b) in rx.iter().take(sent) {
+                    arrive(i, r, &b, &mut got);
+                    if got.arrived.last() == Some(&i) {
+                        dests[i][..b.len()].copy_from_slice(&b);
+                    }
+                    if got.arrived.len() >= need {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    got
+}
+
+/// One write of a stripe: to position `pos`, the pieces `(offset, bytes)`
+/// (one piece: a plain write; several: one vectored write).
+pub(crate) type PositionWrite<'a> = (usize, Vec<(u64, &'a [u8])>);
+
+/// Writes to the positions of group `group`, all in flight at once; on
+/// error returns the node that failed first.
+fn write_positions(
+    far: &FarMemory,
+    place: &Placement,
+    group: usize,
+    writes: &[PositionWrite<'_>],
+) -> Result<(), (NodeId, RuntimeError)> {
+    let g = place.group(group);
+    let mut inflight = Vec::with_capacity(writes.len());
+    let mut first_err: Option<(NodeId, RuntimeError)> = None;
+    for (pos, pieces) in writes {
+        let sent = far.regions.client(g.regions[*pos]).and_then(|(r, c)| {
+            let cap = r.grant.cap;
+            let t = match pieces.as_slice() {
+                [(offset, data)] => c.send_write(cap, *offset, data)?,
+                many => {
+                    let ranges = many
+                        .iter()
+                        .map(|&(offset, d)| Range {
+                            cap,
+                            offset,
+                            len: d.len() as u32,
+                        })
+                        .collect();
+                    let data: Vec<&[u8]> = many.iter().map(|p| p.1).collect();
+                    c.send(&MemRequest::WriteV { ranges }, &data)?
+                }
+            };
+            Ok((t, c))
+        });
+        match sent {
+            Ok((t, c)) => inflight.push((*pos, c, t)),
+            Err(e) => {
+                first_err.get_or_insert((g.nodes[*pos], e));
+            }
+        }
+    }
+    for (pos, c, t) in inflight {
+        if let Err(e) = c.wait_write(t) {
+            first_err.get_or_insert((g.nodes[pos], e.into()));
+        }
+    }
+    first_err.map_or(Ok(()), Err)
+}
+
+/// Places runs of `sizes[p]` pages at each position of one group and
+/// writes `writes(pages)` (offsets from the runs' first pages) there; a
+/// node that fails a write is suspected and the stripe placed again
+/// without it. Returns the group and the runs' first pages.
+pub(crate) fn place_and_write<'a>(
+    far: &FarMemory,
+    place: &Placement,
+    scheme: &str,
+    sizes: &[u32],
+    writes: impl Fn(&[u32]) -> Vec<PositionWrite<'a>>,
+) -> Result<(usize, Vec<u32>), RuntimeError> {
+    let mut exclude: Vec<NodeId> = Vec::new();
+    loop {
+        let (group, pages) = place.place(far, sizes, &exclude)?;
+        match write_positions(far, place, group, &writes(&pages)) {
+            Ok(()) => return Ok((group, pages)),
+            Err((node, e)) => {
+                tracing::warn!("{scheme}: write to {node} failed ({e}); placing the stripe again");
+                place.suspects.suspect(node);
+                for (p, &page) in pages.iter().enumerate() {
+                    place.free(far, group, p, page, sizes[p]);
+                }
+                exclude.push(node);
+                if exclude.len() >= WRITE_ATTEMPTS {
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Threads that wait for late-bound reads: one per connection, waiting for
+/// its replies in the order the reads were sent. A memory node answers a
+/// connection in order, so no wait sits behind a reply that already came,
+/// and each wait has its own deadline, so a stalled node's queue does not
+/// add its timeouts up.
+#[derive(Default)]
+pub(crate) struct Waiters {
+    lanes: Mutex<Vec<(Link, mpsc::Sender<Job>)>>,
+    handles: Mutex<Vec<JoinHandle<()>>>,
+    stopped: AtomicBool,
+}
+
+impl Waiters {
+    /// Runs `job` (a wait on `link`) on that connection's waiter; inline
+    /// once stopped or if no thread can be started.
+    fn submit(&self, link: &Link, job: Job) {
+        let mut lanes = lock(&self.lanes);
+        if self.stopped.load(Ordering::Acquire) {
+            drop(lanes);
+            return job();
+        }
+        // A broken connection's waiter ends once its queue is drained.
+        lanes.retain(|(l, _)| !l.is_broken() || Arc::ptr_eq(l, link));
+        let job = match lanes.iter().find(|(l, _)| Arc::ptr_eq(l, link)) {
+            Some((_, tx)) => match tx.send(job) {
+                Ok(()) => return,
+                Err(mpsc::SendError(job)) => job,
+            },
+            None => job,
+        };
+        let (tx, rx) = mpsc::channel::<Job>();
+        let spawned = std::thread::Builder::new()
+            .name("remora-waiter".into())
+            .spawn(move || rx.into_iter().for_each(|j| j()));
+        match spawned {
+            Ok(h) => {
+                let mut hs = lock(&self.handles);
+                hs.retain(|h| !h.is_finished());
+                hs.push(h);
+                drop(hs);
+                if let Err(mpsc::SendError(job)) = tx.send(job) {
+                    drop(lanes);
+                    return job();
+                }
+                lanes.push((Arc::clone(link), tx));
+            }
+            Err(e) => {
+                drop(lanes);
+                tracing::warn!("cannot start a waiter thread ({e}); waiting inline");
+                job();
+            }
+        }
+    }
+
+    /// Lets every waiter drain its queue and joins them.
+    pub(crate) fn stop(&self) {
+        self.stopped.store(true, Ordering::Release);
+        lock(&self.lanes).clear();
+        for h in std::mem::take(&mut *lock(&self.handles)) {
+            let _ = h.join();
+        }
+    }
+}
