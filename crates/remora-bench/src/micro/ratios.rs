@@ -166,8 +166,18 @@ pub(crate) fn print(records: &[Record]) {
          kept) and, for redundant schemes, reads served by decoding and bytes rebuilt; over the measured phase"
     );
     println!(
-        "{:<w$} {:>10} {:>11} {:>10} {:>12} {:>9} {:>14} {:>16}",
-        "scheme", "load", "clean evs", "clean/s", "saved MiB", "saved %", "degraded reads", "reconstructed MiB"
+        "{:<w$} {:>10} {:>11} {:>10} {:>12} {:>9} {:>14} {:>16} {:>10} {:>9} {:>9}",
+        "scheme",
+        "load",
+        "clean evs",
+        "clean/s",
+        "saved MiB",
+        "saved %",
+        "degraded reads",
+        "reconstructed MiB",
+        "stripes",
+        "partial",
+        "peer MiB"
     );
     for r in records {
         let Some(f) = r.remora() else { continue };
@@ -177,8 +187,9 @@ pub(crate) fn print(records: &[Record]) {
         let placed = d.clean_bytes_saved + d.bytes_evicted_data;
         let saved_pct = (placed > 0).then(|| 100.0 * d.clean_bytes_saved as f64 / placed as f64);
         let redundant = r.scheme != BASELINE;
+        let dash = || "-".to_string();
         println!(
-            "{:<w$} {:>10} {:>11} {:>10.0} {:>12.1} {:>9} {:>14} {:>16}",
+            "{:<w$} {:>10} {:>11} {:>10.0} {:>12.1} {:>9} {:>14} {:>16} {:>10} {:>9} {:>9.1}",
             r.scheme,
             load_label(r.run.offered),
             d.clean_evictions,
@@ -194,10 +205,25 @@ pub(crate) fn print(records: &[Record]) {
                 format!("{:.1}", mib(d.reconstructed_bytes as f64))
             } else {
                 "-".to_string()
-            }
+            },
+            if d.spansets_written > 0 {
+                d.spansets_written.to_string()
+            } else {
+                dash()
+            },
+            if d.spansets_written > 0 {
+                d.partial_spansets.to_string()
+            } else {
+                dash()
+            },
+            mib(f.peer_bytes as f64)
         );
     }
-    println!("  saved %: clean-saved bytes / (clean-saved + evicted bytes written)");
+    println!(
+        "  saved %: clean-saved bytes / (clean-saved + evicted bytes written); stripes: spansets (ec-split: rows) \
+         written, partial: of those with fewer than k data spans, each costing (j+m)/j in writes; peer MiB: bytes \
+         memory nodes sent each other (rebuild reads), from their heartbeats"
+    );
 }
 
 fn opt(x: Option<f64>, prec: usize) -> String {

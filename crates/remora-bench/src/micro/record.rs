@@ -41,6 +41,9 @@ pub(crate) struct RemoraFigures {
     /// Live objects in local spans.
     pub(crate) avg_local_objects: f64,
     pub(crate) level_samples: u64,
+    /// Bytes memory nodes sent each other (rebuilds) over the run and its
+    /// warm-up, as their heartbeats reported them to the manager.
+    pub(crate) peer_bytes: u64,
 }
 
 impl RemoraFigures {
@@ -381,6 +384,9 @@ impl Record {
             "misses_per_op": self.measured_miss_ratio(),
             "degraded_reads": d.degraded_reads,
             "reconstructed_bytes": d.reconstructed_bytes,
+            "spansets_written": d.spansets_written,
+            "partial_spansets": d.partial_spansets,
+            "peer_bytes": f.peer_bytes,
             "live_bytes": f.avg_live,
             "miss_ratio": self.measured_miss_ratio(),
             "deref_misses": d.deref_misses,
@@ -427,6 +433,8 @@ pub(crate) fn delta(a: &Stats, b: &Stats) -> Stats {
         recoveries: b.recoveries.saturating_sub(a.recoveries),
         checksum_repairs: b.checksum_repairs.saturating_sub(a.checksum_repairs),
         rebuild_retries: b.rebuild_retries.saturating_sub(a.rebuild_retries),
+        spansets_written: b.spansets_written - a.spansets_written,
+        partial_spansets: b.partial_spansets - a.partial_spansets,
         ..b.clone()
     }
 }

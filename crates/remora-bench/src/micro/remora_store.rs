@@ -86,6 +86,7 @@ fn figures(first: &Stats, last: &Stats, samples: &[Stats]) -> RemoraFigures {
         avg_kept: avg(|s| s.kept_bytes),
         avg_local_objects: avg(|s| s.objects.saturating_sub(s.far_objects)),
         level_samples: samples.len() as u64,
+        peer_bytes: 0,
     }
 }
 
@@ -166,6 +167,7 @@ pub(super) fn run_scheme<const W: usize>(
     // One measured run per load, each after its own warm-up.
     let mut records = Vec::new();
     for &offered in &plan.loads {
+        let peer0 = cluster.peer_traffic().map(|p| p.bytes()).unwrap_or(0);
         let (mut run, snaps) =
             worker::measure(args, &array, &plan.perm, zipf.as_ref(), offered).with_context(|| match offered {
                 Some(rate) => format!("open loop at {rate} ops/s"),
@@ -175,7 +177,14 @@ pub(super) fn run_scheme<const W: usize>(
         records.push(Record {
             scheme: scheme.to_string(),
             fill_time,
-            figures: Figures::Remora(figures(&snaps.first, &snaps.last, &snaps.samples)),
+            figures: Figures::Remora(RemoraFigures {
+                peer_bytes: cluster
+                    .peer_traffic()
+                    .map(|p| p.bytes())
+                    .unwrap_or(0)
+                    .saturating_sub(peer0),
+                ..figures(&snaps.first, &snaps.last, &snaps.samples)
+            }),
             run,
             sim,
         });

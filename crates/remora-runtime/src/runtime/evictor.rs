@@ -20,9 +20,26 @@ impl Inner {
     }
 
     pub(super) fn evict_round_inner(&self) -> usize {
-        let candidates = self.heap.pick_cold(&*self.policy, self.batch);
+        let mut candidates = self.heap.pick_cold(&*self.policy, self.batch);
         if candidates.is_empty() {
             return 0;
+        }
+        // Spans with a kept far copy usually go back without a write; when
+        // most of a batch is such, the few written would make partial
+        // stripes, each costing (j+m)/j instead of (k+m)/k. Gather up to
+        // MAX_GATHER batches until a whole stripe's worth is to be written.
+        const MAX_GATHER: usize = 8;
+        let want = self.scheme.stripe_spans();
+        let to_write = |c: &[SpanRef]| c.iter().filter(|s| s.get().kept() == 0).count();
+        let mut picks = 1;
+        while picks < MAX_GATHER && to_write(&candidates) % want != 0 && candidates.len() == picks * self.batch {
+            let more = self.heap.pick_cold(&*self.policy, self.batch);
+            if more.is_empty() {
+                break;
+            }
+            let more: Vec<SpanRef> = more.into_iter().filter(|s| !candidates.contains(s)).collect();
+            candidates.extend(more);
+            picks += 1;
         }
         // Phase 1: mark E on every object of each span.
         let mut marked: Vec<(SpanRef, Marked)> = Vec::new();

@@ -419,6 +419,10 @@ impl Scheme for EcBatch {
         self.sh.c.name
     }
 
+    fn stripe_spans(&self) -> usize {
+        self.sh.c.k
+    }
+
     fn swap_out(&self, far: &FarMemory, spans: &[&[u8]], sums: &[u64]) -> Result<Vec<SpanAddr>, RuntimeError> {
         let sh = &*self.sh;
         // Spans of equal length batch together without padding.

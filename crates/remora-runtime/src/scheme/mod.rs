@@ -91,6 +91,14 @@ pub trait Scheme: Send + Sync {
     /// any redundancy) is acknowledged.
     fn swap_out(&self, far: &FarMemory, spans: &[&[u8]], sums: &[u64]) -> Result<Vec<SpanAddr>, RuntimeError>;
 
+    /// Spans one [`Scheme::swap_out`] should carry to fill a stripe: k for
+    /// spansets of whole spans (fewer are padded, costing (j+m)/j), 1 for
+    /// schemes without batches. The evictor gathers at least this many
+    /// spans to write, where cold spans allow it.
+    fn stripe_spans(&self) -> usize {
+        1
+    }
+
     /// Reads the span at `at` into `dest` (its full length). The remote
     /// reads it takes are counted by the transport, not reported here.
     fn swap_in(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<(), RuntimeError>;
