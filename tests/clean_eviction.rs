@@ -141,6 +141,11 @@ fn replication_reevicts_clean_spans_without_a_write() {
     clean_reeviction("replication");
 }
 
+#[test]
+fn ec_split_reevicts_clean_spans_without_a_write() {
+    clean_reeviction("ec-split");
+}
+
 /// Filtering moves only the touched objects out of a span that came back
 /// with a kept far copy: its cold objects stay (and its holes are not filled
 /// with other cold objects), so the span goes back without a write. Moving

@@ -39,8 +39,10 @@
 //!   there itself ([`super::recovery`]), each checked against the checksum
 //!   recorded at swap-out.
 //!
-//! Kept copies of clean spans ([`Scheme::keep`]) are not offered: the trait
-//! defaults release the far copy, and a clean span is written again.
+//! A clean span swapped in keeps its fragments ([`Scheme::keep`]) and goes
+//! back without a write, as under every other scheme, so the comparison
+//! measures splitting, not a missing optimisation. A kept span's fragments
+//! are rebuilt with the live ones after a node dies.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -69,7 +71,10 @@ struct Frag {
     len: usize,
     /// The far address the runtime knows the span by.
     name: (u16, u32),
+    /// Its far copy is held: live, or kept for a clean re-eviction.
     live: bool,
+    /// Kept: the span is local and clean, and may go back without a write.
+    kept: bool,
     /// Checksum of each of its k+m fragments as written.
     sums: Vec<u64>,
 }
@@ -100,6 +105,8 @@ struct State {
     /// Positions whose fragment of a span failed its checksum in the last
     /// degraded read: what [`Scheme::repair`] rewrites.
     corrupt: HashMap<(u16, u32), Vec<usize>>,
+    /// Far bytes held by kept copies (all k+m fragments of each).
+    kept_bytes: u64,
     next_id: u64,
 }
 
@@ -321,6 +328,7 @@ impl Shared {
                 len: lens[j],
                 name,
                 live: true,
+                kept: false,
                 sums,
             });
         }
@@ -362,13 +370,18 @@ impl Shared {
     /// Span `at` left far memory: frees the member pages no live span's
     /// fragment shares any more, and the row with its last span.
     fn release(&self, far: &FarMemory, at: SpanAddr) {
-        let mut st = self.lock();
+        let mut guard = self.lock();
+        let st = &mut *guard;
         let key = (at.region, at.page);
         st.corrupt.remove(&key);
         let Some((id, j)) = st.by_span.remove(&key) else { return };
         let Some(row) = st.rows.get_mut(&id) else { return };
         if !std::mem::replace(&mut row.spans[j].live, false) {
             return;
+        }
+        if std::mem::replace(&mut row.spans[j].kept, false) {
+            let bytes = self.c.n() as u64 * row.spans[j].len as u64;
+            st.kept_bytes -= bytes;
         }
         row.live -= 1;
         let touched = row.touched(j);
@@ -384,6 +397,41 @@ impl Shared {
         if row.live == 0 {
             st.rows.remove(&id);
         }
+    }
+
+    /// Span `at` was swapped in clean: its fragments stay, kept. A split
+    /// span's fragments and parity are its own, so a kept copy holds only
+    /// its own bytes (and whatever pages it shares with neighbours).
+    fn keep(&self, at: SpanAddr) -> Option<u64> {
+        let mut st = self.lock();
+        let &(id, j) = st.by_span.get(&(at.region, at.page))?;
+        let n = self.c.n() as u64;
+        let f = &mut st.rows.get_mut(&id)?.spans[j];
+        if !f.live || f.kept {
+            return None;
+        }
+        f.kept = true;
+        let bytes = n * f.len as u64;
+        st.kept_bytes += bytes;
+        Some(id)
+    }
+
+    /// Ends the kept state of `at` if `token` names it; true if it was kept.
+    fn unkeep(&self, at: SpanAddr, token: u64) -> bool {
+        let mut st = self.lock();
+        let Some(&(id, j)) = st.by_span.get(&(at.region, at.page)) else {
+            return false;
+        };
+        let n = self.c.n() as u64;
+        let Some(row) = st.rows.get_mut(&id) else { return false };
+        let f = &mut row.spans[j];
+        if id != token || !f.kept {
+            return false;
+        }
+        f.kept = false;
+        let bytes = n * f.len as u64;
+        st.kept_bytes -= bytes;
+        true
     }
 
     /// Rewrites the fragments of `at` that failed their checksum in the
@@ -420,7 +468,8 @@ impl Shared {
     }
 
     /// Rebuilds position `pos` of group `g` on a replacement region: the
-    /// fragment of every live span there; returns the bytes rebuilt.
+    /// fragment of every held span there (kept ones too: they may go back
+    /// without a write); returns the bytes rebuilt.
     fn recover(&self, far: &FarMemory, lost: &Lost) -> Result<u64, RuntimeError> {
         let (g, pos) = (lost.group, lost.pos);
         recovery::rebuild(far, &self.c.place, lost, |cands| {
@@ -495,6 +544,20 @@ impl Scheme for EcSplit {
         self.sh.release(far, at);
     }
 
+    fn keep(&self, _far: &FarMemory, at: SpanAddr, _pages: u32) -> Option<u64> {
+        self.sh.keep(at)
+    }
+
+    fn reuse(&self, _far: &FarMemory, at: SpanAddr, _pages: u32, token: u64) -> bool {
+        self.sh.unkeep(at, token)
+    }
+
+    fn drop_kept(&self, far: &FarMemory, at: SpanAddr, _pages: u32, token: u64) {
+        if self.sh.unkeep(at, token) {
+            self.sh.release(far, at);
+        }
+    }
+
     fn node_failed(&self, far: &Arc<FarMemory>, node: NodeId) {
         let sh = &self.sh;
         let (me, far) = (Arc::clone(sh), Arc::clone(far));
@@ -512,8 +575,11 @@ impl Scheme for EcSplit {
     }
 
     fn report(&self) -> SchemeReport {
-        // No holes and no kept copies (see the module docs): those stay 0.
-        self.sh.c.report()
+        // No holes: a span's fragments are freed with it.
+        SchemeReport {
+            kept_bytes: self.sh.lock().kept_bytes,
+            ..self.sh.c.report()
+        }
     }
 }
 
