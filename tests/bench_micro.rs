@@ -328,3 +328,56 @@ fn micro_all_schemes_sweep_and_plot() {
         assert!(svg.contains(s), "{s} missing from the plot");
     }
 }
+
+/// `--kill-at`: every redundant scheme runs through the SIGKILL of a memory
+/// node holding its data with 0 errors and 0 wrong bytes, reading around it.
+#[test]
+fn micro_redundant_schemes_survive_a_kill_mid_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("kill.json");
+    let out = remora(&[
+        "bench",
+        "micro",
+        "--scheme",
+        "replication,ec-split,ec-batch",
+        "--objects",
+        "4000",
+        "--object-size",
+        "4KiB",
+        "--local-ratio",
+        "0.25",
+        "--threads",
+        "2",
+        "--zipf",
+        "0",
+        "--duration",
+        "2",
+        "--warmup",
+        "200ms",
+        "--kill-at",
+        "300ms",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "bench micro --kill-at failed:\n{stdout}\n{stderr}"
+    );
+    assert_eq!(
+        stderr.matches("with SIGKILL").count(),
+        3,
+        "one kill per scheme:\n{stderr}"
+    );
+    let v = read_json(&json);
+    for r in v["results"].as_array().unwrap() {
+        assert_eq!(r["errors"], 0, "{r}");
+        assert_eq!(r["wrong_bytes"], 0, "{r}");
+        assert!(r["ops"].as_u64().unwrap() > 0, "{r}");
+        assert!(
+            r["degraded_reads"].as_u64().unwrap() > 0,
+            "uniform accesses over 3/4 far data must meet the dead node: {r}"
+        );
+    }
+}

@@ -222,6 +222,11 @@ pub struct MicroArgs {
     /// Also write the results as JSON (`{"results":[...]}`, one record per scheme and rate) to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Kill -9 one memory node holding the scheme's far data this long into each redundant
+    /// scheme's first measured run (each scheme kills a node of its own; the cluster gets one
+    /// spare per scheme). `non-ft` keeps no redundancy and is run without a kill.
+    #[arg(long, value_parser = parse_duration)]
+    pub kill_at: Option<Duration>,
 }
 
 impl MicroArgs {
@@ -285,7 +290,7 @@ pub fn run(args: &MicroArgs) -> anyhow::Result<()> {
         budget_clamped: budget != wanted,
         cache_objects: (budget / layout.slot_bytes as u64).max(1),
         perm: permutation(n, args.seed),
-        memnodes: schemes::memnodes(&names, args.ec),
+        memnodes: schemes::memnodes(&names, args.ec) + if args.kill_at.is_some() { names.len() } else { 0 },
         opts: schemes::options(args.ec, args.late_binding),
         loads: args.loads(),
     };
@@ -406,6 +411,7 @@ pub fn run(args: &MicroArgs) -> anyhow::Result<()> {
             .collect();
         let v = json!({
             "results": results,
+            "kill_at_s": args.kill_at.map(|d| d.as_secs_f64()),
             "skipped": skipped.iter().map(|(s, why)| json!({ "scheme": s, "reason": why })).collect::<Vec<_>>(),
             "sweep": summary.as_ref().map(|s| s.to_json(plot.as_deref())),
         });

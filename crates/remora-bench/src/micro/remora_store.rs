@@ -90,6 +90,53 @@ fn figures(first: &Stats, last: &Stats, samples: &[Stats]) -> RemoraFigures {
     }
 }
 
+/// After `after`, kill -9s a memory node holding a region of `rt` (the
+/// first one still alive), so the run goes on through degraded reads and
+/// the rebuild. A failure to find or kill one is logged, not fatal.
+fn kill_a_node(cluster: &LocalCluster, rt: &Runtime, scheme: &str, after: Duration) {
+    std::thread::sleep(after);
+    let held: Vec<String> = rt.regions().iter().map(|(_, g)| g.addr.clone()).collect();
+    let alive: Vec<String> = cluster
+        .status()
+        .map(|s| {
+            s.memory_nodes
+                .iter()
+                .filter(|m| m.state == remora_proto::NodeState::Alive)
+                .map(|m| m.addr.clone())
+                .collect()
+        })
+        .unwrap_or_default();
+    // Alive by the manager's word and as a process (an earlier scheme's
+    // victim may not be declared dead yet).
+    let running = |i: usize| cluster.wait_memnode_exit(i, Duration::ZERO).is_err();
+    let victim = cluster
+        .memnodes()
+        .iter()
+        .enumerate()
+        .position(|(i, m)| held.contains(&m.addr) && alive.contains(&m.addr) && running(i));
+    match victim.map(|i| (i, cluster.kill_memnode(i))) {
+        Some((i, Ok(()))) => {
+            let addr = cluster.memnodes()[i].addr.clone();
+            progress(format_args!(
+                "[{scheme}] killed memory node {i} ({addr}) with SIGKILL, {:.1} s into the run",
+                after.as_secs_f64()
+            ));
+            // The next scheme starts once the manager knows: it must not be
+            // handed regions on the dead node.
+            let dead = cluster.wait_until(Duration::from_secs(60), "the killed node declared dead", |s| {
+                s.memory_nodes
+                    .iter()
+                    .any(|m| m.addr == addr && m.state == remora_proto::NodeState::Dead)
+            });
+            if let Err(e) = dead {
+                tracing::warn!("[{scheme}] {e}");
+            }
+        }
+        Some((i, Err(e))) => tracing::warn!("[{scheme}] could not kill memory node {i}: {e}"),
+        None => tracing::warn!("[{scheme}] no live memory node holds this runtime's regions: nothing killed"),
+    }
+}
+
 /// Fills the array under `scheme` on `cluster` and measures it at every load.
 pub(super) fn run_scheme<const W: usize>(
     args: &MicroArgs,
@@ -166,13 +213,20 @@ pub(super) fn run_scheme<const W: usize>(
 
     // One measured run per load, each after its own warm-up.
     let mut records = Vec::new();
-    for &offered in &plan.loads {
+    for (i, &offered) in plan.loads.iter().enumerate() {
         let peer0 = cluster.peer_traffic().map(|p| p.bytes()).unwrap_or(0);
-        let (mut run, snaps) =
-            worker::measure(args, &array, &plan.perm, zipf.as_ref(), offered).with_context(|| match offered {
-                Some(rate) => format!("open loop at {rate} ops/s"),
-                None => "closed loop".to_string(),
-            })?;
+        let kill = args.kill_at.filter(|_| i == 0 && scheme != "non-ft");
+        let measured = std::thread::scope(|s| {
+            if let Some(at) = kill {
+                let (rt, after) = (&rt, args.warmup + at);
+                s.spawn(move || kill_a_node(cluster, rt, scheme, after));
+            }
+            worker::measure(args, &array, &plan.perm, zipf.as_ref(), offered)
+        });
+        let (mut run, snaps) = measured.with_context(|| match offered {
+            Some(rate) => format!("open loop at {rate} ops/s"),
+            None => "closed loop".to_string(),
+        })?;
         let sim = super::simulate(args, plan, scheme, &mut run, zipf.as_ref());
         records.push(Record {
             scheme: scheme.to_string(),
