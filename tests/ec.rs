@@ -195,52 +195,77 @@ fn kill_during_workload(name: &str, amp: f64, reads: u64) {
     }
 }
 
-/// A memory node that stops answering (paused) is read around: every swap-in
-/// of its spans decodes from k survivors, and every byte is right.
+/// A memory node that stops answering (paused) is read around under every
+/// redundant scheme: every swap-in of its spans decodes from survivors (or
+/// reads another copy), and every byte is right.
 #[cfg(feature = "fault-injection")]
 #[test]
 fn unreachable_node_is_served_by_degraded_reads() {
+    for name in ["ec-batch", "replication", "ec-split"] {
+        unreachable_node(name);
+    }
+}
+
+#[cfg(feature = "fault-injection")]
+fn unreachable_node(name: &str) {
     use remora_proto::Fault;
     let c = cluster(6, 64 << 20, 8 << 20);
     let mut cfg = RuntimeConfig::new(c.manager_addr(), 2 << 20);
-    cfg.scheme = scheme::by_name("ec-batch").unwrap();
+    cfg.scheme = scheme::by_name(name).unwrap();
     cfg.conn.call_timeout = Duration::from_millis(300);
     let rt = Runtime::connect(cfg).unwrap();
     let n = 4096u64;
     let objs: Vec<RemBox<Obj>> = (0..n).map(|i| rt.alloc(obj(i, 3)).unwrap()).collect();
     rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
-    c.fault(1, Fault::Pause).unwrap();
+    // Pause a node that holds this runtime's data.
+    let held: Vec<String> = rt.regions().iter().map(|(_, g)| g.addr.clone()).collect();
+    let victim = c.memnodes().iter().position(|m| held.contains(&m.addr)).unwrap();
+    c.fault(victim, Fault::Pause).unwrap();
     let scope = rt.scope();
     for (i, o) in objs.iter().take(1024).enumerate() {
         assert!(
             matches(o.deref(&scope).unwrap(), i as u64, 3),
-            "object {i} wrong while a node is paused"
+            "{name}: object {i} wrong while a node is paused"
         );
     }
     drop(scope);
-    c.fault(1, Fault::Resume).unwrap();
+    c.fault(victim, Fault::Resume).unwrap();
     let st = rt.stats();
-    assert!(st.degraded_reads > 0, "{st:?}");
-    assert!(st.swap_in_reads > st.swap_ins, "degraded reads take k reads: {st:?}");
+    assert!(st.degraded_reads > 0, "{name}: {st:?}");
+    let per = if name == "ec-split" { 4 } else { 1 };
+    assert!(
+        st.swap_in_reads > per * st.swap_ins,
+        "{name}: a read of the paused node went out and more followed: {st:?}"
+    );
 }
 
-/// Corrupting far bytes is caught by the span checksum and repaired from parity.
+/// Corrupting far bytes is caught by the checksums and repaired from
+/// redundancy, under every redundant scheme.
 #[cfg(feature = "fault-injection")]
 #[test]
 fn corrupt_far_spans_are_detected_and_repaired() {
+    for name in ["ec-batch", "replication", "ec-split"] {
+        corrupt_and_repair(name);
+    }
+}
+
+#[cfg(feature = "fault-injection")]
+fn corrupt_and_repair(name: &str) {
     use remora_proto::Fault;
     let c = cluster(6, 64 << 20, 8 << 20);
-    let rt = ec_runtime(&c, 2 << 20, Duration::from_secs(20));
+    let rt = scheme_runtime(&c, name, 2 << 20, Duration::from_secs(20));
     let n = 4096u64;
     let objs: Vec<RemBox<Obj>> = (0..n).map(|i| rt.alloc(obj(i, 0)).unwrap()).collect();
     rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
-    // Flip the first 256 KiB of every region on one memory node.
-    let victim = c.memnodes()[0].addr.clone();
+    // Flip the first 256 KiB of every region this runtime holds on one node.
+    let held: Vec<String> = rt.regions().iter().map(|(_, g)| g.addr.clone()).collect();
+    let v = c.memnodes().iter().position(|m| held.contains(&m.addr)).unwrap();
+    let victim = c.memnodes()[v].addr.clone();
     let mut hit = 0;
     for (_, g) in rt.regions() {
         if g.addr == victim {
             c.fault(
-                0,
+                v,
                 Fault::Corrupt {
                     region: g.cap.region,
                     offset: 0,
@@ -256,11 +281,11 @@ fn corrupt_far_spans_are_detected_and_repaired() {
     for (i, o) in objs.iter().enumerate() {
         assert!(
             matches(o.deref(&scope).unwrap(), i as u64, 0),
-            "object {i} wrong after corruption"
+            "{name}: object {i} wrong after corruption"
         );
     }
     let st = rt.stats();
-    assert!(st.checksum_repairs > 0, "no corruption was detected: {st:?}");
+    assert!(st.checksum_repairs > 0, "{name}: no corruption was detected: {st:?}");
 }
 
 /// A node dies while another node's far bytes are corrupt: rebuilt shards
