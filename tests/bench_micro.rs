@@ -375,6 +375,12 @@ fn micro_redundant_schemes_survive_a_kill_mid_run() {
         assert_eq!(r["errors"], 0, "{r}");
         assert_eq!(r["wrong_bytes"], 0, "{r}");
         assert!(r["ops"].as_u64().unwrap() > 0, "{r}");
+        // Network figures add in what memory nodes sent each other.
+        let sum = ["bytes_read_remote", "bytes_written_remote", "peer_bytes"]
+            .iter()
+            .map(|k| r[*k].as_u64().unwrap())
+            .sum::<u64>();
+        assert_eq!(r["network_bytes"].as_u64().unwrap(), sum, "{r}");
         assert!(
             r["degraded_reads"].as_u64().unwrap() > 0,
             "uniform accesses over 3/4 far data must meet the dead node: {r}"

@@ -34,7 +34,7 @@ struct Fig {
     get: fn(&Record) -> Option<f64>,
 }
 
-const FIGS: [Fig; 9] = [
+const FIGS: [Fig; 10] = [
     Fig {
         key: "throughput",
         head: "ops/s",
@@ -70,6 +70,15 @@ const FIGS: [Fig; 9] = [
         head: "wr/evict",
         prec: 2,
         get: |r| r.remora().and_then(|f| f.write_amplification()),
+    },
+    Fig {
+        key: "network_bytes_per_op",
+        head: "net KiB/op",
+        prec: 2,
+        get: |r| {
+            r.remora()
+                .map(|f| f.network_bytes() as f64 / 1024.0 / r.run.ops.max(1) as f64)
+        },
     },
     Fig {
         key: "remote_bytes_used",
@@ -128,7 +137,8 @@ pub(crate) fn print(records: &[Record]) {
     println!();
     println!(
         "figures compared (paper Fig. 5 / Table 2): rd/swin: remote reads per swap-in; wr/evict: bytes written \
-         remotely per byte of spans evicted; remote MiB: far memory in use (average of 100 ms samples); miss/op: \
+         remotely per byte of spans evicted; net KiB/op: bytes the compute node read and wrote plus what memory \
+         nodes sent each other, per op; remote MiB: far memory in use (average of 100 ms samples); miss/op: \
          swap-in waits (Redis: cache misses) per op"
     );
     head();

@@ -52,6 +52,14 @@ impl RemoraFigures {
         (d.swap_ins > 0).then(|| d.swap_in_reads as f64 / d.swap_ins as f64)
     }
 
+    /// Bytes that crossed the network over the measured phase: read and
+    /// written by the compute node (counted at its transport) plus what
+    /// memory nodes sent each other (counted where served).
+    pub(crate) fn network_bytes(&self) -> u64 {
+        let d = &self.delta;
+        d.bytes_read_remote + d.bytes_written_remote + self.peer_bytes
+    }
+
     /// Bytes written to memory nodes per byte of data spans evicted: what
     /// the scheme's redundancy costs in writes (1 without any).
     pub(crate) fn write_amplification(&self) -> Option<f64> {
@@ -387,6 +395,7 @@ impl Record {
             "spansets_written": d.spansets_written,
             "partial_spansets": d.partial_spansets,
             "peer_bytes": f.peer_bytes,
+            "network_bytes": f.network_bytes(),
             "live_bytes": f.avg_live,
             "miss_ratio": self.measured_miss_ratio(),
             "deref_misses": d.deref_misses,
