@@ -224,7 +224,7 @@ pub struct MicroArgs {
     pub json: Option<PathBuf>,
     /// Kill -9 one memory node holding the scheme's far data this long into each redundant
     /// scheme's first measured run (each scheme kills a node of its own; the cluster gets one
-    /// spare per scheme). `non-ft` keeps no redundancy and is run without a kill.
+    /// spare per scheme). Schemes without redundancy (`non-ft`) run without a kill.
     #[arg(long, value_parser = parse_duration)]
     pub kill_at: Option<Duration>,
 }

@@ -54,7 +54,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, anyhow, bail};
 use remora_cluster::{ClusterConfig, LocalCluster};
 use remora_proto::rpc::Ticket;
-use remora_proto::{ByteSize, Cap, ComputeSession, ConnOptions, MemNodeClient, MemTransport, parse_duration};
+use remora_proto::{
+    ByteSize, Cap, ComputeSession, ConnOptions, MemNodeClient, MemTransport, RegionGrant, parse_duration,
+};
 use serde_json::{Value, json};
 
 use self::pattern::{Image, Offsets};
@@ -195,13 +197,7 @@ pub fn run(args: &NetArgs) -> anyhow::Result<()> {
             .context("starting an in-process memory node")?,
         ),
     };
-    let session = ComputeSession::open(cluster.manager_addr(), "bench-net", ConnOptions::default())
-        .context("registering with the manager")?;
-    let grant = session
-        .alloc(1, false, &[])?
-        .into_iter()
-        .next()
-        .ok_or_else(|| anyhow!("the manager granted no region"))?;
+    let (session, grant) = one_region(&cluster, "bench-net")?;
     if grant.size < region {
         bail!("granted region of {} bytes, wanted {region}", grant.size);
     }
@@ -385,6 +381,19 @@ fn check_args(args: &NetArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Registers as compute node `name` and takes one region; the session
+/// must outlive the region's use.
+fn one_region(cluster: &LocalCluster, name: &str) -> anyhow::Result<(ComputeSession, RegionGrant)> {
+    let session = ComputeSession::open(cluster.manager_addr(), name, ConnOptions::default())
+        .context("registering with the manager")?;
+    let grant = session
+        .alloc(1, false, &[])?
+        .into_iter()
+        .next()
+        .ok_or_else(|| anyhow!("the manager granted no region"))?;
+    Ok((session, grant))
 }
 
 fn to_usize(n: u64) -> anyhow::Result<usize> {

@@ -215,7 +215,8 @@ pub(super) fn run_scheme<const W: usize>(
     let mut records = Vec::new();
     for (i, &offered) in plan.loads.iter().enumerate() {
         let peer0 = cluster.peer_traffic().map(|p| p.bytes()).unwrap_or(0);
-        let kill = args.kill_at.filter(|_| i == 0 && scheme != "non-ft");
+        let redundant = super::schemes::info(scheme).is_some_and(|s| s.redundant);
+        let kill = args.kill_at.filter(|_| i == 0 && redundant);
         let measured = std::thread::scope(|s| {
             if let Some(at) = kill {
                 let (rt, after) = (&rt, args.warmup + at);

@@ -33,7 +33,7 @@ use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use rand_distr::{Distribution, Exp};
 use remora_cluster::{ClusterConfig, LocalCluster};
-use remora_proto::{ByteSize, Cap, ComputeSession, ConnOptions, MemNodeClient, MemTransport, parse_duration};
+use remora_proto::{ByteSize, Cap, ConnOptions, MemNodeClient, MemTransport, parse_duration};
 use serde_json::{Value, json};
 
 use super::pattern::{Image, Offsets};
@@ -103,13 +103,7 @@ pub fn run(args: &LanesArgs) -> anyhow::Result<()> {
     cfg.heartbeat_timeout = Duration::from_secs(5);
     eprintln!("[lanes] starting a local cluster: manager + 1 memory node");
     let cluster = LocalCluster::start(cfg).context("starting the local cluster")?;
-    let session = ComputeSession::open(cluster.manager_addr(), "bench-lanes", ConnOptions::default())
-        .context("registering with the manager")?;
-    let grant = session
-        .alloc(1, false, &[])?
-        .into_iter()
-        .next()
-        .ok_or_else(|| anyhow!("the manager granted no region"))?;
+    let (_session, grant) = super::one_region(&cluster, "bench-lanes")?;
     let connect = || -> anyhow::Result<Arc<MemNodeClient>> {
         Ok(Arc::new(
             MemNodeClient::connect(&grant.addr, ConnOptions::default())

@@ -204,6 +204,9 @@ pub struct SchemeInfo {
     pub about: &'static str,
     /// Whether `--ec K+M` applies to it.
     pub erasure_coded: bool,
+    /// Whether it survives the loss of a memory node (reads around it and
+    /// rebuilds what it held).
+    pub redundant: bool,
     make: fn(&SchemeOptions) -> Result<Box<dyn Scheme>, RuntimeError>,
 }
 
@@ -213,24 +216,28 @@ pub const SCHEMES: &[SchemeInfo] = &[
         name: "non-ft",
         about: "one copy, no redundancy",
         erasure_coded: false,
+        redundant: false,
         make: |_| Ok(Box::new(NonFt::default())),
     },
     SchemeInfo {
         name: "replication",
         about: "three copies on three distinct memory nodes",
         erasure_coded: false,
+        redundant: true,
         make: |_| Ok(Box::new(EcBatch::replication(3)?)),
     },
     SchemeInfo {
         name: "ec-batch",
         about: "RS(k,m) spansets of whole spans; a swap-in is one read",
         erasure_coded: true,
+        redundant: true,
         make: |o| Ok(Box::new(EcBatch::new(o.k, o.m)?)),
     },
     SchemeInfo {
         name: "ec-split",
         about: "RS(k,m) fragments of each span (Hydra); a swap-in is k reads",
         erasure_coded: true,
+        redundant: true,
         make: |o| Ok(Box::new(EcSplit::new(o.k, o.m, o.late_binding)?)),
     },
 ];
