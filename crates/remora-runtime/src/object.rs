@@ -95,7 +95,8 @@ pub(crate) const HEADER: usize = 8;
 
 /// The object behind `slot` for the scope's lifetime, swapping it in if needed.
 fn shared_ref<'s, T: Remotable>(slot: NonNull<Slot>, scope: &'s DerefScope<'_>) -> Result<&'s T, RuntimeError> {
-    let addr = scope.inner().access(slot, false)?;
+    let addr = scope.inner().access(slot, false, scope)?;
+    scope.note_handed();
     // SAFETY: `access` returned the header address of this live object,
     // which stays put until the scope ends (pointer-protocol I2/I3), and the
     // caller's pointer keeps the object alive at least that long.
@@ -129,7 +130,8 @@ impl<T: Remotable> RemBox<T> {
 
     /// An exclusive reference valid for the scope; marks the object dirty.
     pub fn deref_mut<'s>(&'s mut self, scope: &'s DerefScope<'_>) -> Result<&'s mut T, RuntimeError> {
-        let addr = scope.inner().access(self.slot, true)?;
+        let addr = scope.inner().access(self.slot, true, scope)?;
+        scope.note_handed();
         // SAFETY: as in `deref`; `&mut self` makes this the only reference.
         Ok(unsafe { &mut *((addr + HEADER) as *mut T) })
     }

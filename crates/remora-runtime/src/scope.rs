@@ -14,6 +14,12 @@
 //! block on memory pressure inside a scope: the local budget is a soft limit
 //! that the eviction threads restore. Long loops should call
 //! [`crate::DerefScope::renew`] now and then so eviction can make progress.
+//!
+//! A swap-in's remote read runs *outside* the scope when the scope is the
+//! outermost one and has handed out no reference yet (`ScopeGuard::step_out`):
+//! such a thread holds nothing a grace period protects, so grace periods need
+//! not wait tens of microseconds for the network. The deref that follows
+//! reloads the word, as after `renew`.
 
 use std::cell::RefCell;
 use std::marker::PhantomData;
@@ -166,6 +172,27 @@ impl ScopeGuard<'_> {
     }
 }
 
+impl ScopeGuard<'_> {
+    /// Runs `f` (a blocking wait, e.g. a swap-in's remote read) outside the
+    /// scope when that is safe, so grace periods do not wait for it.
+    ///
+    /// `held` says whether this scope has handed out any reference. With
+    /// none, and this the outermost scope, the thread holds no reference a
+    /// grace period protects: exactly the state `renew` proves with
+    /// `&mut self`. The caller must reload any pointer word after `f`: marks
+    /// set while the thread was out are not covered by its earlier loads.
+    pub(crate) fn step_out<R>(&self, held: bool, f: impl FnOnce() -> R) -> R {
+        let quiet = !held && self.rec.depth.load(std::sync::atomic::Ordering::Relaxed) == 1;
+        if !quiet {
+            return f();
+        }
+        exit_rec(&self.rec);
+        let r = f();
+        enter_rec(&self.rec);
+        r
+    }
+}
+
 impl Drop for ScopeGuard<'_> {
     fn drop(&mut self) {
         exit_rec(&self.rec);
@@ -208,6 +235,47 @@ mod tests {
         t.join().unwrap();
         waiter.join().unwrap();
         assert!(done.load(std::sync::atomic::Ordering::SeqCst));
+    }
+
+    /// Whether a grace period started now on another thread ends within 200 ms.
+    fn grace_period_ends(rcu: &Arc<Rcu>) -> bool {
+        let r = Arc::clone(rcu);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            r.synchronize();
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(Duration::from_millis(200)).is_ok()
+    }
+
+    #[test]
+    fn step_out_leaves_the_scope_only_while_nothing_is_held() {
+        let rcu = Arc::new(Rcu::new());
+        // Nothing handed out: the wait runs outside the scope.
+        let s = rcu.enter();
+        assert!(
+            s.step_out(false, || grace_period_ends(&rcu)),
+            "a grace period waited for a thread that held nothing"
+        );
+        assert!(!grace_period_ends(&rcu), "step_out did not re-enter the scope");
+        // A reference was handed out: the thread must stay inside.
+        assert!(
+            !s.step_out(true, || grace_period_ends(&rcu)),
+            "stepped out while holding a reference"
+        );
+        drop(s);
+        // A nested scope: the outer one may hold references.
+        let outer = rcu.enter();
+        let inner = rcu.enter();
+        assert!(
+            !inner.step_out(false, || grace_period_ends(&rcu)),
+            "stepped out of a nested scope"
+        );
+        drop(inner);
+        drop(outer);
+        // A fresh outermost scope starts with nothing handed out.
+        let s = rcu.enter();
+        assert!(s.step_out(false, || grace_period_ends(&rcu)));
     }
 
     #[test]

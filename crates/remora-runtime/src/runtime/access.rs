@@ -7,14 +7,19 @@ impl Inner {
     /// Resolves a pointer to its object's header address, swapping the span
     /// in if needed. Must be called inside a deref scope of this runtime.
     #[inline]
-    pub(crate) fn access(&self, slot: NonNull<Slot>, write: bool) -> Result<usize, RuntimeError> {
+    pub(crate) fn access(
+        &self,
+        slot: NonNull<Slot>,
+        write: bool,
+        scope: &DerefScope<'_>,
+    ) -> Result<usize, RuntimeError> {
         let s = slot_ref(slot);
         let w = s.word.load(Ordering::Acquire);
         if w & FAST_MASK == PRESENT {
             self.touch(s, w, write);
             return Ok(local_addr(w));
         }
-        self.access_slow(s, write)
+        self.access_slow(s, write, scope)
     }
 
     /// The read/write barrier: raises hotness (and dirty on a write) only if
@@ -31,8 +36,8 @@ impl Inner {
     }
 
     #[cold]
-    pub(super) fn access_slow(&self, s: &Slot, write: bool) -> Result<usize, RuntimeError> {
-        let r = self.access_slow_inner(s, write);
+    pub(super) fn access_slow(&self, s: &Slot, write: bool, scope: &DerefScope<'_>) -> Result<usize, RuntimeError> {
+        let r = self.access_slow_inner(s, write, scope);
         if let Ok((_, true)) = r {
             self.counters.deref_misses.fetch_add(1, StdOrdering::Relaxed);
         }
@@ -40,7 +45,7 @@ impl Inner {
     }
 
     /// The slow path; also says whether the object was far when we came (a miss).
-    fn access_slow_inner(&self, s: &Slot, write: bool) -> Result<(usize, bool), RuntimeError> {
+    fn access_slow_inner(&self, s: &Slot, write: bool, scope: &DerefScope<'_>) -> Result<(usize, bool), RuntimeError> {
         let mut missed = false;
         loop {
             let w = s.word.load(Ordering::Acquire);
@@ -50,7 +55,10 @@ impl Inner {
             }
             if w & PRESENT == 0 {
                 missed = true;
-                if let Err(e) = self.swap_in(far_loc(w)) {
+                // The remote read happens outside the scope when nothing
+                // from it is held, so no grace period waits on the network;
+                // the loop reloads the word afterwards either way.
+                if let Err(e) = scope.step_out(|| self.swap_in(far_loc(w))) {
                     return Err(if self.expired.load(StdOrdering::Acquire) {
                         RuntimeError::SessionExpired
                     } else {

@@ -152,11 +152,26 @@ pub struct Runtime {
 pub struct DerefScope<'rt> {
     inner: &'rt Inner,
     guard: ScopeGuard<'rt>,
+    /// Whether a dereference in this scope has handed out a reference; see
+    /// `ScopeGuard::step_out`. A plain store on the stack, so the hit path
+    /// stays free of atomics.
+    handed: std::cell::Cell<bool>,
 }
 
 impl DerefScope<'_> {
     pub(crate) fn inner(&self) -> &Inner {
         self.inner
+    }
+
+    /// Records that a reference from this scope was handed out.
+    #[inline]
+    pub(crate) fn note_handed(&self) {
+        self.handed.set(true);
+    }
+
+    /// Runs a blocking wait outside the scope when nothing from it is held.
+    pub(crate) fn step_out<R>(&self, f: impl FnOnce() -> R) -> R {
+        self.guard.step_out(self.handed.get(), f)
     }
 
     /// Leaves and re-enters the scope so eviction can make progress in long
@@ -265,6 +280,7 @@ impl Runtime {
         DerefScope {
             inner: &self.inner,
             guard: self.inner.rcu.enter(),
+            handed: std::cell::Cell::new(false),
         }
     }
 
