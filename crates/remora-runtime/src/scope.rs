@@ -15,11 +15,13 @@
 //! that the eviction threads restore. Long loops should call
 //! [`crate::DerefScope::renew`] now and then so eviction can make progress.
 //!
-//! A swap-in's remote read runs *outside* the scope when the scope is the
-//! outermost one and has handed out no reference yet (`ScopeGuard::step_out`):
-//! such a thread holds nothing a grace period protects, so grace periods need
-//! not wait tens of microseconds for the network. The deref that follows
-//! reloads the word, as after `renew`.
+//! A swap-in's waits on the network run *outside* the scope when the scope is
+//! the outermost one and has handed out no reference yet
+//! (`ScopeGuard::step_out`): such a thread holds nothing a grace period
+//! protects, so grace periods need not wait tens of microseconds for the
+//! network. Only the waits: from the moment a swapped-in span is published
+//! the evictor may pick it, and the rest of the swap-in uses it, so that part
+//! runs inside the scope again. The deref that follows reloads the word.
 
 use std::cell::RefCell;
 use std::marker::PhantomData;
@@ -186,10 +188,17 @@ impl ScopeGuard<'_> {
         if !quiet {
             return f();
         }
+        /// Re-enters on the way out, also when `f` unwinds (the guard's drop
+        /// would otherwise leave a scope it is not in).
+        struct Reenter<'a>(&'a ThreadRec);
+        impl Drop for Reenter<'_> {
+            fn drop(&mut self) {
+                enter_rec(self.0);
+            }
+        }
         exit_rec(&self.rec);
-        let r = f();
-        enter_rec(&self.rec);
-        r
+        let _back = Reenter(&self.rec);
+        f()
     }
 }
 

@@ -55,10 +55,7 @@ impl Inner {
             }
             if w & PRESENT == 0 {
                 missed = true;
-                // The remote read happens outside the scope when nothing
-                // from it is held, so no grace period waits on the network;
-                // the loop reloads the word afterwards either way.
-                if let Err(e) = scope.step_out(|| self.swap_in(far_loc(w))) {
+                if let Err(e) = self.swap_in(far_loc(w), scope) {
                     return Err(if self.expired.load(StdOrdering::Acquire) {
                         RuntimeError::SessionExpired
                     } else {

@@ -75,8 +75,10 @@ impl Inner {
                 break;
             }
             if std::mem::needs_drop::<T>() {
-                // Its drop glue must run on the real bytes: bring it back first.
-                if let Err(e) = inner.swap_in(far_loc(w)) {
+                // Its drop glue must run on the real bytes: bring it back
+                // first, inside a scope of our own (the swap-in needs one).
+                let scope = inner.bare_scope();
+                if let Err(e) = inner.swap_in(far_loc(w), &scope) {
                     tracing::error!("leaking an unreadable far object on drop: {e}");
                     break;
                 }

@@ -277,11 +277,7 @@ impl Runtime {
                 tracing::warn!("entering a scope over budget: {e}");
             }
         }
-        DerefScope {
-            inner: &self.inner,
-            guard: self.inner.rcu.enter(),
-            handed: std::cell::Cell::new(false),
-        }
+        self.inner.bare_scope()
     }
 
     /// Places `value` in a new object owned by a unique pointer.
@@ -395,6 +391,16 @@ impl Inner {
 
     fn high_bytes(&self) -> u64 {
         (self.budget() as f64 * self.high) as u64
+    }
+
+    /// A scope on this thread, without the wait for room `Runtime::scope`
+    /// may do first.
+    pub(super) fn bare_scope(&self) -> DerefScope<'_> {
+        DerefScope {
+            inner: self,
+            guard: self.rcu.enter(),
+            handed: std::cell::Cell::new(false),
+        }
     }
 
     fn low_bytes(&self) -> u64 {

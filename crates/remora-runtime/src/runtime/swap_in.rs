@@ -6,11 +6,18 @@ use super::*;
 impl Inner {
     /// Brings the far span holding `loc` back with one remote read and fixes
     /// the words of its live objects.
-    pub(super) fn swap_in(&self, loc: pointer::FarLoc) -> Result<(), RuntimeError> {
+    ///
+    /// The two waits on the network (for another thread's swap-in of the
+    /// same span, and the remote read) run outside the caller's scope when
+    /// it holds nothing ([`DerefScope::step_out`]), so grace periods do not
+    /// wait for them. Everything from publishing the span on runs inside:
+    /// once its words are local the evictor may pick it, and only the
+    /// scope keeps it from being released while we still use it.
+    pub(super) fn swap_in(&self, loc: pointer::FarLoc, scope: &DerefScope<'_>) -> Result<(), RuntimeError> {
         let Some(fs) = self.far_map.get(loc.region, loc.page) else {
             return Ok(()); // already swapped in by another thread
         };
-        let mut st = fs.lock();
+        let mut st = scope.step_out(|| fs.lock());
         if st.gone {
             return Ok(());
         }
@@ -22,7 +29,7 @@ impl Inner {
             region: fs.region,
             page: fs.page,
         };
-        if let Err(e) = self.scheme.swap_in(&self.far, at, dest) {
+        if let Err(e) = scope.step_out(|| self.scheme.swap_in(&self.far, at, dest)) {
             self.heap.discard_span(span);
             return Err(e);
         }
