@@ -479,6 +479,15 @@ impl Codec {
         Ok(())
     }
 
+    /// `dst = c * src` in GF(2^8): a data node's share `A_ij * delta` of a
+    /// parity update, computed before it is sent to parity shard `j`. On
+    /// unequal lengths returns [`EcError::LengthMismatch`] (`index = 1`).
+    pub fn scale(&self, c: u8, src: &[u8], dst: &mut [u8]) -> Result<(), EcError> {
+        check_len(1, src.len(), dst.len())?;
+        self.backend.mul(c, src, dst);
+        Ok(())
+    }
+
     /// `dsts[r] = sum_s rows[r * nsrc + s] * src(s)`, block by block so that every block of
     /// every shard is touched while it is still in cache.
     fn combine<'a>(

@@ -666,3 +666,29 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn scaled_deltas_sent_separately_add_up_to_apply_delta() {
+    // What a data node sends a parity node (A_ij * delta), xored in by the
+    // parity node, must equal apply_delta and a full re-encode.
+    let mut rng = Rng(9);
+    for c in codecs(4, 2) {
+        let old = rng.shards(4, BLOCK + 5);
+        let mut new = old.clone();
+        new[1] = rng.shards(1, BLOCK + 5).remove(0);
+        new[3] = rng.shards(1, BLOCK + 5).remove(0);
+        let mut parity = encode_all(&c, &old)[4..].to_vec();
+        for i in [1, 3] {
+            let mut delta = old[i].clone();
+            xor_into(&mut delta, &new[i]).unwrap();
+            for (j, p) in parity.iter_mut().enumerate() {
+                let mut share = vec![0u8; delta.len()];
+                c.scale(c.coefficient(i, j).unwrap(), &delta, &mut share).unwrap();
+                xor_into(p, &share).unwrap();
+            }
+        }
+        assert_eq!(parity, encode_all(&c, &new)[4..].to_vec());
+        let mut short = vec![0u8; 3];
+        assert!(c.scale(7, &[1, 2], &mut short).is_err());
+    }
+}

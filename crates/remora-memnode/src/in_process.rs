@@ -34,6 +34,7 @@ use remora_proto::{
 
 use crate::peer_traffic::PeerCounters;
 use crate::region::RegionTable;
+use crate::txn::TxnCtx;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -291,6 +292,12 @@ impl NodeHandle {
         self.node.peer.snapshot()
     }
 
+    /// Transactions with changes staged on this node (prepared, neither
+    /// committed nor aborted).
+    pub fn staged_transactions(&self) -> usize {
+        self.node.regions.txns.staged()
+    }
+
     /// Whether the node is dead.
     pub fn is_dead(&self) -> bool {
         self.node.faults.dead.load(Ordering::Acquire)
@@ -311,14 +318,27 @@ impl Node {
         self.faults.incarnation.fetch_add(1, Ordering::AcqRel);
         // Its memory is gone: nothing it held may be read again.
         for id in &self.ids {
-            if let Ok(r) = self.regions.get(*id) {
-                let _ = r.revoke();
-            }
+            let _ = self.regions.revoke(*id);
         }
     }
 
     fn is_dead(&self) -> bool {
         self.faults.dead.load(Ordering::Acquire)
+    }
+
+    /// What a transaction request works with; peers are this cluster's nodes.
+    fn txn_ctx<'a>(
+        &'a self,
+        sh: &'a Arc<Shared>,
+    ) -> TxnCtx<'a, impl Fn(&str) -> Result<Arc<dyn MemTransport>, RemoteError> + 'a> {
+        TxnCtx {
+            regions: &self.regions,
+            peer: move |addr: &str| {
+                sh.connect(addr)
+                    .map_err(|e| RemoteError::Internal(format!("peer {addr}: {e}")))
+            },
+            counters: &self.peer,
+        }
     }
 
     fn serve(&self, sh: &Arc<Shared>, req: &MemRequest, payload: &[u8]) -> Result<(MemResponse, Vec<u8>), RemoteError> {
@@ -345,7 +365,8 @@ impl Node {
                 let region = self.regions.get(cap.region)?;
                 let mut g = region.write();
                 let range = g.check(&region, cap, true, *offset, payload.len() as u64)?;
-                g.mem[range].copy_from_slice(payload);
+                g.mem[range.clone()].copy_from_slice(payload);
+                g.wrote(&range);
                 Ok((MemResponse::Written, Vec::new()))
             }
             MemRequest::WriteV { ranges } => {
@@ -365,7 +386,8 @@ impl Node {
                     let region = self.regions.get(r.cap.region)?;
                     let mut g = region.write();
                     let range = g.check(&region, &r.cap, true, r.offset, r.len as u64)?;
-                    g.mem[range].copy_from_slice(&payload[at..at + r.len as usize]);
+                    g.mem[range.clone()].copy_from_slice(&payload[at..at + r.len as usize]);
+                    g.wrote(&range);
                     at += r.len as usize;
                 }
                 Ok((MemResponse::Written, Vec::new()))
@@ -386,6 +408,23 @@ impl Node {
                 let (bytes, checksums) =
                     crate::rebuild::rebuild(&self.regions, &peer, *cap, *k, *m, *want, sources, rows)?;
                 Ok((MemResponse::Rebuilt { bytes, checksums }, Vec::new()))
+            }
+            MemRequest::Prepare { txn, op } => {
+                let delta = self.txn_ctx(sh).prepare(*txn, op, payload)?;
+                Ok((MemResponse::Prepared, delta.unwrap_or_default()))
+            }
+            MemRequest::Commit { cap, txn } => {
+                self.txn_ctx(sh).commit(cap, *txn)?;
+                Ok((MemResponse::Committed, Vec::new()))
+            }
+            MemRequest::Abort { cap, txn } => {
+                self.txn_ctx(sh).abort(cap, *txn)?;
+                Ok((MemResponse::Aborted, Vec::new()))
+            }
+            MemRequest::ReadMember { cap, offset, len } => {
+                let (generation, bytes) = self.txn_ctx(sh).read_member(cap, *offset, *len)?;
+                self.peer.served_read(cap.rights, u64::from(*len));
+                Ok((MemResponse::Member { generation }, bytes))
             }
             MemRequest::Grant { .. } | MemRequest::Revoke { .. } | MemRequest::Fault { .. } => Err(
                 RemoteError::Unsupported("admin requests: an in-process cluster grants through its own API".into()),
@@ -479,8 +518,8 @@ impl FarBackend for Backend {
             ))));
         }
         let nodes = self.sh.nodes.read().unwrap_or_else(|p| p.into_inner());
-        if let Some(r) = nodes.iter().find_map(|n| n.regions.get(region).ok()) {
-            let _ = r.revoke();
+        if let Some(n) = nodes.iter().find(|n| n.regions.get(region).is_ok()) {
+            let _ = n.regions.revoke(region);
         }
         Ok(())
     }

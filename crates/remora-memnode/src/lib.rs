@@ -16,6 +16,7 @@ mod peer_traffic;
 mod rebuild;
 mod region;
 mod serve;
+mod txn;
 
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

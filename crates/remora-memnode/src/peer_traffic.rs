@@ -3,6 +3,8 @@
 //! peer: only the owner holds the read-write one, and it hands read-only
 //! ones to the node rebuilding a lost member. Counted as served, so the
 //! figure is what crossed the wire, not what a code path meant to send.
+//! Parity deltas a data node sends a parity node are counted the same way,
+//! by the receiver, from their delegated apply-delta capability.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -14,6 +16,8 @@ use remora_proto::msg::{PeerTraffic, Range};
 pub(crate) struct PeerCounters {
     rebuild_reads: AtomicU64,
     rebuild_bytes: AtomicU64,
+    delta_applies: AtomicU64,
+    delta_bytes: AtomicU64,
 }
 
 impl PeerCounters {
@@ -32,10 +36,21 @@ impl PeerCounters {
         self.served_read(if delegated { Rights::ReadOnly } else { Rights::ReadWrite }, bytes);
     }
 
+    /// A parity delta of `bytes` was staged; it came from a peer if it was
+    /// sent with a delegated apply-delta capability.
+    pub(crate) fn staged_delta(&self, rights: Rights, bytes: u64) {
+        if rights == Rights::ApplyDelta {
+            self.delta_applies.fetch_add(1, Ordering::Relaxed);
+            self.delta_bytes.fetch_add(bytes, Ordering::Relaxed);
+        }
+    }
+
     pub(crate) fn snapshot(&self) -> PeerTraffic {
         PeerTraffic {
             rebuild_reads: self.rebuild_reads.load(Ordering::Relaxed),
             rebuild_bytes: self.rebuild_bytes.load(Ordering::Relaxed),
+            delta_applies: self.delta_applies.load(Ordering::Relaxed),
+            delta_bytes: self.delta_bytes.load(Ordering::Relaxed),
         }
     }
 }

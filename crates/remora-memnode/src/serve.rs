@@ -13,7 +13,9 @@ use std::time::Duration;
 use remora_proto::frame::{FrameKind, FrameReader, MAX_PAYLOAD_LEN, ReadError, write_frame};
 use remora_proto::msg::{Fault, MemRequest, MemResponse, Range, decode, encode};
 use remora_proto::server::{ConnGuard, Responder};
-use remora_proto::{AdminKey, RemoteError};
+use remora_proto::{AdminKey, MemTransport, RemoteError};
+
+use crate::txn::TxnCtx;
 
 use crate::Shared;
 
@@ -62,7 +64,7 @@ enum ConnError {
     Protocol(String),
 }
 
-impl Conn<'_> {
+impl<'a> Conn<'a> {
     fn serve(&mut self) -> Result<(), ConnError> {
         loop {
             // Requests have small heads; bounding the read keeps a write's
@@ -85,9 +87,24 @@ impl Conn<'_> {
     fn dispatch(&mut self, id: u64, req: MemRequest, payload_len: usize) -> Result<(), ConnError> {
         let is_data = matches!(
             req,
-            MemRequest::Read { .. } | MemRequest::Write { .. } | MemRequest::ReadV { .. } | MemRequest::WriteV { .. }
+            MemRequest::Read { .. }
+                | MemRequest::Write { .. }
+                | MemRequest::ReadV { .. }
+                | MemRequest::WriteV { .. }
+                | MemRequest::Prepare { .. }
+                | MemRequest::Commit { .. }
+                | MemRequest::Abort { .. }
+                | MemRequest::ReadMember { .. }
         );
-        if !is_data && payload_len != 0 {
+        let takes_payload = matches!(
+            req,
+            MemRequest::Write { .. }
+                | MemRequest::WriteV { .. }
+                | MemRequest::Prepare { .. }
+                | MemRequest::Read { .. }
+                | MemRequest::ReadV { .. }
+        );
+        if !takes_payload && payload_len != 0 {
             return Err(ConnError::Protocol("payload on a request that takes none".into()));
         }
         let send_reply = if is_data {
@@ -133,7 +150,8 @@ impl Conn<'_> {
                 match g.check(&region, &cap, true, offset, payload_len as u64) {
                     Ok(range) => {
                         // Read the payload straight into region memory while locked.
-                        self.rd.read_exact_into(&mut g.mem[range])?;
+                        self.rd.read_exact_into(&mut g.mem[range.clone()])?;
+                        g.wrote(&range);
                         drop(g);
                         reply_ok(out, id, MemResponse::Written)
                     }
@@ -235,10 +253,10 @@ impl Conn<'_> {
                 }
             }
             MemRequest::Revoke { admin, region } => {
-                let r = self.admin(admin).and_then(|()| self.shared.regions.get(region));
+                let r = self.admin(admin).and_then(|()| self.shared.regions.revoke(region));
                 match r {
-                    Ok(r) => {
-                        match r.revoke() {
+                    Ok(owner) => {
+                        match owner {
                             Some(owner) => tracing::debug!("revoked {region} from {owner}"),
                             None => tracing::debug!("revoke of unowned {region}"),
                         }
@@ -247,10 +265,51 @@ impl Conn<'_> {
                     Err(e) => reply_err(out, id, &e),
                 }
             }
+            MemRequest::Prepare { txn, op } => {
+                let payload = self.rd.read_vec(payload_len)?;
+                match self.txn_ctx().prepare(txn, &op, &payload) {
+                    Ok(Some(delta)) => {
+                        if let Some(o) = out {
+                            o.ok(id, &MemResponse::Prepared, &[&delta])?;
+                        }
+                        Ok(())
+                    }
+                    Ok(None) => reply_ok(out, id, MemResponse::Prepared),
+                    Err(e) => reply_err(out, id, &e),
+                }
+            }
+            MemRequest::Commit { cap, txn } => match self.txn_ctx().commit(&cap, txn) {
+                Ok(()) => reply_ok(out, id, MemResponse::Committed),
+                Err(e) => reply_err(out, id, &e),
+            },
+            MemRequest::Abort { cap, txn } => match self.txn_ctx().abort(&cap, txn) {
+                Ok(()) => reply_ok(out, id, MemResponse::Aborted),
+                Err(e) => reply_err(out, id, &e),
+            },
+            MemRequest::ReadMember { cap, offset, len } => match self.txn_ctx().read_member(&cap, offset, len) {
+                Ok((generation, bytes)) => {
+                    if let Some(o) = out {
+                        o.ok(id, &MemResponse::Member { generation }, &[&bytes])?;
+                        self.shared.peer.served_read(cap.rights, u64::from(len));
+                    }
+                    Ok(())
+                }
+                Err(e) => reply_err(out, id, &e),
+            },
             MemRequest::Fault { admin, fault } => match self.admin(admin).and_then(|()| self.fault(fault)) {
                 Ok(()) => reply_ok(out, id, MemResponse::Done),
                 Err(e) => reply_err(out, id, &e),
             },
+        }
+    }
+
+    /// What a transaction request works with; peers are reached over TCP.
+    fn txn_ctx(&self) -> TxnCtx<'a, impl Fn(&str) -> Result<Arc<dyn MemTransport>, RemoteError> + 'a> {
+        let shared: &'a Shared = self.shared;
+        TxnCtx {
+            regions: &shared.regions,
+            peer: move |addr: &str| crate::rebuild::tcp_peer(shared, addr),
+            counters: &shared.peer,
         }
     }
 
@@ -312,7 +371,10 @@ impl Conn<'_> {
             let mut g = region.write();
             // Re-checked under the write lock: a revoke may have raced the first pass.
             match g.check(&region, &r.cap, true, r.offset, r.len as u64) {
-                Ok(range) => self.rd.read_exact_into(&mut g.mem[range])?,
+                Ok(range) => {
+                    self.rd.read_exact_into(&mut g.mem[range.clone()])?;
+                    g.wrote(&range);
+                }
                 Err(e) => {
                     return Err(ConnError::Protocol(format!(
                         "region changed during a vectored write: {e}"

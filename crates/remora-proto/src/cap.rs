@@ -88,10 +88,21 @@ impl Token {
 
     /// The read-only token derived from this owner token for `region`.
     pub fn derive_read_only(&self, region: RegionId) -> Token {
+        self.derive(b"remora read-only", region)
+    }
+
+    /// The apply-delta token derived from this owner token for `region`.
+    pub fn derive_apply_delta(&self, region: RegionId) -> Token {
+        self.derive(b"remora apply-delta", region)
+    }
+
+    /// A token for one delegated right, keyed by the owner token: a holder of
+    /// the derived token learns nothing about the owner's or other rights'.
+    fn derive(&self, right: &[u8], region: RegionId) -> Token {
         let mut key = [0u8; 32];
         key[..16].copy_from_slice(&self.0);
         let mut h = blake3::Hasher::new_keyed(&key);
-        h.update(b"remora read-only");
+        h.update(right);
         h.update(&region.0.to_le_bytes());
         let out = h.finalize();
         let mut t = [0u8; 16];
@@ -114,6 +125,11 @@ pub enum Rights {
     ReadWrite,
     /// Read only: a delegated capability.
     ReadOnly,
+    /// Only stage a parity delta into a member under a transaction
+    /// (`TxnOp::Apply`): what the owner delegates to a data node that sends
+    /// `A_ij · delta` straight to a parity node. It can neither read nor
+    /// write the region otherwise.
+    ApplyDelta,
 }
 
 /// A capability for one region, carried by every data request.
@@ -136,6 +152,26 @@ impl Cap {
                 region: self.region,
                 rights: Rights::ReadOnly,
                 token: self.token.derive_read_only(self.region),
+            },
+            // Not derivable from a narrower right: a token that opens nothing.
+            Rights::ApplyDelta => Cap {
+                region: self.region,
+                rights: Rights::ReadOnly,
+                token: Token::ZERO,
+            },
+        }
+    }
+
+    /// An apply-delta capability for the same region (see
+    /// [`Rights::ApplyDelta`]); only the owner's capability can derive one.
+    pub fn apply_delta(&self) -> Cap {
+        Cap {
+            region: self.region,
+            rights: Rights::ApplyDelta,
+            token: match self.rights {
+                Rights::ReadWrite => self.token.derive_apply_delta(self.region),
+                Rights::ApplyDelta => self.token,
+                Rights::ReadOnly => Token::ZERO,
             },
         }
     }

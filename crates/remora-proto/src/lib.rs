@@ -22,7 +22,8 @@ pub mod transport;
 pub use cap::{AdminKey, Cap, ComputeId, NodeId, RegionId, Rights, Session, Token};
 pub use client::{ComputeSession, ManagerConn, MemNodeClient, SessionEvent};
 pub use msg::{
-    ClusterStatus, Event, EventKind, Fault, NodeState, Range, RebuildRow, RebuildSource, RegionGrant, RemoteError,
+    ClusterStatus, DeltaTarget, Event, EventKind, Fault, Member, NodeState, Range, RebuildRow, RebuildSource,
+    RegionGrant, RemoteError, TxnId, TxnOp,
 };
 pub use rpc::{ConnOptions, RpcConn, RpcError};
 pub use size::{ByteSize, parse_duration};

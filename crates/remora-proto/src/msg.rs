@@ -107,6 +107,118 @@ pub enum MemRequest {
         /// What to do.
         fault: Fault,
     },
+    /// Phase one of a transaction that changes spanset members in place
+    /// (remote compaction, ec-2pc): check `op` and stage it under `txn`
+    /// without changing a byte; see [`TxnOp`] for the payload. Answered by
+    /// [`MemResponse::Prepared`].
+    Prepare {
+        /// The transaction, named by the compute node that owns the regions.
+        txn: TxnId,
+        /// What to stage.
+        op: TxnOp,
+    },
+    /// Phase two: apply everything staged under `txn` on this node, at once.
+    /// Retrying a commit that already happened is answered `Committed` again.
+    Commit {
+        /// Any owner capability of a region on this node: proves the
+        /// transaction's owner asks.
+        cap: Cap,
+        /// The transaction.
+        txn: TxnId,
+    },
+    /// Drops everything staged under `txn` on this node.
+    Abort {
+        /// As for `Commit`.
+        cap: Cap,
+        /// The transaction.
+        txn: TxnId,
+    },
+    /// Reads one spanset member and the generation it holds (see
+    /// [`TxnOp`]); the payload of [`MemResponse::Member`] holds the bytes.
+    ReadMember {
+        /// Region and right (owner or read-only).
+        cap: Cap,
+        /// The member's offset.
+        offset: u64,
+        /// Bytes to read.
+        len: u32,
+    },
+}
+
+/// A transaction of one compute node, unique among its transactions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct TxnId(pub u64);
+
+/// A member of a spanset on this node, and the generation the caller
+/// believes it holds.
+///
+/// **Generations.** Every member (a span-sized range at an offset of a
+/// region) has a generation, 0 after a plain write of its bytes. A committed
+/// transaction moves each member it changes from generation `gen` to
+/// `gen + 1`, and a prepare that names another generation is refused, so a
+/// retried or late change never applies twice or over a newer one, and a
+/// reader can tell members of one spanset that agree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    /// The region and the right to change it.
+    pub cap: Cap,
+    /// The member's offset in the region.
+    pub offset: u64,
+    /// Its length.
+    pub len: u32,
+    /// The generation it must hold now.
+    pub generation: u64,
+}
+
+/// A parity member a data node sends its share of a delta to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeltaTarget {
+    /// The node holding it.
+    pub addr: String,
+    /// The member (its capability an apply-delta delegate).
+    pub member: Member,
+    /// The code coefficient `A_ij` the delta is multiplied by.
+    pub coef: u8,
+}
+
+/// One staged change of a [`MemRequest::Prepare`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TxnOp {
+    /// Data node, compaction: replace member `to` with the `to.len` bytes at
+    /// `from` on this node (the live span of the spanset being folded away).
+    /// The node computes `delta = new xor old` next to the data and either
+    /// returns it (`return_delta`: the response payload, `to.len` bytes) or
+    /// sends `coef · delta` to each of `targets` as an `Apply` under the same
+    /// transaction, answering only once every target has staged it.
+    Move {
+        /// The member to replace.
+        to: Member,
+        /// Capability of the source range's region (owner).
+        from_cap: Cap,
+        /// Offset of the source range.
+        from: u64,
+        /// Return the delta to the caller.
+        return_delta: bool,
+        /// Parity members to send `coef · delta` to.
+        targets: Vec<DeltaTarget>,
+    },
+    /// Data node, ec-2pc: replace member `to` with the request payload;
+    /// otherwise as `Move`.
+    Put {
+        /// The member to replace.
+        to: Member,
+        /// Return the delta to the caller.
+        return_delta: bool,
+        /// Parity members to send `coef · delta` to.
+        targets: Vec<DeltaTarget>,
+    },
+    /// Parity node: xor the request payload (an already multiplied delta)
+    /// into `to` at commit. Several applies to one member under one
+    /// transaction add up and move its generation once.
+    Apply {
+        /// The member (owner or apply-delta capability).
+        to: Member,
+    },
 }
 
 /// A surviving shard a memory node reads during [`MemRequest::Rebuild`].
@@ -184,6 +296,17 @@ pub enum MemResponse {
     },
     /// The admin request was applied.
     Done,
+    /// The operation is staged; for `return_delta` the payload holds the delta.
+    Prepared,
+    /// The transaction's changes on this node are applied.
+    Committed,
+    /// The transaction's staged changes on this node are dropped.
+    Aborted,
+    /// A member's bytes follow as payload; it holds `generation`.
+    Member {
+        /// Its generation.
+        generation: u64,
+    },
 }
 
 /// Liveness state of a memory node as the manager sees it.
@@ -306,12 +429,17 @@ pub struct PeerTraffic {
     pub rebuild_reads: u64,
     /// Bytes those reads returned.
     pub rebuild_bytes: u64,
+    /// Parity deltas received from a peer (a `TxnOp::Apply` made with a
+    /// delegated apply-delta capability): remote compaction and ec-2pc.
+    pub delta_applies: u64,
+    /// Bytes of those deltas.
+    pub delta_bytes: u64,
 }
 
 impl PeerTraffic {
-    /// Bytes sent to peers, whatever the purpose.
+    /// Bytes sent between memory nodes, whatever the purpose.
     pub fn bytes(&self) -> u64 {
-        self.rebuild_bytes
+        self.rebuild_bytes + self.delta_bytes
     }
 
     /// The sum over several nodes.
@@ -319,6 +447,8 @@ impl PeerTraffic {
         all.into_iter().fold(PeerTraffic::default(), |a, b| PeerTraffic {
             rebuild_reads: a.rebuild_reads + b.rebuild_reads,
             rebuild_bytes: a.rebuild_bytes + b.rebuild_bytes,
+            delta_applies: a.delta_applies + b.delta_applies,
+            delta_bytes: a.delta_bytes + b.delta_bytes,
         })
     }
 }
@@ -527,6 +657,31 @@ pub enum RemoteError {
     /// Something failed inside the server.
     #[error("internal error: {0}")]
     Internal(String),
+    /// A member does not hold the generation a transaction expects (it was
+    /// changed since, or the request is a late retry).
+    #[error("member {region}+{offset} holds generation {found}, not {expected}")]
+    StaleGeneration {
+        /// The region.
+        region: RegionId,
+        /// The member's offset.
+        offset: u64,
+        /// The generation the request named.
+        expected: u64,
+        /// The generation it holds.
+        found: u64,
+    },
+    /// Another transaction has staged a change of this member.
+    #[error("member {region}+{offset} is staged by another transaction")]
+    TxnConflict {
+        /// The region.
+        region: RegionId,
+        /// The member's offset.
+        offset: u64,
+    },
+    /// No such transaction is staged here (never prepared, aborted, or
+    /// dropped when its regions were revoked).
+    #[error("no staged transaction {0}")]
+    UnknownTxn(u64),
 }
 
 /// Encodes a message head.

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use crate::cap::{Cap, ComputeId, NodeId, RegionId};
 use crate::client::{ComputeSession, MemNodeClient, SessionEvent};
-use crate::msg::{MemRequest, MemResponse, Range, RebuildRow, RebuildSource, RegionGrant};
+use crate::msg::{MemRequest, MemResponse, Range, RebuildRow, RebuildSource, RegionGrant, TxnId, TxnOp};
 use crate::rpc::{ConnOptions, RpcError, Ticket};
 
 fn unexpected(r: MemResponse) -> RpcError {
@@ -152,6 +152,51 @@ pub trait MemTransport: Send + Sync + std::fmt::Debug {
         let t = self.send(&req, &[])?;
         match self.wait(t, None, timeout)? {
             MemResponse::Rebuilt { bytes, checksums } => Ok((bytes, checksums)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Starts phase one of a transaction (see [`MemRequest::Prepare`]);
+    /// `payload` is the op's payload (new bytes for `Put`, the delta for
+    /// `Apply`, empty for `Move`). Finish with [`MemTransport::wait_prepare`].
+    fn send_prepare(&self, txn: TxnId, op: TxnOp, payload: &[u8]) -> Result<Ticket, RpcError> {
+        self.send(&MemRequest::Prepare { txn, op }, &[payload])
+    }
+
+    /// Waits for a prepare; a returned delta goes to `delta` (exactly the
+    /// member's length), which must be given for `return_delta` ops.
+    fn wait_prepare(&self, t: Ticket, delta: Option<&mut [u8]>) -> Result<(), RpcError> {
+        let r = self.wait(t, delta, self.call_timeout())?;
+        expect(r, MemResponse::Prepared)
+    }
+
+    /// Phase one of a transaction, waited for.
+    fn prepare(&self, txn: TxnId, op: TxnOp, payload: &[u8], delta: Option<&mut [u8]>) -> Result<(), RpcError> {
+        let t = self.send_prepare(txn, op, payload)?;
+        self.wait_prepare(t, delta)
+    }
+
+    /// Phase two: applies what `txn` staged on this node. `cap` is any owner
+    /// capability of a region on this node.
+    fn commit(&self, cap: Cap, txn: TxnId) -> Result<(), RpcError> {
+        let t = self.send(&MemRequest::Commit { cap, txn }, &[])?;
+        let r = self.wait(t, None, self.call_timeout())?;
+        expect(r, MemResponse::Committed)
+    }
+
+    /// Drops what `txn` staged on this node.
+    fn abort(&self, cap: Cap, txn: TxnId) -> Result<(), RpcError> {
+        let t = self.send(&MemRequest::Abort { cap, txn }, &[])?;
+        let r = self.wait(t, None, self.call_timeout())?;
+        expect(r, MemResponse::Aborted)
+    }
+
+    /// Reads the member at `offset` into `buf`; returns its generation.
+    fn read_member(&self, cap: Cap, offset: u64, buf: &mut [u8]) -> Result<u64, RpcError> {
+        let len = u32::try_from(buf.len()).map_err(|_| RpcError::Unexpected("read too large".into()))?;
+        let t = self.send(&MemRequest::ReadMember { cap, offset, len }, &[])?;
+        match self.wait(t, Some(buf), self.call_timeout())? {
+            MemResponse::Member { generation } => Ok(generation),
             other => Err(unexpected(other)),
         }
     }

@@ -22,9 +22,9 @@ use remora_proto::frame::{
     FrameHeader, FrameKind, HEADER_LEN, HELLO_KIND, MAGIC, VERSION, check_hello, hello, parse_frames, write_frame,
 };
 use remora_proto::msg::{
-    ClusterStatus, ComputeState, ComputeStatus, Event, EventKind, Fault, MemNodeStatus, MemRequest, MemResponse,
-    MgrRequest, MgrResponse, NodeState, PeerTraffic, Range, RebuildRow, RebuildSource, RegionGrant, RemoteError,
-    decode, encode,
+    ClusterStatus, ComputeState, ComputeStatus, DeltaTarget, Event, EventKind, Fault, MemNodeStatus, MemRequest,
+    MemResponse, Member, MgrRequest, MgrResponse, NodeState, PeerTraffic, Range, RebuildRow, RebuildSource,
+    RegionGrant, RemoteError, TxnId, TxnOp, decode, encode,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -138,6 +138,7 @@ fn rights_index(r: &Rights) -> u32 {
     match r {
         Rights::ReadWrite => 0,
         Rights::ReadOnly => 1,
+        Rights::ApplyDelta => 2,
     }
 }
 
@@ -145,7 +146,11 @@ fn rights_index(r: &Rights) -> u32 {
 fn rights() {
     check_enum(
         "Rights",
-        &[(Rights::ReadWrite, "00"), (Rights::ReadOnly, "01")],
+        &[
+            (Rights::ReadWrite, "00"),
+            (Rights::ReadOnly, "01"),
+            (Rights::ApplyDelta, "02"),
+        ],
         rights_index,
     );
 }
@@ -177,7 +182,63 @@ fn mem_request_index(m: &MemRequest) -> u32 {
         MemRequest::Grant { .. } => 6,
         MemRequest::Revoke { .. } => 7,
         MemRequest::Fault { .. } => 8,
+        MemRequest::Prepare { .. } => 9,
+        MemRequest::Commit { .. } => 10,
+        MemRequest::Abort { .. } => 11,
+        MemRequest::ReadMember { .. } => 12,
     }
+}
+
+/// Region 3 at offset 300, 16 bytes, generation 2: `{CAP} | ac02 | 10 | 02`.
+fn member() -> Member {
+    Member {
+        cap: cap(),
+        offset: 300,
+        len: 16,
+        generation: 2,
+    }
+}
+
+fn txn_op_index(t: &TxnOp) -> u32 {
+    match t {
+        TxnOp::Move { .. } => 0,
+        TxnOp::Put { .. } => 1,
+        TxnOp::Apply { .. } => 2,
+    }
+}
+
+#[test]
+fn txn_op() {
+    let target = DeltaTarget {
+        addr: "a:1".into(),
+        member: member(),
+        coef: 0x8e,
+    };
+    check_enum(
+        "TxnOp",
+        &[
+            (
+                TxnOp::Move {
+                    to: member(),
+                    from_cap: cap(),
+                    from: 8,
+                    return_delta: true,
+                    targets: vec![target.clone()],
+                },
+                "00 | {CAP} ac02 10 02 | {CAP} | 08 | 01 | 01 03613a31 {CAP} ac02 10 02 8e",
+            ),
+            (
+                TxnOp::Put {
+                    to: member(),
+                    return_delta: false,
+                    targets: vec![],
+                },
+                "01 | {CAP} ac02 10 02 | 00 | 00",
+            ),
+            (TxnOp::Apply { to: member() }, "02 | {CAP} ac02 10 02"),
+        ],
+        txn_op_index,
+    );
 }
 
 #[test]
@@ -256,6 +317,35 @@ fn mem_request() {
                 },
                 "08 | {A} | 03",
             ),
+            (
+                MemRequest::Prepare {
+                    txn: TxnId(7),
+                    op: TxnOp::Apply { to: member() },
+                },
+                "09 | 07 | 02 {CAP} ac02 10 02",
+            ),
+            (
+                MemRequest::Commit {
+                    cap: cap(),
+                    txn: TxnId(300),
+                },
+                "0a | {CAP} | ac02",
+            ),
+            (
+                MemRequest::Abort {
+                    cap: cap(),
+                    txn: TxnId(1),
+                },
+                "0b | {CAP} | 01",
+            ),
+            (
+                MemRequest::ReadMember {
+                    cap: cap(),
+                    offset: 300,
+                    len: 16,
+                },
+                "0c | {CAP} | ac02 | 10",
+            ),
         ],
         mem_request_index,
     );
@@ -302,6 +392,10 @@ fn mem_response_index(m: &MemResponse) -> u32 {
         MemResponse::Pong => 2,
         MemResponse::Rebuilt { .. } => 3,
         MemResponse::Done => 4,
+        MemResponse::Prepared => 5,
+        MemResponse::Committed => 6,
+        MemResponse::Aborted => 7,
+        MemResponse::Member { .. } => 8,
     }
 }
 
@@ -321,6 +415,10 @@ fn mem_response() {
                 "03 | 808004 | 02 01 ffffffffffffffffff01",
             ),
             (MemResponse::Done, "04"),
+            (MemResponse::Prepared, "05"),
+            (MemResponse::Committed, "06"),
+            (MemResponse::Aborted, "07"),
+            (MemResponse::Member { generation: 300 }, "08 | ac02"),
         ],
         mem_response_index,
     );
@@ -429,9 +527,11 @@ fn mgr_request() {
                     peer: PeerTraffic {
                         rebuild_reads: 2,
                         rebuild_bytes: 300,
+                        delta_applies: 3,
+                        delta_bytes: 1,
                     },
                 },
-                "01 | 01 | {A} | 02 ac02",
+                "01 | 01 | {A} | 02 ac02 03 01",
             ),
             (
                 MgrRequest::Deregister {
@@ -555,7 +655,7 @@ fn mgr_response() {
                         regions: 1,
                     }],
                 }),
-                "05 | 01 | 01 03683a39 00 10 0f 8080808004 00 00 | 01 | 05 03617070 01 01",
+                "05 | 01 | 01 03683a39 00 10 0f 8080808004 00 00 00 00 | 01 | 05 03617070 01 01",
             ),
             (MgrResponse::Ok, "06"),
         ],
@@ -576,6 +676,9 @@ fn remote_error_index(e: &RemoteError) -> u32 {
         RemoteError::Unsupported(_) => 8,
         RemoteError::Unavailable => 9,
         RemoteError::Internal(_) => 10,
+        RemoteError::StaleGeneration { .. } => 11,
+        RemoteError::TxnConflict { .. } => 12,
+        RemoteError::UnknownTxn(_) => 13,
     }
 }
 
@@ -609,6 +712,23 @@ fn remote_error() {
             (RemoteError::Unsupported("f".into()), "08 | 0166"),
             (RemoteError::Unavailable, "09"),
             (RemoteError::Internal("x".into()), "0a | 0178"),
+            (
+                RemoteError::StaleGeneration {
+                    region: RegionId(3),
+                    offset: 300,
+                    expected: 1,
+                    found: 2,
+                },
+                "0b | 03 | ac02 | 01 | 02",
+            ),
+            (
+                RemoteError::TxnConflict {
+                    region: RegionId(3),
+                    offset: 8,
+                },
+                "0c | 03 | 08",
+            ),
+            (RemoteError::UnknownTxn(5), "0d | 05"),
         ],
         remote_error_index,
     );
@@ -642,7 +762,7 @@ fn frame_header_constants() {
 /// The hello: magic and version where every version keeps them, kind 4.
 #[test]
 fn hello_frame() {
-    let want = unhex("526d 03 04 0000 0000 | 0000000000000000 | 00000000 | 00000000");
+    let want = unhex("526d 04 04 0000 0000 | 0000000000000000 | 00000000 | 00000000");
     assert_eq!(hex(&hello()), hex(&want));
     assert_eq!(HELLO_KIND, 4);
     assert_eq!(check_hello(&hello()), Ok(()));
@@ -651,7 +771,7 @@ fn hello_frame() {
 /// A whole request frame and its error reply: header, head and payload.
 #[test]
 fn whole_frames() {
-    assert_eq!(VERSION, 3, "a new VERSION needs new golden frames");
+    assert_eq!(VERSION, 4, "a new VERSION needs new golden frames");
     let head = encode(&MemRequest::Write { cap: cap(), offset: 1 });
     let mut out = Vec::new();
     write_frame(
@@ -663,7 +783,7 @@ fn whole_frames() {
     )
     .unwrap();
     let want = golden(
-        "526d 03 01 0000 0000 | 0807060504030201 | 14000000 | 07000000 \
+        "526d 04 01 0000 0000 | 0807060504030201 | 14000000 | 07000000 \
          | 01 {CAP} 01 | 7061796c6f6164",
     );
     assert_eq!(hex(&out), hex(&want), "request frame");
@@ -678,6 +798,6 @@ fn whole_frames() {
     let head = encode(&RemoteError::NoSuchRegion { region: RegionId(3) });
     let mut out = Vec::new();
     write_frame(&mut out, FrameKind::Error, 0x0102_0304_0506_0708, &head, &[]).unwrap();
-    let want = unhex("526d 03 03 0000 0000 | 0807060504030201 | 02000000 | 00000000 | 01 03");
+    let want = unhex("526d 04 03 0000 0000 | 0807060504030201 | 02000000 | 00000000 | 01 03");
     assert_eq!(hex(&out), hex(&want), "error frame");
 }
