@@ -27,6 +27,11 @@ pub(crate) struct Traffic {
     /// Write requests sent (plain and vectored).
     pub(crate) writes: AtomicU64,
     pub(crate) bytes_written: AtomicU64,
+    /// Transaction requests sent (prepare, commit, abort: compaction and
+    /// in-place parity), and their bytes both ways (payloads sent, deltas
+    /// returned).
+    pub(crate) txn_requests: AtomicU64,
+    pub(crate) txn_bytes: AtomicU64,
 }
 
 /// A transport whose every request is counted in [`Traffic`].
@@ -72,6 +77,11 @@ impl MemTransport for Counted {
                 let n: usize = payload.iter().map(|p| p.len()).sum();
                 tr.bytes_written.fetch_add(n as u64, Ordering::Relaxed);
             }
+            MemRequest::Prepare { .. } | MemRequest::Commit { .. } | MemRequest::Abort { .. } => {
+                tr.txn_requests.fetch_add(1, Ordering::Relaxed);
+                let n: usize = payload.iter().map(|p| p.len()).sum();
+                tr.txn_bytes.fetch_add(n as u64, Ordering::Relaxed);
+            }
             _ => {}
         }
         Ok(t)
@@ -80,8 +90,14 @@ impl MemTransport for Counted {
     fn wait(&self, t: Ticket, dest: Option<&mut [u8]>, timeout: Duration) -> Result<MemResponse, RpcError> {
         let n = dest.as_ref().map_or(0, |d| d.len());
         let r = self.inner.wait(t, dest, timeout)?;
-        if r == MemResponse::Data {
-            self.traffic.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
+        match r {
+            MemResponse::Data | MemResponse::Member { .. } => {
+                self.traffic.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
+            }
+            MemResponse::Prepared => {
+                self.traffic.txn_bytes.fetch_add(n as u64, Ordering::Relaxed);
+            }
+            _ => {}
         }
         Ok(r)
     }

@@ -527,7 +527,7 @@ fn ec_split_pads_fragments_when_k_does_not_divide_the_span() {
     let opts = SchemeOptions {
         k: 3,
         m: 2,
-        late_binding: false,
+        ..SchemeOptions::default()
     };
     let rt = runtime_with(&c, "ec-split", opts, MIB);
     let objs = fill(&rt, 8 * KIB as u64);

@@ -26,7 +26,7 @@ pub(crate) struct Record {
 
 /// The figures only one kind of store has.
 pub(crate) enum Figures {
-    Remora(RemoraFigures),
+    Remora(Box<RemoraFigures>),
     Redis(RedisFigures),
 }
 

@@ -232,14 +232,14 @@ pub(super) fn run_scheme<const W: usize>(
         records.push(Record {
             scheme: scheme.to_string(),
             fill_time,
-            figures: Figures::Remora(RemoraFigures {
+            figures: Figures::Remora(Box::new(RemoraFigures {
                 peer_bytes: cluster
                     .peer_traffic()
                     .map(|p| p.bytes())
                     .unwrap_or(0)
                     .saturating_sub(peer0),
                 ..figures(&snaps.first, &snaps.last, &snaps.samples)
-            }),
+            })),
             run,
             sim,
         });

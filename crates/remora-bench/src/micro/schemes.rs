@@ -135,6 +135,7 @@ pub(crate) fn options(ec: Ec, late_binding: bool) -> SchemeOptions {
         k: ec.k,
         m: ec.m,
         late_binding,
+        ..SchemeOptions::default()
     }
 }
 

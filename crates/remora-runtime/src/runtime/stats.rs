@@ -73,6 +73,21 @@ pub struct Stats {
     /// Of those, partial ones: fewer than k data spans, so they cost
     /// (j+m)/j in bytes written instead of (k+m)/k.
     pub partial_spansets: u64,
+    /// Compactions (folds of one spanset into another) committed.
+    pub compactions: u64,
+    /// Compactions abandoned (a prepare failed) and aborted.
+    pub compactions_aborted: u64,
+    /// Far bytes compaction gave back (the folded spansets' members).
+    pub compacted_bytes_freed: u64,
+    /// Of those, bytes of dead data spans (holes) freed.
+    pub compacted_dead_bytes: u64,
+    /// Transaction requests the compute node sent (prepare, commit, abort)
+    /// and their bytes both ways (deltas), counted at the transport.
+    pub txn_requests: u64,
+    /// Bytes of those requests' payloads and of the deltas returned.
+    pub txn_bytes: u64,
+    /// Nanoseconds compaction threads spent folding, summed over threads.
+    pub compaction_busy_ns: u64,
 }
 
 /// Counters the runtime's paths bump (relaxed: they are statistics).
@@ -109,6 +124,13 @@ impl Inner {
             hole_bytes: rep.hole_bytes,
             spansets_written: rep.batches,
             partial_spansets: rep.partial_batches,
+            compactions: rep.compactions,
+            compactions_aborted: rep.compactions_aborted,
+            compacted_bytes_freed: rep.compacted_bytes_freed,
+            compacted_dead_bytes: rep.compacted_dead_bytes,
+            txn_requests: t.txn_requests.load(StdOrdering::Relaxed),
+            txn_bytes: t.txn_bytes.load(StdOrdering::Relaxed),
+            compaction_busy_ns: rep.compaction_busy.as_nanos() as u64,
             checksum_repairs: rep.repairs,
             rebuild_retries: rep.rebuild_retries,
             swap_ins: self.counters.swap_ins.load(StdOrdering::Relaxed),

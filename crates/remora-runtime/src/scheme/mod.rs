@@ -5,6 +5,9 @@
 //! - `replication`: three copies on three distinct memory nodes;
 //! - `ec-batch`: spansets of k spans plus m parity spans on k+m distinct
 //!   memory nodes (paper §3.4.1);
+//! - `ec-batch-local`, `ec-batch-remote`: `ec-batch` with remote compaction,
+//!   parity deltas computed by the compute node or by the memory nodes
+//!   (paper §3.4.2);
 //! - `ec-split`: each span cut into k data fragments plus m parity
 //!   fragments on k+m distinct memory nodes (Hydra; paper §3.4, Table 1),
 //!   so a swap-in reads k fragments.
@@ -79,6 +82,16 @@ pub struct SchemeReport {
     pub partial_batches: u64,
     /// Spansets written, full or partial.
     pub batches: u64,
+    /// Compactions committed.
+    pub compactions: u64,
+    /// Compactions abandoned before their commit point.
+    pub compactions_aborted: u64,
+    /// Far bytes compaction gave back.
+    pub compacted_bytes_freed: u64,
+    /// Of those, bytes of dead data spans (holes).
+    pub compacted_dead_bytes: u64,
+    /// Time compaction threads spent folding, summed over threads.
+    pub compaction_busy: Duration,
 }
 
 /// A way of keeping evicted spans in far memory.
@@ -183,6 +196,9 @@ pub struct SchemeOptions {
     pub m: usize,
     /// `ec-split`: read k+1 fragments and decode from the first k to arrive.
     pub late_binding: bool,
+    /// Compaction threads of the compacting schemes (`ec-batch`,
+    /// `ec-batch-local`, `ec-batch-remote`); 0 turns compaction off.
+    pub compaction_threads: usize,
 }
 
 impl Default for SchemeOptions {
@@ -192,6 +208,7 @@ impl Default for SchemeOptions {
             k: 4,
             m: 2,
             late_binding: false,
+            compaction_threads: 2,
         }
     }
 }
@@ -232,6 +249,36 @@ pub const SCHEMES: &[SchemeInfo] = &[
         erasure_coded: true,
         redundant: true,
         make: |o| Ok(Box::new(EcBatch::new(o.k, o.m)?)),
+    },
+    SchemeInfo {
+        name: "ec-batch-local",
+        about: "ec-batch with compaction; the compute node computes parity deltas",
+        erasure_coded: true,
+        redundant: true,
+        make: |o| {
+            Ok(Box::new(EcBatch::compacting(
+                "ec-batch-local",
+                o.k,
+                o.m,
+                ec_batch::Mode::Local,
+                o.compaction_threads,
+            )?))
+        },
+    },
+    SchemeInfo {
+        name: "ec-batch-remote",
+        about: "ec-batch with compaction; memory nodes send parity deltas to each other (2PC)",
+        erasure_coded: true,
+        redundant: true,
+        make: |o| {
+            Ok(Box::new(EcBatch::compacting(
+                "ec-batch-remote",
+                o.k,
+                o.m,
+                ec_batch::Mode::Remote,
+                o.compaction_threads,
+            )?))
+        },
     },
     SchemeInfo {
         name: "ec-split",

@@ -23,12 +23,33 @@
 //!   position (holes included: other members' parity equations need them)
 //!   is rebuilt there by the replacement node itself, then the region-table
 //!   index is rebound, so far pointer words need no change.
+//! - **Compaction** (`compaction`): folds a sparse spanset into one whose
+//!   holes sit where its live spans are, updating parity in place by deltas.
+//!
+//! **Names.** The runtime knows a far span by a [`SpanAddr`]: its position's
+//! region index and a *name* in that region's page space, which is the page
+//! the span was first written at. A fold moves a span's bytes to another
+//! page of the same region, so its name and its page part; the name stays
+//! reserved (in `by_span`) as long as the span is far, and a new span whose
+//! first page is a reserved name gets a free name instead. So far pointer
+//! words never change when spans move.
+//!
+//! **Spanset lock.** A spanset being compacted, or read around a failure
+//! (decode), is `busy`: the other waits. A normal swap-in never waits: it
+//! counts itself a *reader* of the spanset it reads from, and a folded-away
+//! spanset's pages are freed only when its last reader is done.
 
-use std::collections::HashMap;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard};
+mod compaction;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 use remora_proto::{NodeId, RebuildRow};
+
+pub(crate) use compaction::{Compaction, Mode};
 
 use super::recovery::{self, Lost};
 use super::shards::{self, Shard, Stripes};
@@ -43,6 +64,12 @@ struct Member {
     page: u32,
     /// Length in pages; 0 for a virtual (all-zero, never written) member.
     pages: u32,
+    /// The name the runtime knows its span by (see the module docs); held
+    /// in `by_span` while the spanset is alive (virtual members have none).
+    name: u32,
+    /// Its generation on its memory node (0 after a plain write; one up
+    /// per committed change in place).
+    generation: u64,
     /// Holds a live span (false: a hole, a kept copy, or virtual).
     live: bool,
     /// A hole whose span is local and clean: it may come back without a
@@ -53,13 +80,24 @@ struct Member {
     sum: u64,
 }
 
+#[derive(Clone, Copy)]
+struct Parity {
+    page: u32,
+    /// Checksum as written; unknown once deltas changed it in place.
+    sum: Option<u64>,
+    generation: u64,
+}
+
 struct Spanset {
     group: usize,
     /// Length of every parity member (the longest data member).
     row_pages: u32,
     members: Vec<Member>,
-    /// Parity members: (first page, checksum).
-    parity: Vec<(u32, u64)>,
+    parity: Vec<Parity>,
+    /// Compacted or decoded now (the spanset lock; see the module docs).
+    busy: bool,
+    /// Swap-ins reading one of its members now.
+    readers: u32,
 }
 
 impl Spanset {
@@ -67,15 +105,39 @@ impl Spanset {
     fn at(&self, pos: usize) -> (u32, usize) {
         match self.members.get(pos) {
             Some(m) => (m.page, bytes(m.pages)),
-            None => (self.parity[pos - self.members.len()].0, bytes(self.row_pages)),
+            None => (self.parity[pos - self.members.len()].page, bytes(self.row_pages)),
         }
     }
 
-    fn sum(&self, pos: usize) -> u64 {
+    fn sum(&self, pos: usize) -> Option<u64> {
         match self.members.get(pos) {
-            Some(m) => m.sum,
-            None => self.parity[pos - self.members.len()].1,
+            Some(m) => Some(m.sum),
+            None => self.parity[pos - self.members.len()].sum,
         }
+    }
+
+    fn set_generation(&mut self, pos: usize, generation: u64) {
+        match self.members.get_mut(pos) {
+            Some(m) => m.generation = generation,
+            None => {
+                let k = self.members.len();
+                self.parity[pos - k].generation = generation;
+            }
+        }
+    }
+
+    /// Pages of its holes (data members neither live nor kept).
+    fn hole_pages(&self) -> u64 {
+        self.members
+            .iter()
+            .filter(|m| !m.live && !m.kept)
+            .map(|m| m.pages as u64)
+            .sum()
+    }
+
+    /// Pages it holds in far memory, parity included.
+    fn far_pages(&self) -> u64 {
+        self.members.iter().map(|m| m.pages as u64).sum::<u64>() + (self.parity.len() as u64) * self.row_pages as u64
     }
 }
 
@@ -89,16 +151,29 @@ struct State {
     hole_pages: u64,
     kept_pages: u64,
     next_id: u64,
+    /// Spansets folded away while swap-ins still read them: freed by their
+    /// last reader.
+    retired: HashMap<u64, Spanset>,
+    /// Stripe groups being rebuilt: no compaction there meanwhile.
+    recovering: HashSet<usize>,
+    /// Per region index, where the search for a free name goes on.
+    name_cursor: HashMap<u16, u32>,
 }
 
 struct Shared {
     c: Stripes,
     st: Mutex<State>,
+    /// Signalled when a spanset stops being busy.
+    idle: Condvar,
+    compaction: Compaction,
 }
 
 /// Erasure-coded spansets with RS(k, m).
 pub struct EcBatch {
     sh: Arc<Shared>,
+    /// Compaction threads, joined by `stop`.
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    stop: Arc<AtomicBool>,
 }
 
 fn bytes(pages: u32) -> usize {
@@ -110,9 +185,22 @@ fn offset(page: u32) -> u64 {
 }
 
 impl EcBatch {
-    /// `ec-batch` with RS(k, m).
+    /// `ec-batch` with RS(k, m), without compaction.
     pub fn new(k: usize, m: usize) -> Result<Self, RuntimeError> {
         Self::named("ec-batch", k, m)
+    }
+
+    /// A compacting `ec-batch` under `name`: `threads` compaction threads
+    /// folding spansets the way `mode` says.
+    pub(crate) fn compacting(
+        name: &'static str,
+        k: usize,
+        m: usize,
+        mode: compaction::Mode,
+        threads: usize,
+    ) -> Result<Self, RuntimeError> {
+        let threads = if k > 1 { threads } else { 0 };
+        Self::build(name, k, m, Compaction::new(mode, threads))
     }
 
     /// `replication`: `copies` copies of each span on distinct nodes.
@@ -126,11 +214,19 @@ impl EcBatch {
     }
 
     fn named(name: &'static str, k: usize, m: usize) -> Result<Self, RuntimeError> {
+        Self::build(name, k, m, Compaction::default())
+    }
+
+    fn build(name: &'static str, k: usize, m: usize, compaction: Compaction) -> Result<Self, RuntimeError> {
         Ok(Self {
             sh: Arc::new(Shared {
                 c: Stripes::new(name, k, m)?,
                 st: Mutex::new(State::default()),
+                idle: Condvar::new(),
+                compaction,
             }),
+            threads: Mutex::new(Vec::new()),
+            stop: Arc::new(AtomicBool::new(false)),
         })
     }
 }
@@ -157,7 +253,9 @@ impl Shared {
     /// spanset is freed once no member is live; its kept copies are
     /// cancelled with it, so a kept copy never keeps other members alive.
     /// With one data span per spanset (replication) the kept copy is the
-    /// spanset, so keeping it keeps nothing else alive.
+    /// spanset, so keeping it keeps nothing else alive. A busy spanset
+    /// (being compacted) keeps no copy and is not freed here: the
+    /// compaction decides its fate when it ends.
     fn unlive(&self, far: &FarMemory, at: SpanAddr, keep: bool) -> Option<u64> {
         let mut st = self.lock();
         let &(id, pos) = st.by_span.get(&(at.region, at.page))?;
@@ -168,7 +266,8 @@ impl Shared {
         }
         mem.live = false;
         let pages = mem.pages as u64;
-        if ss.members.iter().any(|m| m.live) || (keep && self.c.k == 1) {
+        let keep = keep && !ss.busy;
+        if ss.busy || ss.members.iter().any(|m| m.live) || (keep && self.c.k == 1) {
             if keep {
                 ss.members[pos].kept = true;
                 st.kept_pages += self.kept_weight(pages);
@@ -178,25 +277,131 @@ impl Shared {
             return None;
         }
         // Every data span is gone: free the whole spanset.
-        let ss = st.sets.remove(&id).expect("present");
+        st.hole_pages += pages;
+        let ss = self.remove_set(&mut st, id);
+        drop(st);
+        if let Some(ss) = ss {
+            self.free_far(far, &ss);
+        }
+        None
+    }
+
+    /// Takes spanset `id` out of the table (its names, holes and kept
+    /// copies with it); returns it unless swap-ins still read it (then it
+    /// is retired, and its last reader frees it).
+    fn remove_set(&self, st: &mut State, id: u64) -> Option<Spanset> {
+        let ss = st.sets.remove(&id)?;
         let regions = self.c.place.group(ss.group).regions;
         for (i, m) in ss.members.iter().enumerate() {
             if m.pages == 0 {
                 continue;
             }
-            st.by_span.remove(&(regions[i], m.page));
-            if i == pos {
-                continue;
-            }
+            st.by_span.remove(&(regions[i], m.name));
             if m.kept {
-                st.kept_pages -= m.pages as u64;
-            } else {
+                st.kept_pages -= self.kept_weight(m.pages as u64);
+            } else if !m.live {
                 st.hole_pages -= m.pages as u64;
             }
         }
+        if ss.readers > 0 {
+            st.retired.insert(id, ss);
+            return None;
+        }
+        Some(ss)
+    }
+
+    /// A free name for a span first written at `page` of region `region`:
+    /// the page itself unless a moved span still holds that name.
+    fn name_for(&self, st: &mut State, region: u16, page: u32) -> u32 {
+        if !st.by_span.contains_key(&(region, page)) {
+            return page;
+        }
+        let cursor = st.name_cursor.entry(region).or_insert(0);
+        loop {
+            *cursor = (*cursor + 1) % (crate::pointer::MAX_FAR_PAGE + 1);
+            if !st.by_span.contains_key(&(region, *cursor)) {
+                return *cursor;
+            }
+        }
+    }
+
+    /// Waits until spanset `id` is not busy, then marks it busy; false if
+    /// it is gone.
+    fn take_busy(&self, id: u64) -> bool {
+        let mut st = self.lock();
+        loop {
+            match st.sets.get_mut(&id) {
+                None => return false,
+                Some(ss) if !ss.busy => {
+                    ss.busy = true;
+                    return true;
+                }
+                Some(_) => {
+                    st = self
+                        .idle
+                        .wait_timeout(st, Duration::from_millis(100))
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                }
+            }
+        }
+    }
+
+    /// Clears spanset `id`'s busy mark (taken by `take_busy`) and frees it
+    /// if nothing in it is live any more.
+    fn release_busy(&self, far: &FarMemory, id: u64) {
+        let mut st = self.lock();
+        let empty = match st.sets.get_mut(&id) {
+            Some(ss) => {
+                ss.busy = false;
+                !ss.members.iter().any(|m| m.live)
+            }
+            None => false,
+        };
+        let freed = if empty { self.remove_set(&mut st, id) } else { None };
         drop(st);
-        self.free_far(far, &ss);
-        None
+        self.idle.notify_all();
+        if let Some(ss) = freed {
+            self.free_far(far, &ss);
+        }
+    }
+
+    /// Counts a swap-in reading the span named `at`; returns its spanset,
+    /// position, row pages, page, and whether to read around its node.
+    fn begin_read(&self, at: SpanAddr) -> Result<(u64, usize, u32, u32, bool), RuntimeError> {
+        let (id, pos, group, row_pages, page) = {
+            let mut st = self.lock();
+            let &(id, pos) = st.by_span.get(&(at.region, at.page)).ok_or_else(|| self.no_span(at))?;
+            let ss = st.sets.get_mut(&id).ok_or_else(|| self.no_span(at))?;
+            ss.readers += 1;
+            (id, pos, ss.group, ss.row_pages, ss.members[pos].page)
+        };
+        Ok((id, pos, row_pages, page, self.c.place.unusable(group, pos)))
+    }
+
+    /// The read `begin_read` counted is over.
+    fn end_read(&self, far: &FarMemory, id: u64) {
+        let mut st = self.lock();
+        if let Some(ss) = st.sets.get_mut(&id) {
+            ss.readers -= 1;
+            return;
+        }
+        let done = match st.retired.get_mut(&id) {
+            Some(ss) => {
+                ss.readers -= 1;
+                ss.readers == 0
+            }
+            None => false,
+        };
+        let ss = if done { st.retired.remove(&id) } else { None };
+        drop(st);
+        if let Some(ss) = ss {
+            self.free_far(far, &ss);
+        }
+    }
+
+    fn no_span(&self, at: SpanAddr) -> RuntimeError {
+        RuntimeError::DataLost(format!("{}: no spanset holds r{}:p{}", self.c.name, at.region, at.page))
     }
 
     /// Gives back the far space of a spanset already out of the table.
@@ -262,35 +467,52 @@ impl Shared {
             .map_err(|e| RuntimeError::DataLost(format!("decode of spanset {id}: {e}")))
     }
 
-    /// Spanset, data position, row pages, and whether to read around the node.
-    fn locate(&self, at: SpanAddr) -> Result<(u64, usize, u32, bool), RuntimeError> {
-        let (id, pos, group, row_pages) = {
-            let st = self.lock();
-            let &(id, pos) = st.by_span.get(&(at.region, at.page)).ok_or_else(|| {
-                RuntimeError::DataLost(format!("{}: no spanset holds r{}:p{}", self.c.name, at.region, at.page))
-            })?;
-            let ss = &st.sets[&id];
-            (id, pos, ss.group, ss.row_pages)
-        };
-        Ok((id, pos, row_pages, self.c.place.unusable(group, pos)))
+    /// Spanset, data position and row pages of the span named `at`.
+    fn locate(&self, at: SpanAddr) -> Result<(u64, usize, u32), RuntimeError> {
+        let st = self.lock();
+        let &(id, pos) = st.by_span.get(&(at.region, at.page)).ok_or_else(|| self.no_span(at))?;
+        Ok((id, pos, st.sets[&id].row_pages))
     }
 
+    /// Decodes the span named `at` from survivors, holding its spanset's
+    /// lock (a compaction of it waits, and it waits for one).
     fn degraded(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<(), RuntimeError> {
-        let (id, pos, row_pages, _) = self.locate(at)?;
-        let mut out = vec![0u8; bytes(row_pages)];
-        self.decode(far, id, pos, &mut out)?;
-        dest.copy_from_slice(&out[..dest.len()]);
-        self.c.degraded.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        loop {
+            let (id, pos, row_pages) = self.locate(at)?;
+            if !self.take_busy(id) {
+                continue; // folded into another spanset meanwhile: look again
+            }
+            if self.lock().by_span.get(&(at.region, at.page)) != Some(&(id, pos)) {
+                self.release_busy(far, id);
+                continue;
+            }
+            let mut out = vec![0u8; bytes(row_pages)];
+            let res = self.decode(far, id, pos, &mut out);
+            self.release_busy(far, id);
+            res?;
+            dest.copy_from_slice(&out[..dest.len()]);
+            self.c.degraded.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
     }
 
     /// Rebuilds position `pos` of group `g` on a replacement region (every
     /// member there, holes included: other members' parity equations need
-    /// them); returns the bytes rebuilt.
+    /// them); returns the bytes rebuilt. No compaction runs in the group
+    /// meanwhile, and the rebuilt members start at generation 0 (they were
+    /// written plainly).
     fn recover(&self, far: &FarMemory, lost: &Lost) -> Result<u64, RuntimeError> {
         let (g, pos) = (lost.group, lost.pos);
-        recovery::rebuild(far, &self.c.place, lost, |cands| {
-            let st = self.lock();
+        self.lock().recovering.insert(g);
+        let res = recovery::rebuild(far, &self.c.place, lost, |cands| {
+            let mut st = self.lock();
+            while st.sets.values().any(|ss| ss.group == g && ss.busy) {
+                st = self
+                    .idle
+                    .wait_timeout(st, Duration::from_millis(100))
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
             st.sets
                 .values()
                 .filter(|ss| ss.group == g)
@@ -308,7 +530,15 @@ impl Shared {
                     })
                 })
                 .collect()
-        })
+        });
+        let mut st = self.lock();
+        if res.is_ok() {
+            for ss in st.sets.values_mut().filter(|ss| ss.group == g) {
+                ss.set_generation(pos, 0);
+            }
+        }
+        st.recovering.remove(&g);
+        res
     }
 
     /// Places and writes one spanset of up to k spans (`chunk` indexes
@@ -366,10 +596,12 @@ impl Shared {
                 .collect()
         })?;
         let regions = self.c.place.group(group).regions;
-        let members = (0..k)
+        let mut members: Vec<Member> = (0..k)
             .map(|p| Member {
                 page: pages[p],
                 pages: sizes[p],
+                name: 0,
+                generation: 0,
                 live: chunk.get(p).is_some(),
                 kept: false,
                 sum: chunk.get(p).map_or(0, |&i| sums[i]),
@@ -378,14 +610,19 @@ impl Shared {
         let parity = parity
             .iter()
             .enumerate()
-            .map(|(j, p)| (pages[k + j], remora_proto::checksum::checksum(p)))
+            .map(|(j, p)| Parity {
+                page: pages[k + j],
+                sum: Some(remora_proto::checksum::checksum(p)),
+                generation: 0,
+            })
             .collect();
         let mut st = self.lock();
         st.next_id += 1;
         let id = st.next_id;
         self.c.count_batch(chunk.len());
-        for p in 0..chunk.len() {
-            st.by_span.insert((regions[p], pages[p]), (id, p));
+        for (p, m) in members.iter_mut().enumerate().take(chunk.len()) {
+            m.name = self.name_for(&mut st, regions[p], m.page);
+            st.by_span.insert((regions[p], m.name), (id, p));
         }
         st.sets.insert(
             id,
@@ -394,6 +631,8 @@ impl Shared {
                 row_pages,
                 members,
                 parity,
+                busy: false,
+                readers: 0,
             },
         );
         Ok(id)
@@ -401,16 +640,12 @@ impl Shared {
 
     /// Frees a spanset just written (a later one of the same swap-out failed).
     fn unplace(&self, far: &FarMemory, id: u64) {
-        let Some(ss) = self.lock().sets.remove(&id) else { return };
-        let regions = self.c.place.group(ss.group).regions;
         let mut st = self.lock();
-        for (p, m) in ss.members.iter().enumerate() {
-            if m.pages > 0 {
-                st.by_span.remove(&(regions[p], m.page));
-            }
-        }
+        let ss = self.remove_set(&mut st, id);
         drop(st);
-        self.free_far(far, &ss);
+        if let Some(ss) = ss {
+            self.free_far(far, &ss);
+        }
     }
 }
 
@@ -440,7 +675,7 @@ impl Scheme for EcBatch {
                     for (p, &i) in chunk.iter().enumerate() {
                         out[i] = SpanAddr {
                             region: regions[p],
-                            page: ss.members[p].page,
+                            page: ss.members[p].name,
                         };
                     }
                 }
@@ -457,25 +692,29 @@ impl Scheme for EcBatch {
     }
 
     fn swap_in(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<(), RuntimeError> {
-        let (_, _, _, unusable) = self.sh.locate(at)?;
-        if unusable {
-            return self.sh.degraded(far, at, dest);
-        }
-        let (r, c) = match far.regions.reader(at.region) {
-            Ok(x) => x,
-            Err(_) => {
-                self.sh.c.place.suspects.suspect(far.regions.get(at.region).grant.node);
-                return self.sh.degraded(far, at, dest);
+        let sh = &*self.sh;
+        let (id, _, _, page, unusable) = sh.begin_read(at)?;
+        let res = if unusable {
+            Err(None)
+        } else {
+            match far.regions.reader(at.region) {
+                Ok((r, c)) => c.read(r.grant.cap, offset(page), dest).map_err(|e| Some((e, r))),
+                Err(_) => {
+                    sh.c.place.suspects.suspect(far.regions.get(at.region).grant.node);
+                    Err(None)
+                }
             }
         };
-        match c.read(r.grant.cap, offset(at.page), dest) {
+        sh.end_read(far, id);
+        match res {
             Ok(()) => Ok(()),
-            Err(e) if e.is_transport() => {
+            Err(None) => sh.degraded(far, at, dest),
+            Err(Some((e, r))) if e.is_transport() => {
                 tracing::debug!("swap-in from {} failed ({e}); degraded read", r.grant.addr);
-                self.sh.c.place.suspects.suspect(r.grant.node);
-                self.sh.degraded(far, at, dest)
+                sh.c.place.suspects.suspect(r.grant.node);
+                sh.degraded(far, at, dest)
             }
-            Err(e) => Err(e.into()),
+            Err(Some((e, _))) => Err(e.into()),
         }
     }
 
@@ -484,10 +723,28 @@ impl Scheme for EcBatch {
     }
 
     fn repair(&self, far: &FarMemory, at: SpanAddr, good: &[u8]) -> Result<(), RuntimeError> {
-        let (r, c) = far.regions.client(at.region)?;
-        c.write(r.grant.cap, offset(at.page), good)?;
-        self.sh.c.repairs.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        let sh = &*self.sh;
+        let (id, pos, _) = sh.locate(at)?;
+        if !sh.take_busy(id) {
+            return Ok(()); // folded away meanwhile: the bad copy is gone
+        }
+        let page = sh.lock().sets.get(&id).map(|ss| ss.members[pos].page);
+        let res = match page {
+            Some(page) => far
+                .regions
+                .client(at.region)
+                .and_then(|(r, c)| Ok(c.write(r.grant.cap, offset(page), good)?)),
+            None => Ok(()),
+        };
+        if res.is_ok() {
+            // A plain write: the memory node restarts the member's generation.
+            if let Some(ss) = sh.lock().sets.get_mut(&id) {
+                ss.set_generation(pos, 0);
+            }
+            sh.c.repairs.fetch_add(1, Ordering::Relaxed);
+        }
+        sh.release_busy(far, id);
+        res
     }
 
     fn release(&self, far: &FarMemory, at: SpanAddr, _pages: u32) {
@@ -506,6 +763,9 @@ impl Scheme for EcBatch {
         let Some(ss) = st.sets.get_mut(&id) else {
             return false;
         };
+        if ss.busy {
+            return false; // its kept copies were cancelled by a compaction
+        }
         let mem = &mut ss.members[pos];
         if id != token || !mem.kept {
             return false;
@@ -532,18 +792,17 @@ impl Scheme for EcBatch {
         mem.kept = false;
         let pages = mem.pages as u64;
         st.kept_pages -= self.sh.kept_weight(pages);
+        st.hole_pages += pages;
         if self.sh.c.k == 1 {
             // The copy was the spanset: nothing else is live in it.
-            let ss = st.sets.remove(&id).expect("present");
-            let regions = self.sh.c.place.group(ss.group).regions;
-            st.by_span.remove(&(regions[pos], ss.members[pos].page));
+            let ss = self.sh.remove_set(&mut st, id);
             drop(st);
-            self.sh.free_far(far, &ss);
-            return;
+            if let Some(ss) = ss {
+                self.sh.free_far(far, &ss);
+            }
         }
-        // A plain hole now; the spanset already has a live member (or it
+        // Otherwise a plain hole now; the spanset already has a live member (or it
         // would have been freed, cancelling this copy).
-        st.hole_pages += pages;
     }
 
     fn node_failed(&self, far: &Arc<FarMemory>, node: NodeId) {
@@ -555,7 +814,25 @@ impl Scheme for EcBatch {
             });
     }
 
+    fn start(&self, far: &Arc<FarMemory>) -> Result<(), RuntimeError> {
+        let mut threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
+        for i in 0..self.sh.compaction.threads() {
+            let (sh, far, stop) = (Arc::clone(&self.sh), Arc::clone(far), Arc::clone(&self.stop));
+            let h = std::thread::Builder::new()
+                .name(format!("remora-compact-{i}"))
+                .spawn(move || compaction::run(&sh, &far, &stop))
+                .map_err(|e| RuntimeError::Config(format!("spawning a compaction thread: {e}")))?;
+            threads.push(h);
+        }
+        Ok(())
+    }
+
     fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.sh.compaction.wake();
+        for h in self.threads.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+            let _ = h.join();
+        }
         self.sh.c.recovery.stop();
     }
 
@@ -572,7 +849,7 @@ impl Scheme for EcBatch {
         SchemeReport {
             hole_bytes: hole_pages * PAGE_SIZE as u64,
             kept_bytes: kept_pages * PAGE_SIZE as u64,
-            ..sh.c.report()
+            ..sh.compaction.report(sh.c.report())
         }
     }
 }

@@ -1,0 +1,474 @@
+//! Remote compaction (paper §3.4, §3.4.2, §3.6): folding a sparse spanset
+//! into one whose holes sit where its live spans are.
+//!
+//! A fold of spanset B into spanset A (same stripe group, same row length)
+//! moves each live span of B into A's hole at the same position. That hole
+//! and the span are on the same memory node, so the node computes the delta
+//! `D_new xor D_old` next to the data; A's parity is updated in place
+//! (`P_j += A_ij · delta`), and all of B (its holes, its moved spans' old
+//! pages and its parity) is given back. The paper's "exact complement" is
+//! the case where B's live spans fill every hole of A; any B whose live
+//! positions are holes of A will do, and the sparser spanset is always the
+//! one folded, so at most k/2 spans move.
+//!
+//! Two ways to update parity, both two-phase commits through the memory
+//! nodes' transactions (`remora_memnode::txn`):
+//! - [`Mode::Local`] (EC-Batch Local): data nodes return their deltas, the
+//!   compute node combines them per parity member and stages the result on
+//!   the parity nodes.
+//! - [`Mode::Remote`] (EC-Batch Remote): data nodes multiply their delta by
+//!   each parity coefficient and stage it on the parity nodes themselves,
+//!   with apply-delta capabilities the compute node delegates; only small
+//!   requests leave the compute node.
+//!
+//! Once every participant has prepared, the fold is decided: commits are
+//! retried, and a participant that never answers is treated as failed (its
+//! member is rebuilt from the others, which hold the new state). Before
+//! that point any failure aborts the fold and nothing changed.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use remora_proto::msg::{DeltaTarget, Member as TxnMember};
+use remora_proto::{TxnId, TxnOp};
+
+use super::{Shared, Spanset, State, bytes, offset};
+use crate::error::RuntimeError;
+use crate::far_memory::FarMemory;
+use crate::region_table::{FarRegion, Link};
+use crate::scheme::SchemeReport;
+use crate::size_classes::PAGE_SIZE;
+
+/// Who computes the parity deltas of a fold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// The compute node (EC-Batch Local).
+    Local,
+    /// The data memory nodes (EC-Batch Remote).
+    Remote,
+}
+
+/// Folds picked per look at the spansets.
+const BATCH: usize = 8;
+/// How long an idle compaction thread sleeps before looking again.
+const IDLE: Duration = Duration::from_millis(20);
+/// Commit attempts per participant once a fold is decided.
+const COMMIT_ATTEMPTS: usize = 5;
+
+/// A scheme's compaction: its mode, threads and counters.
+#[derive(Default)]
+pub(crate) struct Compaction {
+    mode: Option<Mode>,
+    threads: usize,
+    next_txn: AtomicU64,
+    folds: AtomicU64,
+    aborted: AtomicU64,
+    freed_pages: AtomicU64,
+    dead_pages: AtomicU64,
+    busy_ns: AtomicU64,
+    /// Wakes idle threads early (shutdown).
+    bell: (Mutex<()>, Condvar),
+}
+
+impl Compaction {
+    pub(crate) fn new(mode: Mode, threads: usize) -> Self {
+        Self {
+            mode: Some(mode),
+            threads,
+            ..Self::default()
+        }
+    }
+
+    /// Compaction threads to start.
+    pub(super) fn threads(&self) -> usize {
+        if self.mode.is_some() { self.threads } else { 0 }
+    }
+
+    pub(super) fn wake(&self) {
+        let _g = self.bell.0.lock().unwrap_or_else(|p| p.into_inner());
+        self.bell.1.notify_all();
+    }
+
+    fn nap(&self) {
+        let g = self.bell.0.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = self.bell.1.wait_timeout(g, IDLE);
+    }
+
+    /// `base` with the compaction counters filled in.
+    pub(super) fn report(&self, base: SchemeReport) -> SchemeReport {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        SchemeReport {
+            compactions: get(&self.folds),
+            compactions_aborted: get(&self.aborted),
+            compacted_bytes_freed: get(&self.freed_pages) * PAGE_SIZE as u64,
+            compacted_dead_bytes: get(&self.dead_pages) * PAGE_SIZE as u64,
+            compaction_busy: Duration::from_nanos(get(&self.busy_ns)),
+            ..base
+        }
+    }
+}
+
+/// One fold of spanset `b` into spanset `a`, as picked.
+struct Fold {
+    a: u64,
+    b: u64,
+    group: usize,
+    /// Positions whose span moves from b to a.
+    moves: Vec<usize>,
+    /// Bytes of every member involved (the row).
+    len: usize,
+    /// Per move: a's page and generation there, b's page.
+    a_at: Vec<(u32, u64)>,
+    b_page: Vec<u32>,
+    /// a's parity members: page and generation.
+    parity: Vec<(u32, u64)>,
+}
+
+/// A compaction thread: folds until `stop`.
+pub(super) fn run(sh: &Arc<Shared>, far: &Arc<FarMemory>, stop: &AtomicBool) {
+    let Some(mode) = sh.compaction.mode else { return };
+    while !stop.load(Ordering::Acquire) {
+        let folds = sh.pick_folds(BATCH);
+        if folds.is_empty() {
+            sh.compaction.nap();
+            continue;
+        }
+        for f in folds {
+            let start = Instant::now();
+            let committed = match sh.execute(far, &f, mode) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::debug!("{}: fold of spanset {} into {} aborted: {e}", sh.c.name, f.b, f.a);
+                    false
+                }
+            };
+            sh.finish_fold(far, &f, committed);
+            sh.compaction
+                .busy_ns
+                .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A spanset that may fold or be folded into: (id, live mask, hole mask).
+type Candidate = (u64, u64, u64);
+
+/// Bit mask of positions.
+fn mask(it: impl Iterator<Item = usize>) -> u64 {
+    it.fold(0, |m, p| m | (1 << p))
+}
+
+impl Shared {
+    /// Picks up to `max` folds of disjoint spanset pairs, marks their
+    /// spansets busy and cancels the kept copies the folds would break.
+    fn pick_folds(&self, max: usize) -> Vec<Fold> {
+        let mut st = self.lock();
+        if st.hole_pages == 0 {
+            return Vec::new();
+        }
+        let mut usable: HashMap<usize, bool> = HashMap::new();
+        let mut buckets: HashMap<(usize, u32), Vec<Candidate>> = HashMap::new();
+        for (&id, ss) in &st.sets {
+            if ss.busy || st.recovering.contains(&ss.group) {
+                continue;
+            }
+            let ok = *usable
+                .entry(ss.group)
+                .or_insert_with(|| (0..self.c.n()).all(|p| !self.c.place.unusable(ss.group, p)));
+            if !ok {
+                continue;
+            }
+            let live = mask(ss.members.iter().enumerate().filter(|(_, m)| m.live).map(|(p, _)| p));
+            let holes = mask(
+                ss.members
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, m)| !m.live && m.pages == ss.row_pages)
+                    .map(|(p, _)| p),
+            );
+            if live != 0 {
+                buckets
+                    .entry((ss.group, ss.row_pages))
+                    .or_default()
+                    .push((id, live, holes));
+            }
+        }
+        let mut taken: HashSet<u64> = HashSet::new();
+        let mut pairs: Vec<(u64, u64, u64)> = Vec::new();
+        // Larger rows first: a fold gives back the whole folded spanset.
+        let mut keys: Vec<(usize, u32)> = buckets.keys().copied().collect();
+        keys.sort_by_key(|&(g, rows)| (std::cmp::Reverse(rows), g));
+        'buckets: for key in keys {
+            let mut v = buckets.remove(&key).unwrap_or_default();
+            v.sort_by_key(|&(id, live, _)| (live.count_ones(), id));
+            for bi in 0..v.len() {
+                let (b, live_b, _) = v[bi];
+                if taken.contains(&b) {
+                    continue;
+                }
+                // The fullest spanset that has holes at all of b's live
+                // positions and is at least as full as b.
+                let a = v[bi + 1..]
+                    .iter()
+                    .rev()
+                    .find(|&&(a, live_a, holes_a)| {
+                        !taken.contains(&a) && live_a & live_b == 0 && holes_a & live_b == live_b
+                    })
+                    .map(|&(a, ..)| a);
+                if let Some(a) = a {
+                    taken.insert(a);
+                    taken.insert(b);
+                    pairs.push((a, b, live_b));
+                    if pairs.len() == max {
+                        break 'buckets;
+                    }
+                }
+            }
+        }
+        pairs
+            .into_iter()
+            .map(|(a, b, live_b)| self.begin_fold(&mut st, a, b, live_b))
+            .collect()
+    }
+
+    /// Marks `a` and `b` busy, cancels kept copies in b and at the holes of
+    /// a that b's spans fill, and describes the fold.
+    fn begin_fold(&self, st: &mut State, a: u64, b: u64, live_b: u64) -> Fold {
+        let moves: Vec<usize> = (0..self.c.k).filter(|&p| live_b & (1 << p) != 0).collect();
+        let mut cancelled = 0u64;
+        let bs = st.sets.get_mut(&b).expect("picked from the table");
+        bs.busy = true;
+        for m in bs.members.iter_mut().filter(|m| m.kept) {
+            m.kept = false;
+            cancelled += m.pages as u64;
+        }
+        let b_page = moves.iter().map(|&p| bs.members[p].page).collect();
+        let as_ = st.sets.get_mut(&a).expect("picked from the table");
+        as_.busy = true;
+        for &p in &moves {
+            let m = &mut as_.members[p];
+            if m.kept {
+                m.kept = false;
+                cancelled += m.pages as u64;
+            }
+        }
+        let fold = Fold {
+            a,
+            b,
+            group: as_.group,
+            len: bytes(as_.row_pages),
+            a_at: moves
+                .iter()
+                .map(|&p| (as_.members[p].page, as_.members[p].generation))
+                .collect(),
+            b_page,
+            parity: as_.parity.iter().map(|p| (p.page, p.generation)).collect(),
+            moves,
+        };
+        // k > 1 here (replication does not compact): a kept copy weighs its pages.
+        st.kept_pages -= cancelled;
+        st.hole_pages += cancelled;
+        fold
+    }
+
+    /// Runs the fold's two-phase commit on the memory nodes.
+    fn execute(&self, far: &FarMemory, f: &Fold, mode: Mode) -> Result<(), RuntimeError> {
+        let (k, m) = (self.c.k, self.c.m);
+        let g = self.c.place.group(f.group);
+        let txn = TxnId(self.compaction.next_txn.fetch_add(1, Ordering::Relaxed) + 1);
+        let link = |pos: usize| far.regions.client(g.regions[pos]);
+        let data: Vec<(Arc<FarRegion>, Link)> = f.moves.iter().map(|&p| link(p)).collect::<Result<_, _>>()?;
+        let parity: Vec<(Arc<FarRegion>, Link)> = (k..k + m).map(link).collect::<Result<_, _>>()?;
+        let member = |r: &FarRegion, page: u32, generation: u64| TxnMember {
+            cap: r.grant.cap,
+            offset: offset(page),
+            len: f.len as u32,
+            generation,
+        };
+        let prepared = (|| -> Result<(), RuntimeError> {
+            let targets = |pos: usize| -> Result<Vec<DeltaTarget>, RuntimeError> {
+                if mode == Mode::Local {
+                    return Ok(Vec::new());
+                }
+                (0..m)
+                    .map(|j| {
+                        let (r, _) = &parity[j];
+                        Ok(DeltaTarget {
+                            addr: r.grant.addr.clone(),
+                            member: TxnMember {
+                                cap: r.grant.cap.apply_delta(),
+                                ..member(r, f.parity[j].0, f.parity[j].1)
+                            },
+                            coef: self
+                                .c
+                                .codec
+                                .coefficient(pos, j)
+                                .map_err(|e| RuntimeError::Config(e.to_string()))?,
+                        })
+                    })
+                    .collect()
+            };
+            let mut tickets = Vec::with_capacity(f.moves.len());
+            for (i, &pos) in f.moves.iter().enumerate() {
+                let (r, c) = &data[i];
+                let op = TxnOp::Move {
+                    to: member(r, f.a_at[i].0, f.a_at[i].1),
+                    from_cap: r.grant.cap,
+                    from: offset(f.b_page[i]),
+                    return_delta: mode == Mode::Local,
+                    targets: targets(pos)?,
+                };
+                tickets.push(c.send_prepare(txn, op, &[])?);
+            }
+            let mut deltas = vec![vec![0u8; f.len]; m];
+            let mut delta = vec![0u8; f.len];
+            for (i, t) in tickets.into_iter().enumerate() {
+                let (_, c) = &data[i];
+                if mode == Mode::Local {
+                    c.wait_prepare(t, Some(&mut delta))?;
+                    for (j, d) in deltas.iter_mut().enumerate() {
+                        self.c
+                            .codec
+                            .apply_delta(f.moves[i], j, &delta, d)
+                            .map_err(|e| RuntimeError::Config(e.to_string()))?;
+                    }
+                } else {
+                    c.wait_prepare(t, None)?;
+                }
+            }
+            if mode == Mode::Local {
+                let mut tickets = Vec::with_capacity(m);
+                for (j, (r, c)) in parity.iter().enumerate() {
+                    let op = TxnOp::Apply {
+                        to: member(r, f.parity[j].0, f.parity[j].1),
+                    };
+                    tickets.push(c.send_prepare(txn, op, &deltas[j])?);
+                }
+                for (j, t) in tickets.into_iter().enumerate() {
+                    parity[j].1.wait_prepare(t, None)?;
+                }
+            }
+            Ok(())
+        })();
+        let everyone = data.iter().chain(parity.iter());
+        if let Err(e) = prepared {
+            for (r, c) in everyone {
+                let _ = c.abort(r.grant.cap, txn);
+            }
+            return Err(e);
+        }
+        // Decided: every participant prepared.
+        for (r, c) in everyone {
+            let mut done = false;
+            for attempt in 0..COMMIT_ATTEMPTS {
+                match c.commit(r.grant.cap, txn) {
+                    Ok(()) => {
+                        done = true;
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(
+                            "{}: commit on {} failed ({e}), attempt {attempt}",
+                            self.c.name,
+                            r.grant.addr
+                        );
+                        std::thread::sleep(Duration::from_millis(20 << attempt));
+                    }
+                }
+            }
+            if !done {
+                // Its member is rebuilt from the others, which committed.
+                self.c.place.suspects.suspect(r.grant.node);
+            }
+        }
+        Ok(())
+    }
+
+    /// Records a fold's outcome: on commit, a holds b's spans and b is given
+    /// back; either way both stop being busy.
+    fn finish_fold(&self, far: &FarMemory, f: &Fold, committed: bool) {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        if !committed {
+            self.compaction.aborted.fetch_add(1, Ordering::Relaxed);
+            for id in [f.a, f.b] {
+                if let Some(ss) = st.sets.get_mut(&id) {
+                    ss.busy = false;
+                }
+            }
+            drop(guard);
+            self.idle.notify_all();
+            for id in [f.a, f.b] {
+                self.release_busy_if_empty(far, id);
+            }
+            return;
+        }
+        let regions = self.c.place.group(f.group).regions;
+        let b = st.sets.remove(&f.b).expect("a busy spanset stays in the table");
+        let a = st.sets.get_mut(&f.a).expect("a busy spanset stays in the table");
+        st.hole_pages -= a.hole_pages() + b.hole_pages();
+        for &p in &f.moves {
+            let bm = b.members[p];
+            let am = &mut a.members[p];
+            st.by_span.remove(&(regions[p], am.name));
+            am.name = bm.name;
+            am.live = bm.live;
+            am.kept = false;
+            am.sum = bm.sum;
+            am.generation += 1;
+            st.by_span.insert((regions[p], bm.name), (f.a, p));
+        }
+        for par in &mut a.parity {
+            par.generation += 1;
+            par.sum = None;
+        }
+        for (p, bm) in b.members.iter().enumerate() {
+            if bm.pages > 0 && !f.moves.contains(&p) {
+                st.by_span.remove(&(regions[p], bm.name));
+            }
+        }
+        st.hole_pages += a.hole_pages();
+        a.busy = false;
+        let a_empty = !a.members.iter().any(|m| m.live);
+        self.compaction.folds.fetch_add(1, Ordering::Relaxed);
+        self.compaction.freed_pages.fetch_add(b.far_pages(), Ordering::Relaxed);
+        self.compaction.dead_pages.fetch_add(
+            b.members
+                .iter()
+                .enumerate()
+                .filter(|(p, m)| !f.moves.contains(p) && m.pages > 0)
+                .map(|(_, m)| m.pages as u64)
+                .sum(),
+            Ordering::Relaxed,
+        );
+        let b = if b.readers > 0 {
+            st.retired.insert(f.b, b);
+            None
+        } else {
+            Some(b)
+        };
+        let a = if a_empty { self.remove_set(st, f.a) } else { None };
+        drop(guard);
+        self.idle.notify_all();
+        for ss in [b, a].into_iter().flatten() {
+            self.free_far(far, &ss);
+        }
+    }
+
+    /// Frees spanset `id` if nothing in it is live (its spans left while it
+    /// was busy) and nobody holds it busy.
+    fn release_busy_if_empty(&self, far: &FarMemory, id: u64) {
+        let mut st = self.lock();
+        let empty = st
+            .sets
+            .get(&id)
+            .is_some_and(|ss: &Spanset| !ss.busy && !ss.members.iter().any(|m| m.live));
+        let ss = if empty { self.remove_set(&mut st, id) } else { None };
+        drop(st);
+        if let Some(ss) = ss {
+            self.free_far(far, &ss);
+        }
+    }
+}

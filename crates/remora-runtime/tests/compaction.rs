@@ -1,0 +1,179 @@
+//! Remote compaction (`ec-batch-local`, `ec-batch-remote`) on in-process
+//! memory nodes: folds give far memory back, every object keeps its bytes,
+//! and parity updated by deltas still decodes every span once a node is
+//! gone. (Real processes: `tests/compaction.rs` of the workspace.)
+
+use std::time::{Duration, Instant};
+
+use remora_memnode::InProcessCluster;
+use remora_runtime::scheme::SchemeOptions;
+use remora_runtime::{RemBox, Remotable, Runtime, RuntimeConfig, Stats, scheme};
+
+const KIB: u64 = 1 << 10;
+const MIB: usize = 1 << 20;
+
+#[derive(Clone, Copy)]
+struct Obj {
+    id: u64,
+    version: u64,
+    words: [u64; 126],
+}
+// SAFETY: integers only.
+unsafe impl Remotable for Obj {}
+
+fn obj(id: u64, version: u64) -> Obj {
+    Obj {
+        id,
+        version,
+        words: std::array::from_fn(|i| (id << 20 | i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ version),
+    }
+}
+
+fn runtime(c: &InProcessCluster, name: &str, threads: usize) -> Runtime {
+    let opts = SchemeOptions {
+        compaction_threads: threads,
+        ..SchemeOptions::default()
+    };
+    let mut cfg = RuntimeConfig::new("unused:0", MIB);
+    cfg.scheme = scheme::make(name, &opts).expect("known scheme");
+    cfg.patience = Duration::from_secs(5);
+    Runtime::with_backend(cfg, c.backend()).expect("runtime starts")
+}
+
+/// Fills 8 MiB of objects under a 1 MiB budget, then rewrites three in
+/// four runs of 16 objects (about a span each): their spans come back dirty
+/// and leave spansets with about one live span and three holes.
+fn holey(rt: &Runtime) -> Vec<RemBox<Obj>> {
+    let n = 8 * KIB;
+    let mut objs: Vec<RemBox<Obj>> = (0..n).map(|i| rt.alloc(obj(i, 0)).unwrap()).collect();
+    rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
+    for (i, o) in objs.iter_mut().enumerate().filter(|(i, _)| version(*i) == 1) {
+        let scope = rt.scope();
+        *o.deref_mut(&scope).unwrap() = obj(i as u64, 1);
+    }
+    rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
+    objs
+}
+
+fn version(i: usize) -> u64 {
+    u64::from((i / 16) % 4 != 0)
+}
+
+fn verify(rt: &Runtime, objs: &[RemBox<Obj>]) {
+    let mut scope = rt.scope();
+    for (i, o) in objs.iter().enumerate() {
+        let got = o.deref(&scope).unwrap_or_else(|e| panic!("object {i}: {e}"));
+        let want = obj(i as u64, version(i));
+        assert!(
+            got.id == want.id && got.version == want.version && got.words == want.words,
+            "object {i}: wrong bytes"
+        );
+        if i % 64 == 0 {
+            scope.renew();
+        }
+    }
+}
+
+/// Waits until compaction has run and found nothing more to fold for a while.
+fn settle(rt: &Runtime) -> Stats {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = rt.stats();
+    let mut quiet_since = Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_millis(100));
+        let st = rt.stats();
+        if st.compactions != last.compactions {
+            quiet_since = Instant::now();
+        }
+        last = st;
+        if last.compactions > 0 && quiet_since.elapsed() > Duration::from_millis(500) {
+            return last;
+        }
+        assert!(Instant::now() < deadline, "compaction never settled: {last:?}");
+    }
+}
+
+fn far_per_live(st: &Stats) -> f64 {
+    st.remote_bytes_used as f64 / st.live_bytes.max(1) as f64
+}
+
+fn gives_back_far_memory(name: &str) {
+    // Without compaction, as a yardstick from the same workload.
+    let c0 = InProcessCluster::new(7, 32, 2 * MIB as u64);
+    let rt0 = runtime(&c0, name, 0);
+    let objs0 = holey(&rt0);
+    std::thread::sleep(Duration::from_millis(300));
+    let without = rt0.stats();
+    assert_eq!(without.compactions, 0);
+    drop(objs0);
+    drop(rt0);
+
+    let c = InProcessCluster::new(7, 32, 2 * MIB as u64);
+    let rt = runtime(&c, name, 2);
+    let objs = holey(&rt);
+    let st = settle(&rt);
+    assert!(
+        st.compacted_bytes_freed > 0 && st.compacted_dead_bytes > 0,
+        "{name}: nothing given back: {st:?}"
+    );
+    assert!(
+        far_per_live(&st) < far_per_live(&without),
+        "{name}: far memory per live byte {:.2} with compaction, {:.2} without",
+        far_per_live(&st),
+        far_per_live(&without)
+    );
+    assert!(
+        st.txn_requests > 0,
+        "{name}: transactions are counted at the transport: {st:?}"
+    );
+    // Parity changed by deltas must decode: lose a node of the folded
+    // spansets (without the manager's notice, so nothing is rebuilt) and
+    // read everything, spans on it by decoding.
+    let victim = rt.regions()[0].1.node;
+    c.node(victim).unwrap().kill(false);
+    verify(&rt, &objs);
+    let after = rt.stats();
+    assert!(
+        after.degraded_reads > 0,
+        "{name}: no read went around the dead node: {after:?}"
+    );
+}
+
+#[test]
+fn local_compaction_gives_back_far_memory() {
+    gives_back_far_memory("ec-batch-local");
+}
+
+#[test]
+fn remote_compaction_gives_back_far_memory() {
+    gives_back_far_memory("ec-batch-remote");
+}
+
+#[test]
+fn remote_compaction_counts_deltas_between_memory_nodes() {
+    let c = InProcessCluster::new(7, 32, 2 * MIB as u64);
+    let rt = runtime(&c, "ec-batch-remote", 2);
+    let objs = holey(&rt);
+    let st = settle(&rt);
+    let peer = remora_proto::msg::PeerTraffic::sum(c.nodes().iter().map(|n| n.peer_traffic()));
+    assert!(
+        peer.delta_bytes > 0 && peer.delta_applies >= st.compactions,
+        "deltas crossed between memory nodes: {peer:?} for {st:?}"
+    );
+    verify(&rt, &objs);
+}
+
+#[test]
+fn failed_prepares_abort_folds_and_lose_nothing() {
+    let c = InProcessCluster::new(7, 32, 2 * MIB as u64);
+    let rt = runtime(&c, "ec-batch-local", 2);
+    let objs = holey(&rt);
+    // A parity node of the first stripe group refuses its next requests:
+    // folds there fail before their commit point and are aborted, and
+    // later ones go through.
+    let parity_node = rt.regions()[4].1.node;
+    c.node(parity_node).unwrap().fail_next(20);
+    let st = settle(&rt);
+    assert!(st.compactions_aborted > 0, "no fold met the failing node: {st:?}");
+    verify(&rt, &objs);
+}
