@@ -61,7 +61,7 @@ enum BenchCmd {
     /// Swap-in READ latency on an idle memory node vs under eviction WRITEs, with and without lanes.
     Lanes(remora_bench::net::lanes::LanesArgs),
     /// Paper §5.1 microbenchmark: Zipf-skewed object accesses over a remotable array, per scheme.
-    Micro(remora_bench::micro::MicroArgs),
+    Micro(Box<remora_bench::micro::MicroArgs>),
     /// Runtime costs: local-hit deref vs a plain reference, span swap-in vs a raw READ.
     Runtime(remora_bench::runtime_bench::RuntimeArgs),
     /// Eviction drain rate: fill local memory, lower the budget, time until eviction has drained it.

@@ -222,6 +222,11 @@ pub struct MicroArgs {
     /// Also write the results as JSON (`{"results":[...]}`, one record per scheme and rate) to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Compaction threads of the compacting schemes (ec-batch-local, ec-batch-remote); a list
+    /// such as `0,2` runs each compacting scheme once per count, labelled `NAME:cN`. Default: the
+    /// runtime's, 2.
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(0..=16))]
+    pub compaction_threads: Vec<u32>,
     /// Kill -9 one memory node holding the scheme's far data this long into each redundant
     /// scheme's first measured run (each scheme kills a node of its own; the cluster gets one
     /// spare per scheme). Schemes without redundancy (`non-ft`) run without a kill.
@@ -242,7 +247,7 @@ impl MicroArgs {
 
     /// The schemes to run, `all` expanded.
     pub fn scheme_names(&self) -> Vec<String> {
-        schemes::expand(&self.schemes)
+        schemes::expand(&self.schemes, &self.compaction_threads)
     }
 
     /// The file `--sweep` draws to.

@@ -32,6 +32,8 @@ fn obj(id: u64, version: u64) -> Obj {
 fn runtime(c: &InProcessCluster, name: &str, threads: usize) -> Runtime {
     let opts = SchemeOptions {
         compaction_threads: threads,
+        // Fold whenever there is a fold: the test makes few holes.
+        compaction_trigger: 0.0,
         ..SchemeOptions::default()
     };
     let mut cfg = RuntimeConfig::new("unused:0", MIB);

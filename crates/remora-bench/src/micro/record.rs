@@ -44,6 +44,8 @@ pub(crate) struct RemoraFigures {
     /// Bytes memory nodes sent each other (rebuilds) over the run and its
     /// warm-up, as their heartbeats reported them to the manager.
     pub(crate) peer_bytes: u64,
+    /// Of those, parity deltas data nodes sent parity nodes (remote compaction).
+    pub(crate) peer_delta_bytes: u64,
 }
 
 impl RemoraFigures {
@@ -57,7 +59,20 @@ impl RemoraFigures {
     /// memory nodes sent each other (counted where served).
     pub(crate) fn network_bytes(&self) -> u64 {
         let d = &self.delta;
-        d.bytes_read_remote + d.bytes_written_remote + self.peer_bytes
+        d.bytes_read_remote + d.bytes_written_remote + d.txn_bytes + self.peer_bytes
+    }
+
+    /// Bytes compaction moved over the network (deltas to and from the
+    /// compute node, and between memory nodes).
+    pub(crate) fn compaction_bytes(&self) -> u64 {
+        self.delta.txn_bytes + self.peer_delta_bytes
+    }
+
+    /// Compaction bytes per byte of dead data spans compaction freed (the
+    /// paper: about one span-sized transfer per dead span).
+    pub(crate) fn compaction_bytes_per_dead(&self) -> Option<f64> {
+        let d = &self.delta;
+        (d.compacted_dead_bytes > 0).then(|| self.compaction_bytes() as f64 / d.compacted_dead_bytes as f64)
     }
 
     /// Bytes written to memory nodes per byte of data spans evicted: what
@@ -395,6 +410,12 @@ impl Record {
             "spansets_written": d.spansets_written,
             "partial_spansets": d.partial_spansets,
             "peer_bytes": f.peer_bytes,
+            "compactions": f.delta.compactions,
+            "compactions_aborted": f.delta.compactions_aborted,
+            "compacted_bytes_freed": f.delta.compacted_bytes_freed,
+            "compacted_dead_bytes": f.delta.compacted_dead_bytes,
+            "compaction_bytes": f.compaction_bytes(),
+            "compaction_busy_s": f.delta.compaction_busy_ns as f64 / 1e9,
             "network_bytes": f.network_bytes(),
             "live_bytes": f.avg_live,
             "miss_ratio": self.measured_miss_ratio(),
@@ -444,6 +465,13 @@ pub(crate) fn delta(a: &Stats, b: &Stats) -> Stats {
         rebuild_retries: b.rebuild_retries.saturating_sub(a.rebuild_retries),
         spansets_written: b.spansets_written - a.spansets_written,
         partial_spansets: b.partial_spansets - a.partial_spansets,
+        compactions: b.compactions - a.compactions,
+        compactions_aborted: b.compactions_aborted - a.compactions_aborted,
+        compacted_bytes_freed: b.compacted_bytes_freed - a.compacted_bytes_freed,
+        compacted_dead_bytes: b.compacted_dead_bytes - a.compacted_dead_bytes,
+        txn_requests: b.txn_requests - a.txn_requests,
+        txn_bytes: b.txn_bytes - a.txn_bytes,
+        compaction_busy_ns: b.compaction_busy_ns - a.compaction_busy_ns,
         ..b.clone()
     }
 }

@@ -87,6 +87,7 @@ fn figures(first: &Stats, last: &Stats, samples: &[Stats]) -> RemoraFigures {
         avg_local_objects: avg(|s| s.objects.saturating_sub(s.far_objects)),
         level_samples: samples.len() as u64,
         peer_bytes: 0,
+        peer_delta_bytes: 0,
     }
 }
 
@@ -146,8 +147,12 @@ pub(super) fn run_scheme<const W: usize>(
 ) -> anyhow::Result<Vec<Record>> {
     let mut cfg = RuntimeConfig::new(cluster.manager_addr(), usize::try_from(plan.budget)?);
     cfg.name = format!("bench-micro-{scheme}");
-    cfg.scheme =
-        remora_runtime::scheme::make(scheme, &plan.opts).map_err(|e| anyhow!("building scheme {scheme}: {e}"))?;
+    let (name, compaction) = super::schemes::split_label(scheme);
+    let opts = remora_runtime::scheme::SchemeOptions {
+        compaction_threads: compaction.unwrap_or(plan.opts.compaction_threads),
+        ..plan.opts
+    };
+    cfg.scheme = remora_runtime::scheme::make(name, &opts).map_err(|e| anyhow!("building scheme {scheme}: {e}"))?;
     if let Some(t) = args.filtering_threads {
         cfg.filtering_threads = t as usize;
     }
@@ -214,7 +219,7 @@ pub(super) fn run_scheme<const W: usize>(
     // One measured run per load, each after its own warm-up.
     let mut records = Vec::new();
     for (i, &offered) in plan.loads.iter().enumerate() {
-        let peer0 = cluster.peer_traffic().map(|p| p.bytes()).unwrap_or(0);
+        let peer0 = cluster.peer_traffic().unwrap_or_default();
         let redundant = super::schemes::info(scheme).is_some_and(|s| s.redundant);
         let kill = args.kill_at.filter(|_| i == 0 && redundant);
         let measured = std::thread::scope(|s| {
@@ -229,15 +234,13 @@ pub(super) fn run_scheme<const W: usize>(
             None => "closed loop".to_string(),
         })?;
         let sim = super::simulate(args, plan, scheme, &mut run, zipf.as_ref());
+        let peer1 = cluster.peer_traffic().unwrap_or_default();
         records.push(Record {
             scheme: scheme.to_string(),
             fill_time,
             figures: Figures::Remora(Box::new(RemoraFigures {
-                peer_bytes: cluster
-                    .peer_traffic()
-                    .map(|p| p.bytes())
-                    .unwrap_or(0)
-                    .saturating_sub(peer0),
+                peer_bytes: peer1.bytes().saturating_sub(peer0.bytes()),
+                peer_delta_bytes: peer1.delta_bytes.saturating_sub(peer0.delta_bytes),
                 ..figures(&snaps.first, &snaps.last, &snaps.samples)
             })),
             run,

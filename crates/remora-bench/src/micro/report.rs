@@ -270,6 +270,44 @@ pub(crate) fn print_report(args: &MicroArgs, plan: &Plan, records: &[Record], sk
          local room; clean saved: MiB not written thanks to clean re-eviction; local objs: live objects in local \
          spans (average; compare with the ideal LRU's size above)"
     );
+    compaction_table(records, w);
+}
+
+/// What compaction did, for the schemes that compact (paper Table 2).
+fn compaction_table(records: &[Record], w: usize) {
+    let compacting = |r: &&Record| schemes::info(&r.scheme).is_some_and(|i| i.compacts);
+    if !records.iter().any(|r| compacting(&r)) {
+        return;
+    }
+    println!();
+    println!("compaction over the measured phase (paper Table 2)");
+    println!(
+        "{:<w$} {:>10} {:>8} {:>8} {:>10} {:>10} {:>10} {:>9} {:>10} {:>9}",
+        "scheme", "load", "folds", "aborted", "freed MiB", "dead MiB", "net MiB", "net/dead", "peer MiB", "cpu %"
+    );
+    for r in records.iter().filter(compacting) {
+        let Some(f) = r.remora() else { continue };
+        let d = &f.delta;
+        println!(
+            "{:<w$} {:>10} {:>8} {:>8} {:>10.1} {:>10.1} {:>10.1} {:>9} {:>10.1} {:>9.1}",
+            r.scheme,
+            load_label(r.run.offered),
+            d.compactions,
+            d.compactions_aborted,
+            mib(d.compacted_bytes_freed as f64),
+            mib(d.compacted_dead_bytes as f64),
+            mib(f.compaction_bytes() as f64),
+            opt(f.compaction_bytes_per_dead(), 2),
+            mib(f.peer_delta_bytes as f64),
+            100.0 * d.compaction_busy_ns as f64 / r.run.elapsed.as_nanos().max(1) as f64
+        );
+    }
+    println!(
+        "  freed: far bytes folds gave back; dead: of those, dead data spans (holes); net: bytes compaction moved \
+         (deltas to and from the compute node, and between memory nodes, counted at the transport and where \
+         received); peer: of those, between memory nodes; cpu %: compaction threads' busy time on the compute \
+         node, in % of one core (remote-mode memory-node CPU is not measured yet)"
+    );
 }
 
 /// The Redis baseline's own figures.

@@ -96,21 +96,45 @@ impl Spec {
     }
 }
 
-/// The scheme table's entry for `name`.
+/// The scheme table's entry for `name` (a scheme's name, or a label
+/// `NAME:cN` for a compacting scheme run with N compaction threads).
 pub(crate) fn info(name: &str) -> Option<&'static SchemeInfo> {
-    SCHEMES.iter().find(|s| s.name == name)
+    let (base, threads) = split_label(name);
+    SCHEMES
+        .iter()
+        .find(|s| s.name == base)
+        .filter(|s| threads.is_none() || s.compacts)
+}
+
+/// A run label's scheme name and compaction threads: `ec-batch-local:c2`
+/// is ("ec-batch-local", Some(2)); a plain name has `None`.
+pub(crate) fn split_label(label: &str) -> (&str, Option<usize>) {
+    if let Some((base, n)) = label.rsplit_once(":c") {
+        if let Ok(n) = n.parse() {
+            return (base, Some(n));
+        }
+    }
+    (label, None)
 }
 
 /// The `--scheme` list with `all` replaced by every scheme of the table (in
-/// its order), each name kept once, at its first place.
-pub(crate) fn expand(names: &[String]) -> Vec<String> {
+/// its order), each name kept once, at its first place; with compaction
+/// thread counts, each compacting scheme once per count (`NAME:cN`).
+pub(crate) fn expand(names: &[String], compaction: &[u32]) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for n in names {
-        let add: Vec<String> = if n == ALL {
+        let all: Vec<String> = if n == ALL {
             SCHEMES.iter().map(|s| s.name.to_string()).collect()
         } else {
             vec![n.clone()]
         };
+        let add = all.into_iter().flat_map(|a| {
+            if !compaction.is_empty() && info(&a).is_some_and(|i| i.compacts) && split_label(&a).1.is_none() {
+                compaction.iter().map(|c| format!("{a}:c{c}")).collect()
+            } else {
+                vec![a]
+            }
+        });
         for a in add {
             if !out.contains(&a) {
                 out.push(a);
@@ -144,7 +168,7 @@ pub(crate) fn options(ec: Ec, late_binding: bool) -> SchemeOptions {
 pub(crate) fn check_builds(names: &[String], opts: &SchemeOptions) -> Result<(), String> {
     for name in names {
         if let Some(i) = info(name) {
-            make(name, opts).map_err(|e| {
+            make(split_label(name).0, opts).map_err(|e| {
                 if i.erasure_coded {
                     format!("--ec {}+{}: scheme {name} refuses it: {e}", opts.k, opts.m)
                 } else {
@@ -217,24 +241,52 @@ mod tests {
     fn all_expands_to_the_scheme_table_in_order() {
         let table: Vec<String> = SCHEMES.iter().map(|s| s.name.to_string()).collect();
         assert_eq!(table.first().map(String::as_str), Some("non-ft"));
-        assert_eq!(expand(&["all".into()]), table);
+        assert_eq!(expand(&["all".into()], &[]), table);
         // Named schemes keep their place; `all` adds the rest once each;
         // the Redis baseline only when named.
         let mut want = vec!["ec-batch".to_string(), "redis-cache".to_string()];
         want.extend(table.iter().filter(|s| *s != "ec-batch").cloned());
         assert_eq!(
-            expand(&["ec-batch".into(), "redis-cache".into(), "all".into(), "non-ft".into()]),
+            expand(
+                &["ec-batch".into(), "redis-cache".into(), "all".into(), "non-ft".into()],
+                &[]
+            ),
             want
         );
-        assert!(!expand(&["all".into()]).iter().any(|s| s.starts_with("redis")));
-        for s in expand(&["all".into()]) {
+        assert!(!expand(&["all".into()], &[]).iter().any(|s| s.starts_with("redis")));
+        for s in expand(&["all".into()], &[]) {
             assert_eq!(Spec::parse(&s), Some(Spec::Remora(s.clone())));
         }
     }
 
     #[test]
+    fn compaction_thread_counts_expand_compacting_schemes_only() {
+        let got = expand(
+            &["non-ft".into(), "ec-batch-local".into(), "ec-batch-remote".into()],
+            &[0, 2],
+        );
+        assert_eq!(
+            got,
+            [
+                "non-ft",
+                "ec-batch-local:c0",
+                "ec-batch-local:c2",
+                "ec-batch-remote:c0",
+                "ec-batch-remote:c2"
+            ]
+        );
+        for s in &got {
+            assert_eq!(Spec::parse(s), Some(Spec::Remora(s.clone())), "{s}");
+        }
+        assert_eq!(split_label("ec-batch-local:c2"), ("ec-batch-local", Some(2)));
+        assert_eq!(split_label("ec-batch"), ("ec-batch", None));
+        // A count on a scheme that does not compact is not a scheme.
+        assert_eq!(Spec::parse("non-ft:c2"), None);
+    }
+
+    #[test]
     fn schemes_build_with_the_code_or_say_why_not() {
-        let all = expand(&["all".into()]);
+        let all = expand(&["all".into()], &[]);
         assert!(check_builds(&all, &options(Ec { k: 4, m: 2 }, false)).is_ok());
         assert!(check_builds(&all, &options(Ec { k: 6, m: 3 }, false)).is_ok());
         // RS needs a parity span: the erasure-coded schemes refuse m = 0, by name.

@@ -188,7 +188,7 @@ pub trait Scheme: Send + Sync {
 }
 
 /// How to build a scheme: the erasure code and per-scheme switches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SchemeOptions {
     /// Data spans (or fragments) per spanset, for erasure-coded schemes.
     pub k: usize,
@@ -196,9 +196,14 @@ pub struct SchemeOptions {
     pub m: usize,
     /// `ec-split`: read k+1 fragments and decode from the first k to arrive.
     pub late_binding: bool,
-    /// Compaction threads of the compacting schemes (`ec-batch`,
-    /// `ec-batch-local`, `ec-batch-remote`); 0 turns compaction off.
+    /// Compaction threads of the compacting schemes (`ec-batch-local`,
+    /// `ec-batch-remote`); 0 turns compaction off.
     pub compaction_threads: usize,
+    /// Holes' share of the data members' far pages at which compaction
+    /// starts folding; it stops below half of it. Far memory then stays
+    /// within about `(k+m)/k / (1 - trigger)` of the live data. 0: fold
+    /// whenever a fold exists.
+    pub compaction_trigger: f64,
 }
 
 impl Default for SchemeOptions {
@@ -209,6 +214,7 @@ impl Default for SchemeOptions {
             m: 2,
             late_binding: false,
             compaction_threads: 2,
+            compaction_trigger: 0.15,
         }
     }
 }
@@ -224,6 +230,8 @@ pub struct SchemeInfo {
     /// Whether it survives the loss of a memory node (reads around it and
     /// rebuilds what it held).
     pub redundant: bool,
+    /// Whether it runs compaction threads (`SchemeOptions::compaction_threads`).
+    pub compacts: bool,
     make: fn(&SchemeOptions) -> Result<Box<dyn Scheme>, RuntimeError>,
 }
 
@@ -233,6 +241,7 @@ pub const SCHEMES: &[SchemeInfo] = &[
         name: "non-ft",
         about: "one copy, no redundancy",
         erasure_coded: false,
+        compacts: false,
         redundant: false,
         make: |_| Ok(Box::new(NonFt::default())),
     },
@@ -240,6 +249,7 @@ pub const SCHEMES: &[SchemeInfo] = &[
         name: "replication",
         about: "three copies on three distinct memory nodes",
         erasure_coded: false,
+        compacts: false,
         redundant: true,
         make: |_| Ok(Box::new(EcBatch::replication(3)?)),
     },
@@ -247,6 +257,7 @@ pub const SCHEMES: &[SchemeInfo] = &[
         name: "ec-batch",
         about: "RS(k,m) spansets of whole spans; a swap-in is one read",
         erasure_coded: true,
+        compacts: false,
         redundant: true,
         make: |o| Ok(Box::new(EcBatch::new(o.k, o.m)?)),
     },
@@ -254,6 +265,7 @@ pub const SCHEMES: &[SchemeInfo] = &[
         name: "ec-batch-local",
         about: "ec-batch with compaction; the compute node computes parity deltas",
         erasure_coded: true,
+        compacts: true,
         redundant: true,
         make: |o| {
             Ok(Box::new(EcBatch::compacting(
@@ -262,6 +274,7 @@ pub const SCHEMES: &[SchemeInfo] = &[
                 o.m,
                 ec_batch::Mode::Local,
                 o.compaction_threads,
+                o.compaction_trigger,
             )?))
         },
     },
@@ -269,6 +282,7 @@ pub const SCHEMES: &[SchemeInfo] = &[
         name: "ec-batch-remote",
         about: "ec-batch with compaction; memory nodes send parity deltas to each other (2PC)",
         erasure_coded: true,
+        compacts: true,
         redundant: true,
         make: |o| {
             Ok(Box::new(EcBatch::compacting(
@@ -277,6 +291,7 @@ pub const SCHEMES: &[SchemeInfo] = &[
                 o.m,
                 ec_batch::Mode::Remote,
                 o.compaction_threads,
+                o.compaction_trigger,
             )?))
         },
     },
@@ -284,6 +299,7 @@ pub const SCHEMES: &[SchemeInfo] = &[
         name: "ec-split",
         about: "RS(k,m) fragments of each span (Hydra); a swap-in is k reads",
         erasure_coded: true,
+        compacts: false,
         redundant: true,
         make: |o| Ok(Box::new(EcSplit::new(o.k, o.m, o.late_binding)?)),
     },

@@ -51,7 +51,7 @@ pub(crate) enum Mode {
 }
 
 /// Folds picked per look at the spansets.
-const BATCH: usize = 8;
+const BATCH: usize = 32;
 /// How long an idle compaction thread sleeps before looking again.
 const IDLE: Duration = Duration::from_millis(20);
 /// Commit attempts per participant once a fold is decided.
@@ -62,6 +62,11 @@ const COMMIT_ATTEMPTS: usize = 5;
 pub(crate) struct Compaction {
     mode: Option<Mode>,
     threads: usize,
+    /// Holes' share of the data pages at which folding starts (it stops
+    /// below half of it), so folds run in bursts rather than all the time.
+    trigger: f64,
+    /// Between the trigger and its half: whether a burst is under way.
+    active: AtomicBool,
     next_txn: AtomicU64,
     folds: AtomicU64,
     aborted: AtomicU64,
@@ -73,10 +78,11 @@ pub(crate) struct Compaction {
 }
 
 impl Compaction {
-    pub(crate) fn new(mode: Mode, threads: usize) -> Self {
+    pub(crate) fn new(mode: Mode, threads: usize, trigger: f64) -> Self {
         Self {
             mode: Some(mode),
             threads,
+            trigger,
             ..Self::default()
         }
     }
@@ -130,7 +136,7 @@ struct Fold {
 pub(super) fn run(sh: &Arc<Shared>, far: &Arc<FarMemory>, stop: &AtomicBool) {
     let Some(mode) = sh.compaction.mode else { return };
     while !stop.load(Ordering::Acquire) {
-        let folds = sh.pick_folds(BATCH);
+        let folds = sh.pick_folds(far, BATCH);
         if folds.is_empty() {
             sh.compaction.nap();
             continue;
@@ -161,11 +167,26 @@ fn mask(it: impl Iterator<Item = usize>) -> u64 {
 }
 
 impl Shared {
+    /// Whether holes are many enough to fold (with hysteresis).
+    fn worth_folding(&self, far: &FarMemory, st: &State) -> bool {
+        let (k, n) = (self.c.k as f64, self.c.n() as f64);
+        // Data members' pages: far pages in use less the parity's share.
+        let data_pages = far.used_bytes() as f64 / PAGE_SIZE as f64 * k / n;
+        let share = st.hole_pages as f64 / data_pages.max(1.0);
+        let (active, trigger) = (&self.compaction.active, self.compaction.trigger);
+        if share >= trigger {
+            active.store(true, Ordering::Relaxed);
+        } else if share < trigger / 2.0 {
+            active.store(false, Ordering::Relaxed);
+        }
+        active.load(Ordering::Relaxed)
+    }
+
     /// Picks up to `max` folds of disjoint spanset pairs, marks their
     /// spansets busy and cancels the kept copies the folds would break.
-    fn pick_folds(&self, max: usize) -> Vec<Fold> {
+    fn pick_folds(&self, far: &FarMemory, max: usize) -> Vec<Fold> {
         let mut st = self.lock();
-        if st.hole_pages == 0 {
+        if st.hole_pages == 0 || !self.worth_folding(far, &st) {
             return Vec::new();
         }
         let mut usable: HashMap<usize, bool> = HashMap::new();
@@ -200,31 +221,45 @@ impl Shared {
         // Larger rows first: a fold gives back the whole folded spanset.
         let mut keys: Vec<(usize, u32)> = buckets.keys().copied().collect();
         keys.sort_by_key(|&(g, rows)| (std::cmp::Reverse(rows), g));
-        'buckets: for key in keys {
-            let mut v = buckets.remove(&key).unwrap_or_default();
+        for v in buckets.values_mut() {
             v.sort_by_key(|&(id, live, _)| (live.count_ones(), id));
-            for bi in 0..v.len() {
-                let (b, live_b, _) = v[bi];
-                if taken.contains(&b) {
-                    continue;
-                }
-                // The fullest spanset that has holes at all of b's live
-                // positions and is at least as full as b.
-                let a = v[bi + 1..]
-                    .iter()
-                    .rev()
-                    .find(|&&(a, live_a, holes_a)| {
-                        !taken.contains(&a) && live_a & live_b == 0 && holes_a & live_b == live_b
-                    })
-                    .map(|&(a, ..)| a);
-                if let Some(a) = a {
-                    taken.insert(a);
-                    taken.insert(b);
-                    pairs.push((a, b, live_b));
-                    if pairs.len() == max {
-                        break 'buckets;
+        }
+        // Spansets with few live spans first: each moved span costs about a
+        // span of deltas, each hole of the folded spanset is what is won.
+        // Up to k/2 live spans only when none of those folds.
+        let k = self.c.k as u32;
+        'limits: for limit in [(k / 4).max(1), (k / 2).max(1)] {
+            for key in &keys {
+                let v = &buckets[key];
+                for bi in 0..v.len() {
+                    let (b, live_b, _) = v[bi];
+                    if live_b.count_ones() > limit {
+                        break;
+                    }
+                    if taken.contains(&b) {
+                        continue;
+                    }
+                    // The fullest spanset that has holes at all of b's live
+                    // positions and is at least as full as b.
+                    let a = v[bi + 1..]
+                        .iter()
+                        .rev()
+                        .find(|&&(a, live_a, holes_a)| {
+                            !taken.contains(&a) && live_a & live_b == 0 && holes_a & live_b == live_b
+                        })
+                        .map(|&(a, ..)| a);
+                    if let Some(a) = a {
+                        taken.insert(a);
+                        taken.insert(b);
+                        pairs.push((a, b, live_b));
+                        if pairs.len() == max {
+                            break 'limits;
+                        }
                     }
                 }
+            }
+            if !pairs.is_empty() {
+                break;
             }
         }
         pairs

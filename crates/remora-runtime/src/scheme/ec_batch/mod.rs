@@ -198,9 +198,15 @@ impl EcBatch {
         m: usize,
         mode: compaction::Mode,
         threads: usize,
+        trigger: f64,
     ) -> Result<Self, RuntimeError> {
         let threads = if k > 1 { threads } else { 0 };
-        Self::build(name, k, m, Compaction::new(mode, threads))
+        if !(0.0..1.0).contains(&trigger) {
+            return Err(RuntimeError::Config(format!(
+                "{name}: compaction trigger {trigger} is not a share in [0, 1)"
+            )));
+        }
+        Self::build(name, k, m, Compaction::new(mode, threads, trigger))
     }
 
     /// `replication`: `copies` copies of each span on distinct nodes.
