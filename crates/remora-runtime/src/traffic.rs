@@ -72,6 +72,12 @@ impl MemTransport for Counted {
                 let n: usize = payload.iter().map(|p| p.len()).sum();
                 tr.bytes_written.fetch_add(n as u64, Ordering::Relaxed);
             }
+            // New bytes for a member changed in place (ec-2pc) are written
+            // too, though the memory node holds them until the commit.
+            MemRequest::Prepare { .. } => {
+                let n: usize = payload.iter().map(|p| p.len()).sum();
+                tr.bytes_written.fetch_add(n as u64, Ordering::Relaxed);
+            }
             _ => {}
         }
         Ok(t)

@@ -304,7 +304,7 @@ impl Shared {
                             lens: cands.iter().map(|&p| ss.at(p).1 as u32).collect(),
                             out_len: out_len as u32,
                         };
-                        (r, ss.sum(pos))
+                        (r, Some(ss.sum(pos)))
                     })
                 })
                 .collect()

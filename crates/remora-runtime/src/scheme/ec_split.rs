@@ -485,7 +485,7 @@ impl Shared {
                         lens: vec![f.len as u32; cands.len()],
                         out_len: f.len as u32,
                     };
-                    rows.push((r, f.sums[pos]));
+                    rows.push((r, Some(f.sums[pos])));
                 }
             }
             rows

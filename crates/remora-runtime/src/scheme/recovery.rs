@@ -158,13 +158,14 @@ pub(crate) struct Lost {
 
 /// Rebuilds `lost` on a replacement region and rebinds its region index
 /// there; returns the bytes rebuilt. `rows(survivors)` lists what to
-/// rebuild, with each shard's checksum as written: a row's `offsets` and
+/// rebuild, with each shard's checksum as written (`None` where the scheme
+/// does not know it: parity updated in place): a row's `offsets` and
 /// `lens` follow `survivors`, the positions read.
 pub(crate) fn rebuild(
     far: &FarMemory,
     place: &Placement,
     lost: &Lost,
-    rows: impl FnOnce(&[usize]) -> Vec<(RebuildRow, u64)>,
+    rows: impl FnOnce(&[usize]) -> Vec<(RebuildRow, Option<u64>)>,
 ) -> Result<u64, RuntimeError> {
     let start = Instant::now();
     let grant = place.replacement(far, lost.group)?;
@@ -182,7 +183,7 @@ fn rebuild_on(
     place: &Placement,
     lost: &Lost,
     grant: RegionGrant,
-    rows: impl FnOnce(&[usize]) -> Vec<(RebuildRow, u64)>,
+    rows: impl FnOnce(&[usize]) -> Vec<(RebuildRow, Option<u64>)>,
     start: Instant,
 ) -> Result<u64, RuntimeError> {
     let &Lost {
@@ -227,7 +228,7 @@ fn rebuild_on(
         // Keep requests near REBUILD_REQUEST_BYTES of rows each.
         a.0.offset / REBUILD_REQUEST_BYTES == b.0.offset / REBUILD_REQUEST_BYTES
     }) {
-        let (rows, expect): (Vec<RebuildRow>, Vec<u64>) = batch.iter().cloned().unzip();
+        let (rows, expect): (Vec<RebuildRow>, Vec<Option<u64>>) = batch.iter().cloned().unzip();
         let offsets: Vec<u64> = rows.iter().map(|r| r.offset).collect();
         let (n, sums) = client.rebuild(
             grant.cap,
@@ -238,7 +239,7 @@ fn rebuild_on(
             rows,
             Duration::from_secs(120),
         )?;
-        if let Some(i) = (0..expect.len()).find(|&i| sums.get(i) != Some(&expect[i])) {
+        if let Some(i) = (0..expect.len()).find(|&i| expect[i].is_some_and(|e| sums.get(i) != Some(&e))) {
             return Err(RuntimeError::DataLost(format!(
                 "rebuilt shard {pos} of group {g} at offset {} failed its checksum",
                 offsets[i]
