@@ -120,9 +120,6 @@ struct Shared {
     /// Signalled when a spanset's transaction or degraded read ends.
     idle: Condvar,
     next_txn: AtomicU64,
-    /// Transactions committed and aborted, for tests and reports.
-    commits: AtomicU64,
-    aborts: AtomicU64,
 }
 
 /// Erasure-coded spansets of reusable slots, parity updated by 2PC.
@@ -147,18 +144,8 @@ impl Ec2pc {
                 st: Mutex::new(State::default()),
                 idle: Condvar::new(),
                 next_txn: AtomicU64::new(0),
-                commits: AtomicU64::new(0),
-                aborts: AtomicU64::new(0),
             }),
         })
-    }
-
-    /// Transactions committed and aborted so far.
-    pub fn transactions(&self) -> (u64, u64) {
-        (
-            self.sh.commits.load(Ordering::Relaxed),
-            self.sh.aborts.load(Ordering::Relaxed),
-        )
     }
 }
 
@@ -404,11 +391,16 @@ impl Shared {
         Ok(id)
     }
 
-    /// Frees a spanset just written (a later part of the same swap-out failed).
-    fn unplace(&self, far: &FarMemory, id: u64) {
+    /// Gives up the first `spans` slots of a spanset just written (a later
+    /// part of the same swap-out failed); its other slots may meanwhile be
+    /// filling for another swap-out.
+    fn unplace(&self, far: &FarMemory, id: u64, spans: usize) {
         let mut st = self.lock();
         if let Some(ss) = st.sets.get_mut(&id) {
-            ss.slots.iter_mut().for_each(|s| *s = Slot::Free);
+            ss.slots[..spans]
+                .iter_mut()
+                .filter(|s| **s == Slot::Live)
+                .for_each(|s| *s = Slot::Free);
         }
         let dead = self.take_if_dead(&mut st, id);
         drop(st);
@@ -449,32 +441,48 @@ impl Scheme for Ec2pc {
         for run in order.chunk_by(|&a, &b| spans[a].len() == spans[b].len()) {
             let pages = (spans[run[0]].len() / PAGE_SIZE) as u32;
             let mut left = run;
-            while let Some((id, slots)) = (!left.is_empty()).then(|| sh.claim(pages, left.len())).flatten() {
-                let (now, rest) = left.split_at(slots.len());
-                let picks: Vec<(usize, usize)> = slots.into_iter().zip(now.iter().copied()).collect();
-                match sh.fill(far, id, &picks, spans, sums) {
-                    Ok(addrs) => {
-                        for (&(_, i), at) in picks.iter().zip(addrs) {
-                            out[i] = at;
-                            filled.push(at);
-                        }
-                    }
-                    Err(e) => {
-                        tracing::debug!("{}: filling spanset {id} failed ({e}); writing a new one", sh.c.name);
-                        fresh.extend_from_slice(now);
+            for unwritten in [false, true] {
+                if unwritten {
+                    // A first fill of an unwritten slot writes twice (zeros,
+                    // then the span): cheaper than a new spanset of j spans,
+                    // (j+m)/j, only for j <= m.
+                    let whole = left.len() / sh.c.k * sh.c.k;
+                    fresh.extend_from_slice(&left[..whole]);
+                    left = &left[whole..];
+                    if left.len() > sh.c.m {
+                        break;
                     }
                 }
-                left = rest;
+                while let Some((id, slots)) = (!left.is_empty())
+                    .then(|| sh.claim(pages, left.len(), unwritten))
+                    .flatten()
+                {
+                    let (now, rest) = left.split_at(slots.len());
+                    let picks: Vec<(usize, usize)> = slots.into_iter().zip(now.iter().copied()).collect();
+                    match sh.fill(far, id, &picks, spans, sums) {
+                        Ok(addrs) => {
+                            for (&(_, i), at) in picks.iter().zip(addrs) {
+                                out[i] = at;
+                                filled.push(at);
+                            }
+                        }
+                        Err(e) => {
+                            tracing::debug!("{}: filling spanset {id} failed ({e}); writing a new one", sh.c.name);
+                            fresh.extend_from_slice(now);
+                        }
+                    }
+                    left = rest;
+                }
             }
             fresh.extend_from_slice(left);
         }
         fresh.sort_by_key(|&i| std::cmp::Reverse(spans[i].len()));
-        let mut placed: Vec<u64> = Vec::new();
+        let mut placed: Vec<(u64, usize)> = Vec::new();
         for run in fresh.chunk_by(|&a, &b| spans[a].len() == spans[b].len()) {
             for chunk in run.chunks(sh.c.k) {
                 match sh.write_new(far, spans, sums, chunk) {
                     Ok(id) => {
-                        placed.push(id);
+                        placed.push((id, chunk.len()));
                         for (p, &i) in chunk.iter().enumerate() {
                             out[i] = sh.addr(id, p).ok_or_else(|| {
                                 RuntimeError::DataLost(format!("{}: spanset {id} vanished", sh.c.name))
@@ -484,8 +492,8 @@ impl Scheme for Ec2pc {
                     Err(e) => {
                         // All or nothing: the caller keeps every span local,
                         // so what was written becomes free again.
-                        for id in placed {
-                            sh.unplace(far, id);
+                        for (id, spans) in placed {
+                            sh.unplace(far, id, spans);
                         }
                         for at in filled {
                             sh.unlive(far, at, false);
@@ -588,10 +596,6 @@ impl Scheme for Ec2pc {
 
     fn stop(&self) {
         self.sh.c.recovery.stop();
-    }
-
-    fn remote_bytes_used(&self, far: &FarMemory) -> u64 {
-        far.used_bytes()
     }
 
     fn report(&self) -> SchemeReport {

@@ -51,10 +51,10 @@ fn failure(e: RpcError, node: NodeId) -> Failure {
 }
 
 impl Shared {
-    /// Picks a spanset of `pages`-page members with free slots for up to
-    /// `want` spans, marks it busy and the slots filling; returns it and
-    /// the slots (free ones before unwritten ones, which need zeroing).
-    pub(super) fn claim(&self, pages: u32, want: usize) -> Option<(u64, Vec<usize>)> {
+    /// Picks a spanset of `pages`-page members with free slots (unwritten
+    /// ones too if `unwritten`) for up to `want` spans, marks it busy;
+    /// returns it and the slots (free ones first: unwritten ones need zeroing).
+    pub(super) fn claim(&self, pages: u32, want: usize, unwritten: bool) -> Option<(u64, Vec<usize>)> {
         let n = self.c.n();
         let mut st = self.lock();
         st.cooling.retain(|_, t| t.elapsed() < SUSPECT_FOR);
@@ -67,7 +67,7 @@ impl Shared {
             let free = ss
                 .slots
                 .iter()
-                .filter(|s| matches!(s, Slot::Free | Slot::Unwritten))
+                .filter(|&&s| s == Slot::Free || (unwritten && s == Slot::Unwritten))
                 .count();
             if free == 0 || best.is_some_and(|(_, f)| f >= free.min(want)) {
                 continue;
@@ -82,7 +82,7 @@ impl Shared {
         let (id, count) = best?;
         let ss = st.sets.get_mut(&id)?;
         let mut slots: Vec<usize> = (0..self.c.k).filter(|&p| ss.slots[p] == Slot::Free).collect();
-        slots.extend((0..self.c.k).filter(|&p| ss.slots[p] == Slot::Unwritten));
+        slots.extend((0..self.c.k).filter(|&p| unwritten && ss.slots[p] == Slot::Unwritten));
         slots.truncate(count);
         ss.busy = true;
         Some((id, slots))
@@ -156,7 +156,6 @@ impl Shared {
                         ss.doubt[p] = true;
                     }
                 }
-                self.commits.fetch_add(1, Ordering::Relaxed);
                 Ok(picks
                     .iter()
                     .map(|&(p, _)| SpanAddr {
@@ -178,7 +177,6 @@ impl Shared {
                     self.c.place.suspects.suspect(node);
                 }
                 st.cooling.insert(group, Instant::now());
-                self.aborts.fetch_add(1, Ordering::Relaxed);
                 Err(f.err)
             }
         };
