@@ -63,6 +63,13 @@ fn ec_split_survives_kill_during_workload() {
     kill_during_workload("ec-split", 1.5, 4);
 }
 
+/// ec-2pc: freed slots are refilled by two-phase commit while the node
+/// dies; transactions on its spansets abort or stand, and nothing is lost.
+#[test]
+fn ec_2pc_survives_kill_during_workload() {
+    kill_during_workload("ec-2pc", 1.5, 1);
+}
+
 /// `reads` is the read requests a swap-in takes while every node is healthy.
 fn kill_during_workload(name: &str, amp: f64, reads: u64) {
     let c = quick_cluster(7, 64 << 20, 8 << 20);
@@ -175,6 +182,13 @@ fn kill_during_workload(name: &str, amp: f64, reads: u64) {
         "{name}: survivors reported {:?} for {st:?}",
         c.peer_traffic()
     );
+    if name == "ec-2pc" {
+        // Rewritten spans went back into freed slots: parity nodes got deltas.
+        let refilled = c.wait_until(Duration::from_secs(10), "deltas reported", |s| {
+            PeerTraffic::sum(s.memory_nodes.iter().map(|m| m.peer)).delta_applies > 0
+        });
+        assert!(refilled.is_ok(), "no slot refilled in place: {:?}", c.peer_traffic());
+    }
     // `reads` per normal swap-in; a degraded one adds at most k (ec-batch:
     // k survivors; counted at the transport, the plain read that failed
     // also went out) or m (ec-split: parity fragments for failed ones).
@@ -201,7 +215,7 @@ fn kill_during_workload(name: &str, amp: f64, reads: u64) {
 #[cfg(feature = "fault-injection")]
 #[test]
 fn unreachable_node_is_served_by_degraded_reads() {
-    for name in ["ec-batch", "replication", "ec-split"] {
+    for name in ["ec-batch", "replication", "ec-split", "ec-2pc"] {
         unreachable_node(name);
     }
 }
@@ -244,7 +258,7 @@ fn unreachable_node(name: &str) {
 #[cfg(feature = "fault-injection")]
 #[test]
 fn corrupt_far_spans_are_detected_and_repaired() {
-    for name in ["ec-batch", "replication", "ec-split"] {
+    for name in ["ec-batch", "replication", "ec-split", "ec-2pc"] {
         corrupt_and_repair(name);
     }
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use remora_proto::msg::{MemRequest, MemResponse};
+use remora_proto::msg::{MemRequest, MemResponse, TxnOp};
 use remora_proto::rpc::Ticket;
 use remora_proto::{MemTransport, RpcError};
 
@@ -77,10 +77,20 @@ impl MemTransport for Counted {
                 let n: usize = payload.iter().map(|p| p.len()).sum();
                 tr.bytes_written.fetch_add(n as u64, Ordering::Relaxed);
             }
-            MemRequest::Prepare { .. } | MemRequest::Commit { .. } | MemRequest::Abort { .. } => {
+            // A put's bytes (ec-2pc: new data for a member changed in place)
+            // are written data, though the memory node holds them until the
+            // commit; other transaction payloads are deltas (compaction).
+            MemRequest::Prepare { op, .. } => {
                 tr.txn_requests.fetch_add(1, Ordering::Relaxed);
                 let n: usize = payload.iter().map(|p| p.len()).sum();
-                tr.txn_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                if matches!(op, TxnOp::Put { .. }) {
+                    tr.bytes_written.fetch_add(n as u64, Ordering::Relaxed);
+                } else {
+                    tr.txn_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                }
+            }
+            MemRequest::Commit { .. } | MemRequest::Abort { .. } => {
+                tr.txn_requests.fetch_add(1, Ordering::Relaxed);
             }
             _ => {}
         }

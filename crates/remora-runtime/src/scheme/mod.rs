@@ -10,7 +10,10 @@
 //!   (paper §3.4.2);
 //! - `ec-split`: each span cut into k data fragments plus m parity
 //!   fragments on k+m distinct memory nodes (Hydra; paper §3.4, Table 1),
-//!   so a swap-in reads k fragments.
+//!   so a swap-in reads k fragments;
+//! - `ec-2pc`: spansets of fixed slots like `ec-batch`, but a slot freed by
+//!   a swap-in is refilled by a later swap-out, parity updated in place by
+//!   two-phase commit (paper Table 1).
 //!
 //! What every scheme shares lives beside them: `placement` (stripe groups
 //! on distinct nodes, suspects, far space), `recovery` (rebuilding a
@@ -28,6 +31,7 @@
 //! the far span's lock); `release`, `keep`, `reuse` and `drop_kept` never
 //! touch the network.
 
+mod ec_2pc;
 mod ec_batch;
 mod ec_split;
 mod non_ft;
@@ -38,6 +42,7 @@ pub(crate) mod shards;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use ec_2pc::Ec2pc;
 pub use ec_batch::EcBatch;
 pub use ec_split::EcSplit;
 pub use non_ft::NonFt;
@@ -302,6 +307,14 @@ pub const SCHEMES: &[SchemeInfo] = &[
         compacts: false,
         redundant: true,
         make: |o| Ok(Box::new(EcSplit::new(o.k, o.m, o.late_binding)?)),
+    },
+    SchemeInfo {
+        name: "ec-2pc",
+        about: "RS(k,m) spansets whose freed slots are refilled, parity updated by 2PC",
+        erasure_coded: true,
+        compacts: false,
+        redundant: true,
+        make: |o| Ok(Box::new(Ec2pc::new(o.k, o.m)?)),
     },
 ];
 
