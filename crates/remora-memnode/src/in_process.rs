@@ -17,7 +17,9 @@
 //!   timeout, a call times out);
 //! - [`NodeHandle::corrupt_reads`]: reads return bytes with a bit flipped;
 //! - [`NodeHandle::die_after`]: the node dies in the middle of a later
-//!   write, having stored only part of it.
+//!   write, having stored only part of it;
+//! - [`NodeHandle::die_at_txn`]: the node dies at a given step of the
+//!   transactions it takes part in (before or after applying it).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -51,6 +53,11 @@ struct Faults {
     corrupt_reads: AtomicBool,
     /// Data requests left before the node dies mid-request; negative: never.
     die_after: AtomicI64,
+    /// Transaction requests (prepare, commit, abort) left before the node
+    /// dies at one; negative: never.
+    die_at_txn: AtomicI64,
+    /// Whether it dies after applying that request (its reply is lost) or before.
+    die_after_applying: AtomicBool,
 }
 
 impl Default for Faults {
@@ -62,6 +69,8 @@ impl Default for Faults {
             delay_us: AtomicU64::new(0),
             corrupt_reads: AtomicBool::new(false),
             die_after: AtomicI64::new(-1),
+            die_at_txn: AtomicI64::new(-1),
+            die_after_applying: AtomicBool::new(false),
         }
     }
 }
@@ -285,6 +294,15 @@ impl NodeHandle {
     /// write then stores only the first half of its bytes.
     pub fn die_after(&self, n: u64) {
         self.node.faults.die_after.store(n as i64, Ordering::Release);
+    }
+
+    /// The node dies at its transaction request number `n` (0: the next
+    /// prepare, commit or abort it serves), before applying it, or after
+    /// applying it with the reply lost (`after_applying`).
+    pub fn die_at_txn(&self, n: u64, after_applying: bool) {
+        let f = &self.node.faults;
+        f.die_after_applying.store(after_applying, Ordering::Release);
+        f.die_at_txn.store(n as i64, Ordering::Release);
     }
 
     /// What this node has sent to peers so far.
@@ -591,6 +609,17 @@ impl Conn {
             }
             self.node.die();
             return Err(self.broken("node died mid-request"));
+        }
+        let txn = matches!(
+            req,
+            MemRequest::Prepare { .. } | MemRequest::Commit { .. } | MemRequest::Abort { .. }
+        );
+        if txn && f.die_at_txn.load(Ordering::Acquire) >= 0 && f.die_at_txn.fetch_sub(1, Ordering::AcqRel) == 0 {
+            if f.die_after_applying.load(Ordering::Acquire) {
+                let _ = self.node.serve(&self.sh, req, payload);
+            }
+            self.node.die();
+            return Err(self.broken("node died at a transaction step"));
         }
         if f.fail_next.load(Ordering::Acquire) > 0
             && f.fail_next
