@@ -65,7 +65,7 @@ impl MemTransport for Counted {
         let t = self.inner.send(req, payload)?;
         let tr = &self.traffic;
         match req {
-            MemRequest::Read { .. } | MemRequest::ReadV { .. } => {
+            MemRequest::Read { .. } | MemRequest::ReadV { .. } | MemRequest::ReadMember { .. } => {
                 let c = match self.lane {
                     Lane::Swap => &tr.swap_reads,
                     Lane::Evict => &tr.other_reads,

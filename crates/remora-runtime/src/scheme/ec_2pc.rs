@@ -241,6 +241,7 @@ impl Shared {
                     region: g.regions[p],
                     offset: offset(ss.page[p]),
                     len: ss.read_len(k, p),
+                    generation: None,
                 })
                 .collect();
             cands

@@ -196,6 +196,7 @@ impl Shared {
                 region: g.regions[p],
                 offset: offset(loc.pages[p]) + loc.at as u64,
                 len: f,
+                generation: None,
             })
             .collect();
         // Data fragments land in `dest` itself unless the span is padded.

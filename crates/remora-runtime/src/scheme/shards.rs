@@ -109,6 +109,10 @@ pub(crate) struct Shard {
     pub(crate) region: u16,
     pub(crate) offset: u64,
     pub(crate) len: usize,
+    /// The generation the member must hold (read with `ReadMember` and
+    /// refused otherwise, so a decode uses members of one generation);
+    /// `None`: a plain read.
+    pub(crate) generation: Option<u64>,
 }
 
 /// What [`gather`] got.
@@ -125,7 +129,34 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 fn send(far: &FarMemory, s: &Shard) -> Result<(Ticket, Link), RuntimeError> {
     let (r, c) = far.regions.reader(s.region)?;
-    Ok((c.send_read(r.grant.cap, s.offset, s.len)?, c))
+    let t = match s.generation {
+        None => c.send_read(r.grant.cap, s.offset, s.len)?,
+        Some(_) => {
+            let len = u32::try_from(s.len).map_err(|_| RuntimeError::Config("member too large".into()))?;
+            c.send(
+                &MemRequest::ReadMember {
+                    cap: r.grant.cap,
+                    offset: s.offset,
+                    len,
+                },
+                &[],
+            )?
+        }
+    };
+    Ok((t, c))
+}
+
+/// Whether a read's answer is the shard's bytes: data for a plain read, the
+/// member at the wanted generation for a member read.
+fn answered(s: &Shard, r: MemResponse) -> Result<(), RpcError> {
+    match (s.generation, r) {
+        (None, MemResponse::Data) => Ok(()),
+        (Some(want), MemResponse::Member { generation }) if generation == want => Ok(()),
+        (Some(want), MemResponse::Member { generation }) => Err(RpcError::Unexpected(format!(
+            "member at generation {generation}, not {want}"
+        ))),
+        (_, other) => Err(RpcError::Unexpected(format!("{other:?}"))),
+    }
 }
 
 /// Reads candidates (in order of preference) on the swap-in lane until
@@ -183,7 +214,9 @@ pub(crate) fn gather(
             None => {
                 for (i, t, c) in inflight {
                     let d = &mut dests[i][..cands[i].len];
-                    let r = c.wait_read(t, d);
+                    let r = c
+                        .wait(t, Some(d), c.call_timeout())
+                        .and_then(|r| answered(&cands[i], r));
                     arrive(i, r, d, &mut got);
                 }
             }
@@ -192,18 +225,14 @@ pub(crate) fn gather(
                 let (tx, rx) = mpsc::channel();
                 let sent = inflight.len();
                 for (i, t, c) in inflight {
-                    let (tx, len, link) = (tx.clone(), cands[i].len, Arc::clone(&c));
+                    let (tx, len, link, shard) = (tx.clone(), cands[i].len, Arc::clone(&c), cands[i]);
                     let deadline = Instant::now() + c.call_timeout();
                     pool.submit(
                         &link,
                         Box::new(move || {
                             let mut b = vec![0u8; len];
                             let left = deadline.saturating_duration_since(Instant::now());
-                            let r = match c.wait(t, Some(&mut b), left) {
-                                Ok(MemResponse::Data) => Ok(()),
-                                Ok(other) => Err(RpcError::Unexpected(format!("{other:?}"))),
-                                Err(e) => Err(e),
-                            };
+                            let r = c.wait(t, Some(&mut b), left).and_then(|r| answered(&shard, r));
                             let _ = tx.send((i, r, b));
                         }),
                     );

@@ -116,6 +116,14 @@ impl Spanset {
         }
     }
 
+    /// The generation the member at `pos` holds on its node.
+    fn generation(&self, pos: usize) -> u64 {
+        match self.members.get(pos) {
+            Some(m) => m.generation,
+            None => self.parity[pos - self.members.len()].generation,
+        }
+    }
+
     fn set_generation(&mut self, pos: usize, generation: u64) {
         match self.members.get_mut(pos) {
             Some(m) => m.generation = generation,
@@ -419,9 +427,11 @@ impl Shared {
     }
 
     /// Reads the member at `want` of spanset `id` by decoding k survivors
-    /// into `out` (the row length).
+    /// into `out` (the row length). Survivors are read with their
+    /// generation and used only at the one the spanset expects, so a member
+    /// a compaction changed (or failed to change) is never mixed in.
     fn decode(&self, far: &FarMemory, id: u64, want: usize, out: &mut [u8]) -> Result<(), RuntimeError> {
-        let (group, row_pages, at, virt) = {
+        let (group, row_pages, at, virt, gens) = {
             let st = self.lock();
             let ss = st
                 .sets
@@ -431,7 +441,8 @@ impl Shared {
             let virt: Vec<bool> = (0..self.c.n())
                 .map(|p| p < self.c.k && ss.members[p].pages == 0)
                 .collect();
-            (ss.group, ss.row_pages, at, virt)
+            let gens: Vec<u64> = (0..self.c.n()).map(|p| ss.generation(p)).collect();
+            (ss.group, ss.row_pages, at, virt, gens)
         };
         let g = self.c.place.group(group);
         let row_bytes = bytes(row_pages);
@@ -447,6 +458,7 @@ impl Shared {
                 region: g.regions[p],
                 offset: offset(at[p].0),
                 len: at[p].1,
+                generation: Some(gens[p]),
             })
             .collect();
         let mut space = vec![0u8; cands.len() * row_bytes];
