@@ -7,27 +7,13 @@ use std::time::{Duration, Instant};
 
 use remora_memnode::InProcessCluster;
 use remora_runtime::scheme::SchemeOptions;
-use remora_runtime::{RemBox, Remotable, Runtime, RuntimeConfig, Stats, scheme};
+use remora_runtime::{RemBox, Runtime, RuntimeConfig, Stats, scheme};
+
+mod common;
+
+use common::{MIB, Obj, obj};
 
 const KIB: u64 = 1 << 10;
-const MIB: usize = 1 << 20;
-
-#[derive(Clone, Copy)]
-struct Obj {
-    id: u64,
-    version: u64,
-    words: [u64; 126],
-}
-// SAFETY: integers only.
-unsafe impl Remotable for Obj {}
-
-fn obj(id: u64, version: u64) -> Obj {
-    Obj {
-        id,
-        version,
-        words: std::array::from_fn(|i| (id << 20 | i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ version),
-    }
-}
 
 fn runtime(c: &InProcessCluster, name: &str, threads: usize) -> Runtime {
     let opts = SchemeOptions {
@@ -65,11 +51,7 @@ fn verify(rt: &Runtime, objs: &[RemBox<Obj>]) {
     let mut scope = rt.scope();
     for (i, o) in objs.iter().enumerate() {
         let got = o.deref(&scope).unwrap_or_else(|e| panic!("object {i}: {e}"));
-        let want = obj(i as u64, version(i));
-        assert!(
-            got.id == want.id && got.version == want.version && got.words == want.words,
-            "object {i}: wrong bytes"
-        );
+        assert!(common::is(got, i as u64, version(i)), "object {i}: wrong bytes");
         if i % 64 == 0 {
             scope.renew();
         }
@@ -238,11 +220,7 @@ fn a_node_dying_at_any_step_of_a_fold_loses_nothing() {
                         let got = o
                             .deref(&scope)
                             .unwrap_or_else(|e| panic!("{what}: object {i}: {e}; {st:?}"));
-                        let want = obj(i as u64, version(i));
-                        assert!(
-                            got.id == want.id && got.version == want.version && got.words == want.words,
-                            "{what}: object {i}: wrong bytes"
-                        );
+                        assert!(common::is(got, i as u64, version(i)), "{what}: object {i}: wrong bytes");
                         if i % 64 == 0 {
                             scope.renew();
                         }

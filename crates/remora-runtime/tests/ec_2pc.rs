@@ -9,27 +9,11 @@ use std::time::Duration;
 
 use remora_memnode::InProcessCluster;
 use remora_proto::msg::PeerTraffic;
-use remora_runtime::{RemBox, Remotable, Runtime, RuntimeConfig, Stats, scheme};
+use remora_runtime::{RemBox, Runtime, RuntimeConfig, Stats, scheme};
 
-const KIB: usize = 1 << 10;
-const MIB: usize = 1 << 20;
+mod common;
 
-#[derive(Clone, Copy)]
-struct Obj {
-    id: u64,
-    version: u64,
-    words: [u64; 126],
-}
-// SAFETY: integers only.
-unsafe impl Remotable for Obj {}
-
-fn obj(id: u64, version: u64) -> Obj {
-    Obj {
-        id,
-        version,
-        words: std::array::from_fn(|i| (id << 20 | i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ version),
-    }
-}
+use common::{KIB, MIB, Obj, obj};
 
 fn runtime(c: &InProcessCluster, name: &str) -> Runtime {
     let _ = tracing_subscriber::fmt()
