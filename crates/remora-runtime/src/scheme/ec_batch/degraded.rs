@@ -1,0 +1,149 @@
+//! Reading around failures: decoding a span from survivors of one
+//! generation, and rebuilding a dead node's position on a replacement.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use remora_proto::RebuildRow;
+
+use super::{Shared, bytes, offset};
+use crate::error::RuntimeError;
+use crate::far_memory::FarMemory;
+use crate::scheme::SpanAddr;
+use crate::scheme::recovery::{self, Lost};
+use crate::scheme::shards::{self, Shard};
+
+impl Shared {
+    /// Reads the member at `want` of spanset `id` by decoding k survivors
+    /// into `out` (the row length). Survivors are read with their
+    /// generation and used only at the one the spanset expects, so a member
+    /// a compaction changed (or failed to change) is never mixed in.
+    pub(super) fn decode(&self, far: &FarMemory, id: u64, want: usize, out: &mut [u8]) -> Result<(), RuntimeError> {
+        let (group, row_pages, at, virt, gens) = {
+            let st = self.lock();
+            let ss = st
+                .sets
+                .get(&id)
+                .ok_or_else(|| RuntimeError::DataLost(format!("{}: no spanset {id}", self.c.name)))?;
+            let at: Vec<(u32, usize)> = (0..self.c.n()).map(|p| ss.at(p)).collect();
+            let virt: Vec<bool> = (0..self.c.n())
+                .map(|p| p < self.c.k && ss.members[p].pages == 0)
+                .collect();
+            let gens: Vec<u64> = (0..self.c.n()).map(|p| ss.generation(p)).collect();
+            (ss.group, ss.row_pages, at, virt, gens)
+        };
+        let g = self.c.place.group(group);
+        let row_bytes = bytes(row_pages);
+        debug_assert_eq!(out.len(), row_bytes);
+        // Candidates: virtual members cost nothing, then data, then parity.
+        let mut cands: Vec<usize> = (0..self.c.n()).filter(|&p| p != want && !g.failed[p]).collect();
+        cands.sort_by_key(|&p| (!virt[p], p >= self.c.k));
+        let cands: Vec<Shard> = cands
+            .into_iter()
+            .map(|p| Shard {
+                pos: p,
+                node: g.nodes[p],
+                region: g.regions[p],
+                offset: offset(at[p].0),
+                len: at[p].1,
+                generation: Some(gens[p]),
+            })
+            .collect();
+        let mut space = vec![0u8; cands.len() * row_bytes];
+        let mut dests: Vec<&mut [u8]> = space.chunks_mut(row_bytes.max(1)).collect();
+        let got = shards::gather(
+            far,
+            &self.c.place.suspects,
+            &cands,
+            &mut dests,
+            self.c.k,
+            None,
+            &mut |_, _| true,
+        );
+        if got.arrived.len() < self.c.k {
+            return Err(RuntimeError::DataLost(format!(
+                "{} spanset {id}: fewer than {} readable members (more failures than parity covers)",
+                self.c.name, self.c.k
+            )));
+        }
+        let present: Vec<(usize, &[u8])> = got.arrived.iter().map(|&i| (cands[i].pos, &*dests[i])).collect();
+        self.c
+            .codec
+            .decode_data(&present, want, out)
+            .map_err(|e| RuntimeError::DataLost(format!("decode of spanset {id}: {e}")))
+    }
+
+    /// Spanset, data position and row pages of the span named `at`.
+    pub(super) fn locate(&self, at: SpanAddr) -> Result<(u64, usize, u32), RuntimeError> {
+        let st = self.lock();
+        let &(id, pos) = st.by_span.get(&(at.region, at.page)).ok_or_else(|| self.no_span(at))?;
+        Ok((id, pos, st.sets[&id].row_pages))
+    }
+
+    /// Decodes the span named `at` from survivors, holding its spanset's
+    /// lock (a compaction of it waits, and it waits for one).
+    pub(super) fn degraded(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<(), RuntimeError> {
+        loop {
+            let (id, pos, row_pages) = self.locate(at)?;
+            if !self.take_busy(id) {
+                continue; // folded into another spanset meanwhile: look again
+            }
+            if self.lock().by_span.get(&(at.region, at.page)) != Some(&(id, pos)) {
+                self.release_busy(far, id);
+                continue;
+            }
+            let mut out = vec![0u8; bytes(row_pages)];
+            let res = self.decode(far, id, pos, &mut out);
+            self.release_busy(far, id);
+            res?;
+            dest.copy_from_slice(&out[..dest.len()]);
+            self.c.degraded.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
+    }
+
+    /// Rebuilds position `pos` of group `g` on a replacement region (every
+    /// member there, holes included: other members' parity equations need
+    /// them); returns the bytes rebuilt. No compaction runs in the group
+    /// meanwhile, and the rebuilt members start at generation 0 (they were
+    /// written plainly).
+    pub(super) fn recover(&self, far: &FarMemory, lost: &Lost) -> Result<u64, RuntimeError> {
+        let (g, pos) = (lost.group, lost.pos);
+        self.lock().recovering.insert(g);
+        let res = recovery::rebuild(far, &self.c.place, lost, |cands| {
+            let mut st = self.lock();
+            while st.sets.values().any(|ss| ss.group == g && ss.busy) {
+                st = self
+                    .idle
+                    .wait_timeout(st, Duration::from_millis(100))
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+            st.sets
+                .values()
+                .filter(|ss| ss.group == g)
+                .filter_map(|ss| {
+                    let (out_page, out_len) = ss.at(pos);
+                    (out_len > 0).then(|| {
+                        let r = RebuildRow {
+                            offset: offset(out_page),
+                            row_len: bytes(ss.row_pages) as u32,
+                            offsets: cands.iter().map(|&p| offset(ss.at(p).0)).collect(),
+                            lens: cands.iter().map(|&p| ss.at(p).1 as u32).collect(),
+                            out_len: out_len as u32,
+                        };
+                        (r, ss.sum(pos))
+                    })
+                })
+                .collect()
+        });
+        let mut st = self.lock();
+        if res.is_ok() {
+            for ss in st.sets.values_mut().filter(|ss| ss.group == g) {
+                ss.set_generation(pos, 0);
+            }
+        }
+        st.recovering.remove(&g);
+        res
+    }
+}
