@@ -336,7 +336,9 @@ impl Shared {
                 row_pages,
                 members,
                 parity,
-                busy: false,
+                // Until the whole swap-out is placed (see `swap_out`): no
+                // fold may take it before the caller has its names.
+                busy: true,
                 readers: 0,
             },
         );
@@ -375,7 +377,7 @@ impl Scheme for EcBatch {
                 Ok(id) => {
                     placed.push(id);
                     let st = sh.lock();
-                    let ss = &st.sets[&id];
+                    let ss = &st.sets[&id]; // busy: nothing removes it meanwhile
                     let regions = sh.c.place.group(ss.group).regions;
                     for (p, &i) in chunk.iter().enumerate() {
                         out[i] = SpanAddr {
@@ -392,6 +394,10 @@ impl Scheme for EcBatch {
                     return Err(e);
                 }
             }
+        }
+        // Placed: compaction may fold them from now on.
+        for id in placed {
+            sh.release_busy(far, id);
         }
         Ok(out)
     }
