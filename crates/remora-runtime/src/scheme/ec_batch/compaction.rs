@@ -141,6 +141,9 @@ pub(super) fn run(sh: &Arc<Shared>, far: &Arc<FarMemory>, stop: &AtomicBool) {
             sh.compaction.nap();
             continue;
         }
+        // Few folds found: the scan costs more than it wins; let holes
+        // gather before the next one.
+        let few = folds.len() < BATCH / 4;
         for f in folds {
             let start = Instant::now();
             let committed = match sh.execute(far, &f, mode) {
@@ -154,6 +157,9 @@ pub(super) fn run(sh: &Arc<Shared>, far: &Arc<FarMemory>, stop: &AtomicBool) {
             sh.compaction
                 .busy_ns
                 .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
+        if few {
+            sh.compaction.nap();
         }
     }
 }
@@ -209,7 +215,10 @@ impl Shared {
                     .filter(|(_, m)| !m.live && m.pages == ss.row_pages)
                     .map(|(p, _)| p),
             );
-            if live != 0 {
+            // A spanset can only be folded (few live spans) or be folded
+            // into (some holes): most full ones are neither.
+            let foldable = live != 0 && live.count_ones() <= (self.c.k as u32 / 2).max(1);
+            if live != 0 && (foldable || holes != 0) {
                 buckets
                     .entry((ss.group, ss.row_pages))
                     .or_default()
