@@ -11,6 +11,16 @@ fn remora(args: &[&str]) -> std::process::Output {
         .expect("remora runs")
 }
 
+/// Runs `remora` with `args` and returns its stdout and stderr; fails the
+/// test, showing both, unless it succeeded.
+fn remora_ok(args: &[&str]) -> (String, String) {
+    let out = remora(args);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "remora {args:?} failed:\n{stdout}\n{stderr}");
+    (stdout, stderr)
+}
+
 fn read_json(path: &std::path::Path) -> serde_json::Value {
     let text = std::fs::read_to_string(path).expect("JSON written");
     serde_json::from_str(&text).expect("valid JSON")
@@ -20,7 +30,7 @@ fn read_json(path: &std::path::Path) -> serde_json::Value {
 fn micro_runs_swaps_and_verifies() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("micro.json");
-    let out = remora(&[
+    let (stdout, _) = remora_ok(&[
         "bench",
         "micro",
         "--scheme",
@@ -50,9 +60,6 @@ fn micro_runs_swaps_and_verifies() {
         "--json",
         json.to_str().unwrap(),
     ]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "bench micro failed:\n{stdout}\n{stderr}");
     assert!(stdout.contains("closed-loop"), "{stdout}");
     let v = read_json(&json);
     let results = v["results"].as_array().expect("results array");
@@ -134,7 +141,7 @@ fn micro_rejects_bad_flags_without_panicking() {
 fn runtime_bench_reports_both_ratios() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("runtime.json");
-    let out = remora(&[
+    remora_ok(&[
         "bench",
         "runtime",
         "--objects",
@@ -152,9 +159,6 @@ fn runtime_bench_reports_both_ratios() {
         "--json",
         json.to_str().unwrap(),
     ]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "bench runtime failed:\n{stdout}\n{stderr}");
     let v = read_json(&json);
     assert_eq!(v["local_hit"].as_array().map(Vec::len), Some(2), "{v}");
     let s = &v["swap_in"][0];
@@ -178,7 +182,7 @@ fn runtime_bench_reports_both_ratios() {
 fn micro_open_loop_times_from_the_schedule() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("open.json");
-    let out = remora(&[
+    let (stdout, _) = remora_ok(&[
         "bench",
         "micro",
         "--objects",
@@ -198,12 +202,6 @@ fn micro_open_loop_times_from_the_schedule() {
         "--json",
         json.to_str().unwrap(),
     ]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "bench micro --open-loop failed:\n{stdout}\n{stderr}"
-    );
     assert!(stdout.contains("open-loop"), "{stdout}");
     let v = read_json(&json);
     let r = &v["results"][0];
@@ -251,7 +249,7 @@ fn micro_all_schemes_sweep_and_plot() {
     let json = dir.path().join("all.json");
     let svg = dir.path().join("sweep.svg");
     let threads = 2u64;
-    let out = remora(&[
+    let (stdout, _) = remora_ok(&[
         "bench",
         "micro",
         "--scheme",
@@ -277,12 +275,6 @@ fn micro_all_schemes_sweep_and_plot() {
         "--json",
         json.to_str().unwrap(),
     ]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "bench micro --scheme all failed:\n{stdout}\n{stderr}"
-    );
     for want in ["ratios to non-ft", "saturation", "clean re-evictions"] {
         assert!(stdout.contains(want), "{want} missing:\n{stdout}");
     }
@@ -335,7 +327,7 @@ fn micro_all_schemes_sweep_and_plot() {
 fn micro_redundant_schemes_survive_a_kill_mid_run() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("kill.json");
-    let out = remora(&[
+    let (_, stderr) = remora_ok(&[
         "bench",
         "micro",
         "--scheme",
@@ -359,12 +351,6 @@ fn micro_redundant_schemes_survive_a_kill_mid_run() {
         "--json",
         json.to_str().unwrap(),
     ]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "bench micro --kill-at failed:\n{stdout}\n{stderr}"
-    );
     assert_eq!(
         stderr.matches("with SIGKILL").count(),
         3,
