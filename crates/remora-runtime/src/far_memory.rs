@@ -41,6 +41,11 @@ impl FarMemory {
         self.pages.used_pages() * PAGE_SIZE as u64
     }
 
+    /// Bytes of every region held from the manager, in use or not.
+    pub(crate) fn held_bytes(&self) -> u64 {
+        self.regions.held().iter().map(|(_, g)| g.size).sum()
+    }
+
     /// Hands a region we cannot use back to the manager, so an error path
     /// never leaks what the manager just granted.
     pub(crate) fn give_back(&self, region: remora_proto::RegionId) {

@@ -1,11 +1,17 @@
 //! The far page heap (§3.3): which pages of the held regions are free. A far
-//! span is a run of 8 KiB pages inside one region.
+//! span is a run of 8 KiB pages inside one region. It also knows how full
+//! each region is, so placement can let sparse regions empty and give
+//! them back to the manager.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 #[derive(Default)]
 struct RegionSpace {
+    /// Pages of the region; 0 while its index holds no region.
+    pages: u32,
+    /// Pages handed out.
+    used: u32,
     /// Free runs: first page → length in pages.
     free: BTreeMap<u32, u32>,
 }
@@ -29,7 +35,35 @@ impl FarPageHeap {
         while g.regions.len() <= idx as usize {
             g.regions.push(RegionSpace::default());
         }
-        g.regions[idx as usize].free.insert(0, pages);
+        let old = std::mem::replace(
+            &mut g.regions[idx as usize],
+            RegionSpace {
+                pages,
+                used: 0,
+                free: BTreeMap::from([(0, pages)]),
+            },
+        );
+        debug_assert_eq!(old.used, 0, "region index reused while in use");
+    }
+
+    /// Takes region `idx` out if none of its pages is in use; false (and
+    /// nothing changed) otherwise. Allocation then never finds it again.
+    pub(crate) fn remove_if_empty(&self, idx: u16) -> bool {
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(space) = g.regions.get_mut(idx as usize) else {
+            return false;
+        };
+        if space.pages == 0 || space.used > 0 {
+            return false;
+        }
+        *space = RegionSpace::default();
+        true
+    }
+
+    /// Pages in use and pages in all of region `idx` (0, 0 if it holds none).
+    pub(crate) fn usage(&self, idx: u16) -> (u32, u32) {
+        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        g.regions.get(idx as usize).map_or((0, 0), |s| (s.used, s.pages))
     }
 
     /// Takes `pages` contiguous pages from region `idx` (first fit); `None`
@@ -47,6 +81,7 @@ impl FarPageHeap {
         if len > pages {
             space.free.insert(start + pages, len - pages);
         }
+        space.used += pages;
         g.used_pages += pages as u64;
         Some(start)
     }
@@ -56,6 +91,7 @@ impl FarPageHeap {
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         g.used_pages -= pages as u64;
         let space = &mut g.regions[region as usize];
+        space.used -= pages;
         let (mut s, mut len) = (start, pages);
         if let Some((&ps, &pl)) = space.free.range(..start).next_back() {
             if ps + pl == start {
@@ -98,5 +134,25 @@ mod tests {
         h.free(0, a, 4);
         h.free(0, c, 6);
         assert_eq!(h.alloc_in(0, 10), Some(0), "neighbours merged back");
+    }
+
+    #[test]
+    fn only_empty_regions_leave_and_indices_come_back() {
+        let h = FarPageHeap::default();
+        h.add_region(0, 8);
+        h.add_region(1, 8);
+        let a = h.alloc_in(0, 3).unwrap();
+        assert_eq!(h.usage(0), (3, 8));
+        assert!(!h.remove_if_empty(0), "region 0 holds a run");
+        assert!(h.remove_if_empty(1));
+        assert!(!h.remove_if_empty(1), "already gone");
+        assert_eq!(h.usage(1), (0, 0));
+        assert!(h.alloc_in(1, 1).is_none(), "a removed region is never allocated from");
+        h.free(0, a, 3);
+        assert!(h.remove_if_empty(0));
+        assert_eq!((h.used_pages(), h.usage(0)), (0, (0, 0)));
+        h.add_region(1, 4);
+        assert_eq!(h.alloc_in(1, 4), Some(0), "a reused index starts empty");
+        assert_eq!(h.usage(1), (4, 4));
     }
 }

@@ -1,6 +1,9 @@
 //! The region table (§3.3): region index → the far-memory region backing it
 //! (its memory node and capability). Far pointer words name regions by this
-//! 16-bit index rather than by the manager's global id.
+//! 16-bit index rather than by the manager's global id. A region given back
+//! to the manager leaves its index vacant, and the next region added takes
+//! it: no far word names a vacant index (nothing lives in a region that is
+//! given back), so 16 bits last however long regions come and go.
 //!
 //! Each memory node gets two connections, two lanes: swap-ins read on one,
 //! eviction and everything else writes on the other. A memory node serves
@@ -39,9 +42,18 @@ pub(crate) enum Lane {
     Evict,
 }
 
+/// One index of the table.
+struct Slot {
+    region: Arc<FarRegion>,
+    /// False once the region went back to the manager: the index is free
+    /// for the next region (the stale entry answers late lookups harmlessly:
+    /// the memory node refuses its capability).
+    held: bool,
+}
+
 /// All regions, by index.
 pub(crate) struct RegionTable {
-    regions: RwLock<Vec<Arc<FarRegion>>>,
+    regions: RwLock<Vec<Slot>>,
     clients: Mutex<HashMap<(String, Lane), Link>>,
     backend: Arc<dyn FarBackend>,
     traffic: Arc<Traffic>,
@@ -61,15 +73,39 @@ impl RegionTable {
     pub(crate) fn add(&self, grant: RegionGrant) -> Result<u16, RuntimeError> {
         let client = self.client_for(&grant.addr, Lane::Evict)?;
         let reader = self.client_for(&grant.addr, Lane::Swap)?;
+        let region = Arc::new(FarRegion { grant, client, reader });
         let mut r = self.regions.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = r.iter().position(|s| !s.held) {
+            r[i] = Slot { region, held: true };
+            return Ok(i as u16);
+        }
         let idx = u16::try_from(r.len()).map_err(|_| RuntimeError::FarMemoryExhausted("region table full".into()))?;
-        r.push(Arc::new(FarRegion { grant, client, reader }));
+        r.push(Slot { region, held: true });
         Ok(idx)
+    }
+
+    /// Leaves index `idx` vacant; returns the grant to give back (`None` if
+    /// it was vacant already).
+    pub(crate) fn vacate(&self, idx: u16) -> Option<RegionGrant> {
+        let mut r = self.regions.write().unwrap_or_else(|p| p.into_inner());
+        let slot = r.get_mut(idx as usize).filter(|s| s.held)?;
+        slot.held = false;
+        Some(slot.region.grant.clone())
     }
 
     /// The region at `idx`.
     pub(crate) fn get(&self, idx: u16) -> Arc<FarRegion> {
-        Arc::clone(&self.regions.read().unwrap_or_else(|p| p.into_inner())[idx as usize])
+        Arc::clone(&self.regions.read().unwrap_or_else(|p| p.into_inner())[idx as usize].region)
+    }
+
+    /// Every region held now, by index.
+    pub(crate) fn held(&self) -> Vec<(u16, RegionGrant)> {
+        let r = self.regions.read().unwrap_or_else(|p| p.into_inner());
+        r.iter()
+            .enumerate()
+            .filter(|(_, s)| s.held)
+            .map(|(i, s)| (i as u16, s.region.grant.clone()))
+            .collect()
     }
 
     /// Points index `idx` at a new region (after its old node died and the
@@ -78,7 +114,10 @@ impl RegionTable {
         let client = self.client_for(&grant.addr, Lane::Evict)?;
         let reader = self.client_for(&grant.addr, Lane::Swap)?;
         let mut r = self.regions.write().unwrap_or_else(|p| p.into_inner());
-        r[idx as usize] = Arc::new(FarRegion { grant, client, reader });
+        r[idx as usize] = Slot {
+            region: Arc::new(FarRegion { grant, client, reader }),
+            held: true,
+        };
         Ok(())
     }
 
@@ -138,6 +177,7 @@ impl RegionTable {
 
     /// Number of regions held.
     pub(crate) fn len(&self) -> usize {
-        self.regions.read().unwrap_or_else(|p| p.into_inner()).len()
+        let r = self.regions.read().unwrap_or_else(|p| p.into_inner());
+        r.iter().filter(|s| s.held).count()
     }
 }

@@ -1,17 +1,28 @@
-//! The runtime's background threads: eviction and the manager's notices.
+//! The runtime's background threads: eviction, and the manager's notices
+//! (whose thread also gives empty regions back now and then).
 
 use super::*;
 
-/// Turns the manager's notices into recovery.
+/// How often empty regions are given back to the manager.
+const GIVE_BACK_EVERY: Duration = Duration::from_secs(1);
+
+/// Turns the manager's notices into recovery, and gives empty regions back.
 pub(super) fn notice_loop(
     weak: &std::sync::Weak<Inner>,
     events: &std::sync::mpsc::Receiver<remora_proto::SessionEvent>,
 ) {
+    let mut last_give_back = Instant::now();
     loop {
         let ev = match events.recv_timeout(Duration::from_millis(100)) {
             Ok(ev) => ev,
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => match weak.upgrade() {
-                Some(inner) if !inner.stop.load(StdOrdering::Acquire) => continue,
+                Some(inner) if !inner.stop.load(StdOrdering::Acquire) => {
+                    if last_give_back.elapsed() >= GIVE_BACK_EVERY {
+                        inner.give_back_empty();
+                        last_give_back = Instant::now();
+                    }
+                    continue;
+                }
                 _ => return,
             },
             Err(_) => return,
@@ -79,5 +90,14 @@ pub(super) fn eviction_loop(weak: &std::sync::Weak<Inner>) {
             drop(k);
         }
         inner.idle_evictors.fetch_sub(1, StdOrdering::SeqCst);
+    }
+}
+
+impl Inner {
+    /// Hands the scheme's empty regions back to the manager.
+    pub(super) fn give_back_empty(&self) -> u64 {
+        let bytes = self.scheme.give_back(&self.far);
+        self.counters.given_back.fetch_add(bytes, StdOrdering::Relaxed);
+        bytes
     }
 }

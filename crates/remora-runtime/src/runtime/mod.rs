@@ -324,12 +324,17 @@ impl Runtime {
         Ok(())
     }
 
+    /// Gives regions that hold nothing back to the manager now (keeping one
+    /// spare group); returns the bytes given back. The runtime also does this
+    /// by itself every second.
+    pub fn give_back_empty_regions(&self) -> u64 {
+        self.inner.give_back_empty()
+    }
+
     /// The far-memory regions this runtime holds now, by region-table index
     /// (for tools and fault-injection tests).
     pub fn regions(&self) -> Vec<(u16, remora_proto::RegionGrant)> {
-        (0..self.inner.far.regions.len() as u16)
-            .map(|i| (i, self.inner.far.regions.get(i).grant.clone()))
-            .collect()
+        self.inner.far.regions.held()
     }
 
     /// This compute node's id at the manager.

@@ -23,6 +23,10 @@ pub struct Stats {
     pub bytes_written_remote: u64,
     /// Far bytes allocated to spans now.
     pub remote_bytes_used: u64,
+    /// Far bytes held from the manager now: every region, in use or not.
+    pub far_bytes_held: u64,
+    /// Bytes of empty regions given back to the manager so far.
+    pub far_bytes_given_back: u64,
     /// Far bytes of live data spans now.
     pub live_bytes: u64,
     /// Local bytes in spans now.
@@ -106,6 +110,7 @@ pub(super) struct Counters {
     pub(super) clean_bytes_saved: AtomicU64,
     pub(super) objects_moved: AtomicU64,
     pub(super) spans_filtered: AtomicU64,
+    pub(super) given_back: AtomicU64,
 }
 
 impl Inner {
@@ -141,6 +146,8 @@ impl Inner {
             bytes_read_remote: t.bytes_read.load(StdOrdering::Relaxed),
             bytes_written_remote: t.bytes_written.load(StdOrdering::Relaxed),
             remote_bytes_used: self.scheme.remote_bytes_used(&self.far),
+            far_bytes_held: self.far.held_bytes(),
+            far_bytes_given_back: get(&c.given_back),
             live_bytes: live,
             local_bytes: self.heap.bytes_in_use() as u64,
             objects: self.slots.in_use() as u64,

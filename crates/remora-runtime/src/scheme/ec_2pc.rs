@@ -599,6 +599,10 @@ impl Scheme for Ec2pc {
         self.sh.c.recovery.stop();
     }
 
+    fn give_back(&self, far: &FarMemory) -> u64 {
+        self.sh.c.place.give_back_empty(far)
+    }
+
     fn report(&self) -> SchemeReport {
         let sh = &*self.sh;
         let (mut hole_pages, mut kept_pages) = (0u64, 0u64);

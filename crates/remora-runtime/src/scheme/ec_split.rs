@@ -575,6 +575,10 @@ impl Scheme for EcSplit {
         }
     }
 
+    fn give_back(&self, far: &FarMemory) -> u64 {
+        self.sh.c.place.give_back_empty(far)
+    }
+
     fn report(&self) -> SchemeReport {
         // No holes: a span's fragments are freed with it.
         SchemeReport {

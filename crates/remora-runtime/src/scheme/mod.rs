@@ -181,6 +181,13 @@ pub trait Scheme: Send + Sync {
     /// work and join it. Called once, after every other call has returned.
     fn stop(&self) {}
 
+    /// Gives regions that hold nothing back to the manager (keeping a
+    /// spare); returns the bytes given back. Called now and then from a
+    /// runtime thread with no lock held.
+    fn give_back(&self, _far: &FarMemory) -> u64 {
+        0
+    }
+
     /// Far bytes allocated now: data, redundancy and holes.
     fn remote_bytes_used(&self, far: &FarMemory) -> u64 {
         far.used_bytes()

@@ -132,6 +132,10 @@ impl Scheme for NonFt {
         far.pages.free(at.region, at.page, pages);
     }
 
+    fn give_back(&self, far: &FarMemory) -> u64 {
+        self.place.give_back_empty(far)
+    }
+
     fn report(&self) -> SchemeReport {
         SchemeReport {
             kept_bytes: self.kept_pages.load(Ordering::Relaxed) * PAGE_SIZE as u64,

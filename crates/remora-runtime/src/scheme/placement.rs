@@ -9,6 +9,15 @@
 //! need not share a row (per-position spansets), so remote compaction can
 //! recombine live spans position by position. `non-ft` uses groups of one.
 //!
+//! **Giving regions back.** Far memory held should follow the data, so a
+//! group whose regions hold nothing goes back to the manager
+//! ([`Placement::give_back_empty`]), keeping one empty group as a spare so a
+//! workload that shrinks and grows again does not churn. For groups to
+//! empty at all, placement steers new spans away from sparse groups: groups
+//! below [`DRAINING`] of their pages in use take new spans only when the
+//! fuller ones have no room, fullest first; swap-ins, frees and compaction
+//! then empty them.
+//!
 //! Lock order: a scheme's own state lock may be held while calling
 //! [`Placement::group`] or [`Placement::free`]
 //! (placement's lock is taken after it, briefly, and never the other way);
@@ -29,6 +38,9 @@ use crate::size_classes::PAGE_SIZE;
 
 /// How long a node that failed a request is avoided and read around.
 pub(crate) const SUSPECT_FOR: Duration = Duration::from_secs(3);
+
+/// Share of a group's pages in use below which it is left to empty.
+const DRAINING: f64 = 0.25;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -72,6 +84,9 @@ pub(crate) struct Group {
     pub(crate) nodes: Vec<NodeId>,
     /// The node at this position died; its region awaits a rebuild.
     pub(crate) failed: Vec<bool>,
+    /// Given back to the manager: nothing lives here, and the slot is
+    /// reused by the next group added.
+    pub(crate) retired: bool,
 }
 
 #[derive(Default)]
@@ -79,6 +94,18 @@ struct State {
     groups: Vec<Group>,
     /// Where the next search starts, to spread load over groups.
     next: usize,
+    /// Groups added so far (a thread that saw an older count knows another
+    /// one grew meanwhile).
+    grown: usize,
+}
+
+/// Share of group `g`'s pages in use.
+fn fill(far: &FarMemory, g: &Group) -> f64 {
+    let (used, all) = g.regions.iter().fold((0u64, 0u64), |(u, a), &r| {
+        let (ru, ra) = far.pages.usage(r);
+        (u + ru as u64, a + ra as u64)
+    });
+    if all == 0 { 0.0 } else { used as f64 / all as f64 }
 }
 
 /// Stripe groups of one width, and the far space in them.
@@ -157,15 +184,30 @@ impl Placement {
     ) -> (Option<(usize, Vec<u32>)>, usize) {
         let mut st = lock(&self.st);
         let n = st.groups.len();
+        // Groups that may take spans, in round-robin order; sparse ones
+        // after the rest, fullest first, so that they can empty.
+        let mut open = Vec::with_capacity(n);
+        let mut sparse = Vec::new();
         for k in 0..n {
             let gi = (st.next + k) % n;
             let g = &st.groups[gi];
-            if g.failed.iter().any(|&f| f)
+            if g.retired
+                || g.failed.iter().any(|&f| f)
                 || g.nodes.iter().any(|n| avoid.contains(n))
                 || (!suspects_too && g.nodes.iter().any(|n| self.suspects.is_suspect(*n)))
             {
                 continue;
             }
+            let fill = fill(far, g);
+            if fill >= DRAINING {
+                open.push(gi);
+            } else {
+                sparse.push((gi, fill));
+            }
+        }
+        sparse.sort_by(|a, b| b.1.total_cmp(&a.1));
+        for gi in open.into_iter().chain(sparse.into_iter().map(|(gi, _)| gi)) {
+            let g = &st.groups[gi];
             let mut got = Vec::with_capacity(self.width);
             for (pos, &want) in pages.iter().enumerate() {
                 if want == 0 {
@@ -179,7 +221,7 @@ impl Placement {
             }
             if got.len() == self.width {
                 st.next = (gi + 1) % n;
-                return (Some((gi, got)), n);
+                return (Some((gi, got)), st.grown);
             }
             // Roll back the runs taken in this group (no one else allocates
             // here: every allocation holds this lock).
@@ -189,7 +231,57 @@ impl Placement {
                 }
             }
         }
-        (None, n)
+        (None, st.grown)
+    }
+
+    /// Gives every group that holds nothing back to the manager, but one
+    /// (a spare); returns the bytes given back. Never call it with a scheme
+    /// lock held: it talks to the manager.
+    pub(crate) fn give_back_empty(&self, far: &FarMemory) -> u64 {
+        // No group is added meanwhile (it could take a slot being emptied).
+        let _one = lock(&self.growing);
+        let regions: Vec<u16> = {
+            let mut st = lock(&self.st);
+            let mut spare = false;
+            let mut out = Vec::new();
+            for g in st.groups.iter_mut() {
+                if g.retired || g.failed.iter().any(|&f| f) {
+                    continue;
+                }
+                if g.regions.iter().any(|&r| far.pages.usage(r).0 > 0) {
+                    continue;
+                }
+                if !spare {
+                    spare = true;
+                    continue;
+                }
+                // Every allocation holds `st`, and frees only empty a region
+                // further, so each region of this group comes out.
+                for &r in &g.regions {
+                    let removed = far.pages.remove_if_empty(r);
+                    debug_assert!(removed, "an empty region stays empty under the placement lock");
+                }
+                g.retired = true;
+                out.extend_from_slice(&g.regions);
+            }
+            out
+        };
+        let mut bytes = 0;
+        for r in regions {
+            if let Some(grant) = far.regions.vacate(r) {
+                bytes += grant.size;
+                far.give_back(grant.cap.region);
+            }
+        }
+        if bytes > 0 {
+            tracing::debug!(
+                "{}: gave {} MiB of empty regions back ({} regions held)",
+                self.scheme,
+                bytes >> 20,
+                far.regions.len()
+            );
+        }
+        bytes
     }
 
     /// Returns a run taken by [`Placement::place`].
@@ -214,7 +306,7 @@ impl Placement {
         need_pages: u32,
     ) -> Result<bool, RuntimeError> {
         let _one = lock(&self.growing);
-        if lock(&self.st).groups.len() != seen {
+        if lock(&self.st).grown != seen {
             return Ok(true);
         }
         let mut avoid = avoid.to_vec();
@@ -277,12 +369,24 @@ impl Placement {
             far.pages.add_region(r, pages);
         }
         let mut st = lock(&self.st);
-        let gi = st.groups.len();
-        st.groups.push(Group {
+        let group = Group {
             regions,
             nodes,
             failed: vec![false; self.width],
-        });
+            retired: false,
+        };
+        st.grown += 1;
+        // A retired slot is free: nothing names a group that held nothing.
+        let gi = match st.groups.iter().position(|g| g.retired) {
+            Some(gi) => {
+                st.groups[gi] = group;
+                gi
+            }
+            None => {
+                st.groups.push(group);
+                st.groups.len() - 1
+            }
+        };
         tracing::debug!(
             "{}: stripe group {gi} of {} x {pages} pages ({} regions held)",
             self.scheme,
@@ -296,7 +400,7 @@ impl Placement {
     pub(crate) fn fail_node(&self, node: NodeId) -> Vec<(usize, usize)> {
         let mut st = lock(&self.st);
         let mut v = Vec::new();
-        for (gi, g) in st.groups.iter_mut().enumerate() {
+        for (gi, g) in st.groups.iter_mut().enumerate().filter(|(_, g)| !g.retired) {
             for pos in 0..g.nodes.len() {
                 if g.nodes[pos] == node && !g.failed[pos] {
                     g.failed[pos] = true;

@@ -551,6 +551,10 @@ impl Scheme for EcBatch {
         far.used_bytes()
     }
 
+    fn give_back(&self, far: &FarMemory) -> u64 {
+        self.sh.c.place.give_back_empty(far)
+    }
+
     fn report(&self) -> SchemeReport {
         let sh = &*self.sh;
         let (hole_pages, kept_pages) = {

@@ -1,0 +1,140 @@
+//! Far memory held follows the data, against real processes: when objects
+//! die, the regions that emptied go back to the manager (its status shows
+//! them free again), and the region indices they leave are reused when the
+//! data grows again, without a byte of the survivors changing.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use remora_runtime::{RemBox, Remotable, Runtime, RuntimeConfig, scheme};
+
+#[derive(Clone, Copy)]
+struct Obj {
+    id: u64,
+    words: [u64; 255],
+}
+// SAFETY: integers only.
+unsafe impl Remotable for Obj {}
+
+fn obj(id: u64) -> Obj {
+    Obj {
+        id,
+        words: std::array::from_fn(|i| (id << 20 | i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+    }
+}
+
+const REGION: u64 = 1 << 20;
+
+/// Regions the manager has handed out, over every memory node.
+fn regions_in_use(c: &remora_cluster::LocalCluster) -> u64 {
+    let s = c.status().expect("status");
+    s.memory_nodes.iter().map(|m| m.regions_total - m.regions_free).sum()
+}
+
+fn verify(rt: &Runtime, objs: &[(u64, RemBox<Obj>)]) {
+    let scope = rt.scope();
+    for (id, b) in objs {
+        let o = b.deref(&scope).expect("object reads back");
+        assert!(o.id == *id && o.words == obj(*id).words, "object {id} changed");
+    }
+}
+
+fn gives_back(name: &str) {
+    let c = cluster(7, 256 << 20, REGION);
+    let mut cfg = RuntimeConfig::new(c.manager_addr(), 2 << 20);
+    cfg.scheme = scheme::make(name, &scheme::SchemeOptions::default()).unwrap();
+    cfg.name = format!("give-back-{name}");
+    let rt = Runtime::connect(cfg).unwrap();
+
+    // ~40 MiB of objects against a 2 MiB local budget: most go far, over
+    // many 1 MiB regions.
+    let n = 20_000u64;
+    let mut objs: Vec<(u64, RemBox<Obj>)> = (0..n).map(|i| (i, rt.alloc(obj(i)).unwrap())).collect();
+    rt.wait_for_eviction(Duration::from_secs(60)).unwrap();
+    verify(&rt, &objs);
+    let held_full = rt.stats().far_bytes_held;
+    let at_manager_full = regions_in_use(&c);
+    assert!(
+        held_full >= 10 * REGION,
+        "{name}: the data should span many regions, holds {held_full}"
+    );
+    assert_eq!(
+        at_manager_full * REGION,
+        held_full,
+        "{name}: the manager and the runtime agree on regions held"
+    );
+
+    // The oldest 90 % die (a cache dropping its old entries). Regions
+    // that held only them empty. (Survivors scattered over every region
+    // would pin them all: nothing moves live spans between stripe groups.)
+    objs.retain(|(id, _)| *id >= n * 9 / 10);
+    rt.wait_for_eviction(Duration::from_secs(60)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        rt.give_back_empty_regions();
+        let s = rt.stats();
+        if s.far_bytes_held * 2 <= held_full {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name}: far memory held stays at {} of {held_full} bytes after 90 % of the data died (in use {})",
+            s.far_bytes_held,
+            s.remote_bytes_used
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let s = rt.stats();
+    assert!(s.far_bytes_given_back > 0, "{name}: given back is counted");
+    assert_eq!(
+        regions_in_use(&c) * REGION,
+        s.far_bytes_held,
+        "{name}: the manager sees the regions free again"
+    );
+    assert!(regions_in_use(&c) < at_manager_full);
+    verify(&rt, &objs);
+
+    // Grow again: new regions take the vacant indices; old and new objects
+    // all read back.
+    objs.extend((n..n + 10_000).map(|i| (i, rt.alloc(obj(i)).unwrap())));
+    rt.wait_for_eviction(Duration::from_secs(60)).unwrap();
+    verify(&rt, &objs);
+    assert!(
+        rt.stats().far_bytes_held > s.far_bytes_held,
+        "{name}: far memory grew again"
+    );
+    let indices: Vec<u16> = rt.regions().iter().map(|(i, _)| *i).collect();
+    let max = indices.iter().copied().max().unwrap_or(0) as u64;
+    assert!(
+        max < at_manager_full + 6,
+        "{name}: region indices were reused (max index {max}, {} held at the peak)",
+        at_manager_full
+    );
+}
+
+#[test]
+fn non_ft_gives_empty_regions_back() {
+    gives_back("non-ft");
+}
+
+#[test]
+fn ec_batch_gives_empty_regions_back() {
+    gives_back("ec-batch");
+}
+
+#[test]
+fn ec_split_gives_empty_regions_back() {
+    gives_back("ec-split");
+}
+
+#[test]
+fn ec_batch_remote_gives_empty_regions_back() {
+    gives_back("ec-batch-remote");
+}
+
+#[test]
+fn ec_2pc_gives_empty_regions_back() {
+    gives_back("ec-2pc");
+}
