@@ -30,9 +30,12 @@ fn read_json(path: &std::path::Path) -> serde_json::Value {
 fn micro_runs_swaps_and_verifies() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("micro.json");
+    let svg = dir.path().join("timeline.svg");
     let (stdout, _) = remora_ok(&[
         "bench",
         "micro",
+        "--timeline",
+        svg.to_str().unwrap(),
         "--scheme",
         "non-ft",
         "--objects",
@@ -104,6 +107,47 @@ fn micro_runs_swaps_and_verifies() {
     assert!(r["writes"].as_u64().unwrap() > 0, "{r}");
     assert!(r["throughput_ops"].as_f64().unwrap() > 0.0, "{r}");
     assert_eq!(r["samples"], r["ops"], "{r}");
+    // The timeline: 100 ms windows over the 2 s run, each with far memory
+    // held (whole regions) at least what is allocated, and the windows'
+    // operations adding up to the run's (each thread reports 256 at a time).
+    let tl = &r["timeline"];
+    let n = tl["t_s"].as_array().expect("timeline").len();
+    assert!((15..=21).contains(&n), "{n} windows in 2 s: {tl}");
+    let held = tl["far_held_bytes"].as_array().unwrap();
+    let used = tl["far_used_bytes"].as_array().unwrap();
+    assert!(
+        held.iter()
+            .zip(used)
+            .all(|(h, u)| h.as_u64().unwrap() >= u.as_u64().unwrap()),
+        "{tl}"
+    );
+    assert!(
+        held.iter().all(|h| h.as_u64().unwrap() > 0),
+        "the data is partly far: {tl}"
+    );
+    let t: Vec<f64> = tl["t_s"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+    let ops: f64 = tl["ops_per_s"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(std::iter::once(0.0).chain(t.iter().copied()).zip(&t))
+        .map(|(r, (t0, t1))| r.as_f64().unwrap() * (t1 - t0))
+        .sum();
+    let total = r["ops"].as_f64().unwrap();
+    assert!(
+        ops <= total && ops >= total - 2.0 * 256.0 - total * 0.06,
+        "windows {ops} vs run {total}"
+    );
+    assert!(
+        std::fs::read_to_string(&svg).unwrap().contains("non-ft"),
+        "the timeline SVG names the run"
+    );
+    assert!(stdout.contains("far memory held over the run"), "{stdout}");
 }
 
 #[test]

@@ -91,6 +91,7 @@ mod remora_store;
 mod report;
 mod schemes;
 mod sweep;
+mod timeline;
 mod worker;
 
 use std::path::PathBuf;
@@ -112,7 +113,7 @@ pub use self::layout::SpanLayout;
 use self::objects::permutation;
 pub(crate) use self::objects::{alloc_parallel, base, check, fill, join_all, splitmix};
 use self::open_loop::MAX_RATE;
-use self::record::Record;
+use self::record::{Figures, Record};
 use self::remora_store::run_scheme;
 pub use self::schemes::Ec;
 use self::schemes::Spec;
@@ -219,6 +220,10 @@ pub struct MicroArgs {
     /// remora-micro-sweep.svg).
     #[arg(long, value_name = "FILE.svg", requires = "sweep")]
     pub plot: Option<PathBuf>,
+    /// Draw throughput and far memory (held and used) over time, window by window, for every
+    /// remora run to this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub timeline: Option<PathBuf>,
     /// Also write the results as JSON (`{"results":[...]}`, one record per scheme and rate) to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -402,6 +407,29 @@ pub fn run(args: &MicroArgs) -> anyhow::Result<()> {
         plot::write(&path, s, &subtitle)?;
         progress(format_args!("sweep plot written to {}", path.display()));
         plot = Some(path);
+    }
+    let runs: Vec<(&str, &[timeline::Point])> = records
+        .iter()
+        .filter_map(|r| match &r.figures {
+            Figures::Remora(f) => Some((r.scheme.as_str(), f.timeline.as_slice())),
+            Figures::Redis(_) => None,
+        })
+        .collect();
+    if !runs.is_empty() {
+        timeline::print_drift(&runs, args.duration.as_secs_f64());
+    }
+    if let Some(path) = &args.timeline {
+        let subtitle = format!(
+            "{} objects of {}, local ratio {}, Zipf {}, {:.0} % writes, {}, windows of 100 ms",
+            plan.n,
+            args.object_size,
+            args.local_ratio,
+            args.zipf,
+            args.write_ratio * 100.0,
+            threads_label(args.threads),
+        );
+        timeline::write(path, &runs, &subtitle)?;
+        progress(format_args!("timeline written to {}", path.display()));
     }
     if let Some(path) = &args.json {
         let results: Vec<serde_json::Value> = records

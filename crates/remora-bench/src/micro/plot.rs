@@ -22,7 +22,7 @@ use super::sweep::{Curve, KEEP_UP, Summary};
 const SIZE: (u32, u32) = (1100, 680);
 
 /// Colours of the curves, in the order the schemes ran (then repeated).
-const COLOURS: [RGBColor; 8] = [
+pub(crate) const COLOURS: [RGBColor; 8] = [
     RGBColor(0x1f, 0x77, 0xb4),
     RGBColor(0xd6, 0x27, 0x28),
     RGBColor(0x2c, 0xa0, 0x2c),

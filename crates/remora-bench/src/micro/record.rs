@@ -46,6 +46,8 @@ pub(crate) struct RemoraFigures {
     pub(crate) peer_bytes: u64,
     /// Of those, parity deltas data nodes sent parity nodes (remote compaction).
     pub(crate) peer_delta_bytes: u64,
+    /// Throughput and far memory, window by window.
+    pub(crate) timeline: Vec<super::timeline::Point>,
 }
 
 impl RemoraFigures {
@@ -389,10 +391,17 @@ impl Record {
                 "write_amplification": null, "misses_per_op": null, "degraded_reads": null,
                 "reconstructed_bytes": null,
                 "kept_bytes": null, "local_objects": null, "objects_moved": null, "spans_filtered": null,
+                "far_bytes_held": null, "far_bytes_given_back": null, "timeline": null,
             });
         };
         let d = &f.delta;
         let elapsed = self.run.elapsed;
+        let timeline = json!({
+            "t_s": f.timeline.iter().map(|p| p.t).collect::<Vec<_>>(),
+            "ops_per_s": f.timeline.iter().map(|p| p.ops_per_s).collect::<Vec<_>>(),
+            "far_used_bytes": f.timeline.iter().map(|p| p.far_used).collect::<Vec<_>>(),
+            "far_held_bytes": f.timeline.iter().map(|p| p.far_held).collect::<Vec<_>>(),
+        });
         json!({
             "swap_ins": d.swap_ins,
             "swap_in_reads": d.swap_in_reads,
@@ -434,6 +443,9 @@ impl Record {
             "local_objects": f.avg_local_objects,
             "objects_moved": d.objects_moved,
             "spans_filtered": d.spans_filtered,
+            "far_bytes_held": f.timeline.last().map(|p| p.far_held),
+            "far_bytes_given_back": d.far_bytes_given_back,
+            "timeline": timeline,
         })
     }
 }
@@ -472,6 +484,7 @@ pub(crate) fn delta(a: &Stats, b: &Stats) -> Stats {
         txn_requests: b.txn_requests - a.txn_requests,
         txn_bytes: b.txn_bytes - a.txn_bytes,
         compaction_busy_ns: b.compaction_busy_ns - a.compaction_busy_ns,
+        far_bytes_given_back: b.far_bytes_given_back - a.far_bytes_given_back,
         ..b.clone()
     }
 }

@@ -88,6 +88,7 @@ fn figures(first: &Stats, last: &Stats, samples: &[Stats]) -> RemoraFigures {
         level_samples: samples.len() as u64,
         peer_bytes: 0,
         peer_delta_bytes: 0,
+        timeline: Vec::new(),
     }
 }
 
@@ -241,6 +242,7 @@ pub(super) fn run_scheme<const W: usize>(
             figures: Figures::Remora(Box::new(RemoraFigures {
                 peer_bytes: peer1.bytes().saturating_sub(peer0.bytes()),
                 peer_delta_bytes: peer1.delta_bytes.saturating_sub(peer0.delta_bytes),
+                timeline: super::timeline::points(&snaps),
                 ..figures(&snaps.first, &snaps.last, &snaps.samples)
             })),
             run,

@@ -104,6 +104,27 @@ pub(crate) struct Snaps<S> {
     pub(crate) last: S,
     /// Every [`SAMPLE_EVERY`] during it.
     pub(crate) samples: Vec<S>,
+    /// When each sample was taken (seconds into the measured phase) and the
+    /// operations the workers had completed by then (counted 256 at a time
+    /// per thread, so a window's rate is off by at most that much).
+    pub(crate) at: Vec<(f64, u64)>,
+    /// Operations completed when the measured phase began.
+    pub(crate) ops0: u64,
+}
+
+/// One window of a measured run: its end (seconds into the measured phase)
+/// and the operations per second completed in it.
+pub(crate) fn rates<S>(snaps: &Snaps<S>) -> Vec<(f64, f64)> {
+    let mut prev = (0.0, snaps.ops0);
+    snaps
+        .at
+        .iter()
+        .map(|&(t, ops)| {
+            let rate = ops.saturating_sub(prev.1) as f64 / (t - prev.0).max(1e-9);
+            prev = (t, ops);
+            (t, rate)
+        })
+        .collect()
 }
 
 /// What one worker thread counted in the measured phase.
@@ -407,10 +428,12 @@ pub(crate) fn measure<S: Store>(
         // Measured phase: sample the levels every SAMPLE_EVERY.
         let s0 = store.snap();
         let t0 = Instant::now();
+        let ops0 = live_ops.load(Ordering::Relaxed);
         phase.store(MEASURE, Ordering::Relaxed);
         // The open loop's window is fixed in advance; the closed loop's starts now.
         let end = if offered.is_some() { win.end } else { t0 + args.duration };
         let mut samples = Vec::new();
+        let mut at = Vec::new();
         let mut next = t0 + SAMPLE_EVERY;
         loop {
             let now = Instant::now();
@@ -429,6 +452,7 @@ pub(crate) fn measure<S: Store>(
                 None => format!("{done:.0} ops/s, {note}"),
             });
             samples.push(st);
+            at.push((t0.elapsed().as_secs_f64(), live_ops.load(Ordering::Relaxed)));
         }
         phase.store(STOP, Ordering::Relaxed);
         let elapsed = if offered.is_some() { args.duration } else { t0.elapsed() };
@@ -441,6 +465,8 @@ pub(crate) fn measure<S: Store>(
             first: s0,
             last: s1,
             samples,
+            at,
+            ops0,
         };
         Ok((outs, (elapsed, snaps)))
     })?;
