@@ -52,6 +52,9 @@ enum Cmd {
     },
     /// Start a local cluster, run a workload, kill a memory node, verify every object.
     Demo(remora_apps::demo::DemoArgs),
+    /// A nemesis run: a workload with writes while a seeded schedule kills, pauses and
+    /// partitions memory nodes; every object verified at the end.
+    Chaos(remora_apps::chaos::ChaosArgs),
 }
 
 #[derive(Subcommand)]
@@ -84,6 +87,7 @@ fn main() {
             BenchCmd::Drain(a) => remora_bench::drain::run(&a),
         },
         Cmd::Demo(a) => remora_apps::demo::run(&a),
+        Cmd::Chaos(a) => remora_apps::chaos::run(&a),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

@@ -14,7 +14,9 @@ use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
 use remora_cluster::{ClusterConfig, LocalCluster};
 use remora_proto::ByteSize;
-use remora_runtime::{RemBox, Remotable, Runtime, RuntimeConfig, Stats, scheme};
+use remora_runtime::{RemBox, Runtime, RuntimeConfig, Stats, scheme};
+
+use crate::workload::{Obj, is, make};
 
 /// Flags of `remora demo`.
 #[derive(Debug, Clone, clap::Args)]
@@ -49,30 +51,6 @@ pub struct DemoArgs {
     /// Write the results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
-}
-
-/// One 4 KiB object (with the runtime's 8-byte header): index, version, and
-/// words derived from both, so any misplaced or stale byte is caught.
-#[derive(Clone, Copy)]
-struct Obj {
-    index: u64,
-    version: u64,
-    words: [u64; 509],
-}
-// SAFETY: integers only.
-unsafe impl Remotable for Obj {}
-
-fn make(index: u64, version: u64) -> Obj {
-    let seed = (index << 24 ^ version).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    Obj {
-        index,
-        version,
-        words: std::array::from_fn(|j| (seed ^ j as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93)),
-    }
-}
-
-fn is(o: &Obj, index: u64, version: u64) -> bool {
-    o.index == index && o.version == version && o.words == make(index, version).words
 }
 
 struct Sample {

@@ -415,9 +415,15 @@ impl LocalCluster {
     }
 
     fn signal_slot(&self, slot: usize, sig: i32) {
+        self.send_signal(slot, sig, true);
+    }
+
+    /// Sends `sig` to the child in `slot`; `exits` says whether the signal
+    /// ends it (so the monitor does not report the exit as a crash).
+    fn send_signal(&self, slot: usize, sig: i32, exits: bool) {
         let mut c = lock(&self.children);
         if let Some(s) = c.get_mut(slot) {
-            s.expected_exit = true;
+            s.expected_exit |= exits;
             if let Ok(pid) = i32::try_from(s.child.id()) {
                 // SAFETY: kill(2) takes plain integers; the pid is our own
                 // child, not yet reaped (we hold its `Child` and the lock that
@@ -437,6 +443,22 @@ impl LocalCluster {
     pub fn kill_memnode(&self, i: usize) -> Result<(), ClusterError> {
         let slot = self.memnode_slot(i)?;
         self.kill_slot(slot);
+        Ok(())
+    }
+
+    /// Sends SIGSTOP to memory node `i`: it stops dead, connections open,
+    /// heartbeats and all (a zombie in the making, or a long scheduling
+    /// hiccup), until [`LocalCluster::resume_memnode`].
+    pub fn pause_memnode(&self, i: usize) -> Result<(), ClusterError> {
+        let slot = self.memnode_slot(i)?;
+        self.send_signal(slot, libc::SIGSTOP, false);
+        Ok(())
+    }
+
+    /// Sends SIGCONT to memory node `i`, undoing [`LocalCluster::pause_memnode`].
+    pub fn resume_memnode(&self, i: usize) -> Result<(), ClusterError> {
+        let slot = self.memnode_slot(i)?;
+        self.send_signal(slot, libc::SIGCONT, false);
         Ok(())
     }
 

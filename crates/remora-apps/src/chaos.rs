@@ -1,0 +1,486 @@
+//! `remora chaos`: a nemesis run. A local cluster of k+2m memory nodes plus
+//! spares, a multi-threaded workload with writes over remotable objects,
+//! and a seeded schedule (printed first) that kill -9s, pauses (SIGSTOP /
+//! SIGCONT) and partitions memory nodes, bringing a fresh node up after
+//! each kill. A fault starts only while fewer than m nodes' data is still
+//! unavailable or un-rebuilt, so nothing may be lost. At the end every
+//! object is verified against its last written version.
+//!
+//! Throughput is counted in 50 ms windows; each fault's dip is the mean from
+//! the fault to its end (rebuilt, or healed) over the mean of the 5 s
+//! before it, and the longest stretch of windows with no completed
+//! operation is reported.
+
+mod nemesis;
+mod report;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use rand::{Rng, SeedableRng};
+use rand_distr::{Distribution, Zipf};
+use remora_cluster::{ClusterConfig, LocalCluster};
+use remora_proto::msg::Fault;
+use remora_proto::{ByteSize, parse_duration};
+use remora_runtime::{RemBox, Runtime, RuntimeConfig, RuntimeError, scheme};
+
+pub use self::nemesis::FaultKind;
+use self::nemesis::Planned;
+use self::report::{Done, WINDOW};
+use crate::workload::{Obj, is, make};
+
+/// Flags of `remora chaos`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ChaosArgs {
+    /// How long the workload runs (e.g. 60s, 10m); faults stop 10 s before the end.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Seed of the fault schedule and of the workload (default: drawn and printed).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Faults to draw from (comma-separated). `partition` needs a build with
+    /// `--features fault-injection` (it drops a node's traffic from inside it).
+    #[arg(long, value_delimiter = ',', default_value = "kill,pause")]
+    pub faults: Vec<FaultKind>,
+    /// Mean time between faults.
+    #[arg(long, default_value = "6s", value_parser = parse_duration)]
+    pub mean_gap: Duration,
+    /// The scheme under test (a redundant one).
+    #[arg(long, default_value = "ec-batch")]
+    pub scheme: String,
+    /// Number of 4 KiB objects.
+    #[arg(long, default_value_t = 16384)]
+    pub objects: u64,
+    /// Fraction of the data that fits in local memory.
+    #[arg(long, default_value_t = 0.5)]
+    pub local_ratio: f64,
+    /// Zipf skew of the accesses.
+    #[arg(long, default_value_t = 0.99)]
+    pub zipf: f64,
+    /// Fraction of accesses that write a new version.
+    #[arg(long, default_value_t = 0.2)]
+    pub write_ratio: f64,
+    /// Application threads.
+    #[arg(long, default_value_t = 4)]
+    pub threads: usize,
+    /// Memory nodes beyond k+2m at the start (more join after each kill).
+    #[arg(long, default_value_t = 2)]
+    pub spares: usize,
+    /// Where to draw the throughput timeline with the faults marked (SVG).
+    #[arg(long, default_value = "remora-chaos.svg")]
+    pub plot: PathBuf,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+fn say(t: f64, msg: impl AsRef<str>) {
+    println!("[chaos {t:7.2}s] {}", msg.as_ref());
+}
+
+/// A pause or partition under way.
+struct Hold {
+    node: usize,
+    kind: FaultKind,
+    until: f64,
+}
+
+/// What the workload threads counted.
+#[derive(Default)]
+struct Tally {
+    ops: AtomicU64,
+    data_lost: AtomicU64,
+    wrong: AtomicU64,
+    other: AtomicU64,
+    first_errors: Mutex<Vec<String>>,
+}
+
+impl Tally {
+    fn error(&self, what: String, e: &RuntimeError) {
+        let counter = if matches!(e, RuntimeError::DataLost(..)) {
+            &self.data_lost
+        } else {
+            &self.other
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        let mut v = self.first_errors.lock().unwrap_or_else(|p| p.into_inner());
+        if v.len() < 10 {
+            v.push(format!("{what}: {e}"));
+        }
+    }
+}
+
+/// Runs the chaos workload; fails if any object is lost or wrong.
+pub fn run(args: &ChaosArgs) -> Result<()> {
+    if args.faults.is_empty() {
+        bail!("--faults names no fault");
+    }
+    if !(0.01..=1.0).contains(&args.local_ratio) || !(0.0..=1.0).contains(&args.write_ratio) || args.threads == 0 {
+        bail!("--local-ratio must be in (0, 1], --write-ratio in [0, 1], --threads at least 1");
+    }
+    let opts = scheme::SchemeOptions::default();
+    let info = scheme::SCHEMES
+        .iter()
+        .find(|s| s.name == args.scheme)
+        .ok_or_else(|| anyhow!("unknown scheme {:?}", args.scheme))?;
+    if !info.redundant {
+        bail!("{} keeps no redundancy: chaos would lose data by design", args.scheme);
+    }
+    let duration = args.duration.as_secs_f64();
+    let (warm, tail) = ((duration / 6.0).clamp(2.0, 10.0), (duration / 6.0).clamp(3.0, 10.0));
+    let seed = args.seed.unwrap_or_else(|| rand::rng().random_range(1..1_000_000));
+    let plan = nemesis::plan(seed, duration, warm, tail, args.mean_gap.as_secs_f64(), &args.faults);
+    let (k, m) = (opts.k, opts.m);
+    let memnodes = k + 2 * m + args.spares;
+    println!(
+        "remora chaos: seed {seed} (replay with --seed {seed}), {} s, {} on {memnodes} memory nodes (k+2m = {} plus {} spares)",
+        duration,
+        args.scheme,
+        k + 2 * m,
+        args.spares
+    );
+    println!(
+        "schedule ({} faults; each waits while m = {m} nodes' data is unavailable or un-rebuilt):",
+        plan.len()
+    );
+    for p in &plan {
+        match p.kind {
+            FaultKind::Kill => println!("  {:7.2}s  kill -9, then a new node joins", p.at),
+            _ => println!("  {:7.2}s  {} for {:.2}s", p.at, p.kind.name(), p.hold),
+        }
+    }
+
+    let data = args.objects * 4096;
+    let budget = (data as f64 * args.local_ratio) as usize;
+    let mut cfg = ClusterConfig::new(std::env::current_exe().context("locating the remora binary")?);
+    cfg.memnodes = memnodes;
+    cfg.region_size = 16 << 20;
+    cfg.capacity = ((data * 4 / (k as u64) + (64 << 20)) / cfg.region_size + 1) * cfg.region_size;
+    cfg.log_level = "warn".into();
+    let mut cluster = LocalCluster::start(cfg).context("starting the cluster")?;
+    if args.faults.contains(&FaultKind::Partition) {
+        // Resume is harmless on a healthy node: it asks whether faults can be injected at all.
+        cluster.fault(0, Fault::Resume).map_err(|e| {
+            anyhow!("--faults partition needs fault injection in the memory nodes ({e}); build with `cargo build --release --features fault-injection`")
+        })?;
+    }
+    let mut rcfg = RuntimeConfig::new(cluster.manager_addr(), budget);
+    rcfg.name = "remora-chaos".into();
+    rcfg.scheme = scheme::make(&args.scheme, &opts).context("building the scheme")?;
+    let rt = Runtime::connect(rcfg).context("connecting the runtime")?;
+    println!(
+        "filling {} objects ({}), local budget {}",
+        args.objects,
+        ByteSize(data),
+        ByteSize(budget as u64)
+    );
+    let objs: Vec<RwLock<RemBox<Obj>>> = (0..args.objects)
+        .map(|i| rt.alloc(make(i, 0)).map(RwLock::new))
+        .collect::<Result<_, _>>()
+        .context("filling")?;
+    let versions: Vec<AtomicU64> = (0..args.objects).map(|_| AtomicU64::new(0)).collect();
+    let zipf = Zipf::new(args.objects as f64, args.zipf).map_err(|e| anyhow!("Zipf: {e}"))?;
+    let tally = Tally::default();
+    let stop = AtomicBool::new(false);
+    let base_recoveries = rt.stats().recoveries;
+
+    let mut windows: Vec<(f64, f64)> = Vec::new();
+    let mut done: Vec<Done> = Vec::new();
+    let mut holds: Vec<Hold> = Vec::new();
+    let mut dead: Vec<usize> = Vec::new();
+    let mut settled = true;
+    std::thread::scope(|s| -> Result<()> {
+        for t in 0..args.threads {
+            let (rt, objs, versions, stop, tally, zipf) = (&rt, &objs, &versions, &stop, &tally, &zipf);
+            let wseed = seed ^ (t as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            std::thread::Builder::new()
+                .name(format!("chaos-{t}"))
+                .spawn_scoped(s, move || {
+                    let mut rng = rand::rngs::StdRng::seed_from_u64(wseed);
+                    let mult = 0x9E37_79B9u64 | 1;
+                    while !stop.load(Ordering::Relaxed) {
+                        let rank = zipf.sample(&mut rng) as u64 - 1;
+                        let i = rank.wrapping_mul(mult) % objs.len() as u64;
+                        let scope = rt.scope();
+                        if rng.random::<f64>() < args.write_ratio {
+                            let mut g = objs[i as usize].write().unwrap_or_else(|p| p.into_inner());
+                            let v = versions[i as usize].load(Ordering::Relaxed) + 1;
+                            match g.deref_mut(&scope) {
+                                Ok(o) => {
+                                    *o = make(i, v);
+                                    versions[i as usize].store(v, Ordering::Relaxed);
+                                }
+                                Err(e) => tally.error(format!("write {i}"), &e),
+                            }
+                        } else {
+                            let g = objs[i as usize].read().unwrap_or_else(|p| p.into_inner());
+                            match g.deref(&scope) {
+                                Ok(o) if is(o, i, versions[i as usize].load(Ordering::Relaxed)) => {}
+                                Ok(_) => {
+                                    tally.wrong.fetch_add(1, Ordering::Relaxed);
+                                }
+                                Err(e) => tally.error(format!("read {i}"), &e),
+                            }
+                        }
+                        tally.ops.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+                .context("starting a workload thread")?;
+        }
+        let start = Instant::now();
+        let now = || start.elapsed().as_secs_f64();
+        let mut next = 0usize;
+        let mut last_ops = 0u64;
+        let mut tick = start;
+        let mut settle_deadline = None;
+        loop {
+            tick += Duration::from_secs_f64(WINDOW);
+            std::thread::sleep(tick.saturating_duration_since(Instant::now()));
+            let t = now();
+            let ops = tally.ops.load(Ordering::Relaxed);
+            windows.push((t, (ops - last_ops) as f64 / WINDOW));
+            last_ops = ops;
+            let st = rt.stats();
+            // A kill is rebuilt once the runtime holds no region on that
+            // node any more: each was rebuilt elsewhere (or given back).
+            if done.iter().any(|d| d.kind == FaultKind::Kill && d.rebuilt_at.is_none()) {
+                let held: Vec<String> = rt.regions().into_iter().map(|(_, g)| g.addr).collect();
+                for d in done
+                    .iter_mut()
+                    .filter(|d| d.kind == FaultKind::Kill && d.rebuilt_at.is_none())
+                {
+                    if !held.contains(&d.node) {
+                        d.rebuilt_at = Some(t);
+                        say(
+                            t,
+                            format!("rebuilt what {} held ({:.2}s after the kill)", d.node, t - d.at),
+                        );
+                    }
+                }
+            }
+            // Heal what is due.
+            holds.retain(|h| {
+                if h.until > t {
+                    return true;
+                }
+                let healed = match h.kind {
+                    FaultKind::Pause => cluster.resume_memnode(h.node).map_err(|e| e.to_string()),
+                    _ => cluster.fault(h.node, Fault::Resume).map_err(|e| e.to_string()),
+                };
+                match healed {
+                    Ok(()) => say(t, format!("healed {} of node #{}", h.kind.name(), h.node)),
+                    Err(e) => say(t, format!("healing node #{} failed: {e}", h.node)),
+                }
+                false
+            });
+            let unrebuilt = done
+                .iter()
+                .filter(|d| d.kind == FaultKind::Kill && d.rebuilt_at.is_none())
+                .count()
+                + holds.len();
+            if t >= duration {
+                // Calm: wait (bounded) for every rebuild, then stop.
+                if unrebuilt == 0 && st.recovering == 0 {
+                    break;
+                }
+                let deadline = *settle_deadline.get_or_insert(t + 60.0);
+                if t > deadline {
+                    say(
+                        t,
+                        format!("recovery did not finish within 60 s ({unrebuilt} outstanding)"),
+                    );
+                    settled = false;
+                    break;
+                }
+                continue;
+            }
+            let Some(p) = plan.get(next).copied() else { continue };
+            if p.at > t || unrebuilt >= m {
+                continue;
+            }
+            next += 1;
+            if let Err(e) = strike(&mut cluster, &rt, p, t, &dead, &holds).map(|(node, addr)| {
+                say(
+                    t,
+                    match p.kind {
+                        FaultKind::Kill => format!("kill -9 node #{node} ({addr})"),
+                        _ => format!("{} node #{node} ({addr}) for {:.2}s", p.kind.name(), p.hold),
+                    },
+                );
+                done.push(Done {
+                    kind: p.kind,
+                    node: addr,
+                    at: t,
+                    hold: p.hold,
+                    rebuilt_at: None,
+                });
+                match p.kind {
+                    FaultKind::Kill => dead.push(node),
+                    kind => holds.push(Hold {
+                        node,
+                        kind,
+                        until: t + p.hold,
+                    }),
+                }
+            }) {
+                say(t, format!("{} skipped: {e}", p.kind.name()));
+                continue;
+            }
+            if p.kind == FaultKind::Kill {
+                match cluster.add_memnode() {
+                    Ok(i) => say(t, format!("node #{i} joined ({})", cluster.memnodes()[i].addr)),
+                    Err(e) => say(t, format!("a new node could not start: {e}")),
+                }
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        Ok(())
+    })?;
+    for h in &holds {
+        let _ = cluster.resume_memnode(h.node);
+        let _ = cluster.fault(h.node, Fault::Resume);
+    }
+
+    println!("verifying every object against its last written version...");
+    let (mut verified, mut lost, mut wrong) = (0u64, 0u64, 0u64);
+    for (i, o) in objs.iter().enumerate() {
+        let scope = rt.scope();
+        let g = o.read().unwrap_or_else(|p| p.into_inner());
+        match g.deref(&scope) {
+            Ok(v) if is(v, i as u64, versions[i].load(Ordering::Relaxed)) => verified += 1,
+            Ok(_) => wrong += 1,
+            Err(_) => lost += 1,
+        }
+    }
+    let st = rt.stats();
+    let recoveries = st.recoveries.saturating_sub(base_recoveries);
+    let kills = done.iter().filter(|d| d.kind == FaultKind::Kill).count() as u64;
+    let longest_zero = report::longest_zero(&windows);
+    println!();
+    println!("remora chaos — results (seed {seed})");
+    println!(
+        "  objects verified   {verified} of {} (lost {lost}, wrong {wrong})",
+        args.objects
+    );
+    println!(
+        "  during the run     {} ops, {} wrong reads, {} DataLost errors, {} other errors",
+        tally.ops.load(Ordering::Relaxed),
+        tally.wrong.load(Ordering::Relaxed),
+        tally.data_lost.load(Ordering::Relaxed),
+        tally.other.load(Ordering::Relaxed)
+    );
+    for e in tally.first_errors.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        println!("    {e}");
+    }
+    println!(
+        "  recoveries         {recoveries} for {kills} kills ({} beyond the kills: a paused or partitioned node declared dead)",
+        recoveries.saturating_sub(kills)
+    );
+    println!("  longest at zero    {longest_zero:.2}s (goal: never more than 1 s)");
+    println!(
+        "  faults             kind        node                   at s    end s   dip (mean during / 5 s before)   back after"
+    );
+    let mut dips = Vec::new();
+    for d in &done {
+        let end = match d.kind {
+            FaultKind::Kill => d.rebuilt_at.unwrap_or(duration),
+            _ => d.at + d.hold,
+        };
+        let dip = report::dip(&windows, d.at, end);
+        let shown = dip.map_or("-".to_string(), |x| format!("{:.2}", x.ratio));
+        let back = dip
+            .and_then(|x| x.back_after)
+            .map_or("not within the run".to_string(), |b| format!("{b:.2}s"));
+        println!(
+            "                     {:<10}  {:<20} {:>7.2} {:>7.2}   {shown:>31}   {back}",
+            d.kind.name(),
+            d.node,
+            d.at,
+            end
+        );
+        dips.push(serde_json::json!({
+            "kind": d.kind.name(), "node": d.node, "at_s": d.at, "end_s": end,
+            "baseline_ops_per_s": dip.map(|x| x.baseline),
+            "dip_ratio": dip.map(|x| x.ratio),
+            "back_after_s": dip.and_then(|x| x.back_after),
+        }));
+    }
+    let title = format!(
+        "remora chaos: {} on {memnodes}+ memory nodes, seed {seed}, {} faults; throughput in 50 ms windows",
+        args.scheme,
+        done.len()
+    );
+    report::draw(&args.plot, &windows, &done, &title)?;
+    println!("  timeline           {}", args.plot.display());
+    if let Some(path) = &args.json {
+        let v = serde_json::json!({
+            "seed": seed,
+            "scheme": args.scheme,
+            "duration_s": duration,
+            "verified_objects": verified,
+            "lost_objects": lost,
+            "wrong_objects": wrong,
+            "wrong_reads": tally.wrong.load(Ordering::Relaxed),
+            "data_lost_errors": tally.data_lost.load(Ordering::Relaxed),
+            "other_errors": tally.other.load(Ordering::Relaxed),
+            "ops": tally.ops.load(Ordering::Relaxed),
+            "faults": done.iter().map(|d| serde_json::json!({
+                "kind": d.kind.name(), "node": d.node, "at_s": d.at, "hold_s": d.hold, "rebuilt_at_s": d.rebuilt_at,
+            })).collect::<Vec<_>>(),
+            "dips": dips,
+            "recoveries": recoveries,
+            "spurious_recoveries": recoveries.saturating_sub(kills),
+            "longest_zero_s": longest_zero,
+            "settled": settled,
+            "window_s": WINDOW,
+            "timeline": windows.iter().map(|w| [w.0, w.1]).collect::<Vec<_>>(),
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&v)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!("  json               {}", path.display());
+    }
+    if lost + wrong > 0 || tally.wrong.load(Ordering::Relaxed) > 0 || !settled {
+        bail!(
+            "{lost} objects lost, {wrong} wrong, {} wrong reads{}",
+            tally.wrong.load(Ordering::Relaxed),
+            if settled { "" } else { "; recovery did not finish" }
+        );
+    }
+    Ok(())
+}
+
+/// Applies one planned fault to a memory node that holds the runtime's far
+/// data, is alive and not already under a fault; returns its index and address.
+fn strike(
+    cluster: &mut LocalCluster,
+    rt: &Runtime,
+    p: Planned,
+    t: f64,
+    dead: &[usize],
+    holds: &[Hold],
+) -> Result<(usize, String)> {
+    let held: Vec<String> = rt.regions().into_iter().map(|(_, g)| g.addr).collect();
+    let cands: Vec<usize> = (0..cluster.memnodes().len())
+        .filter(|i| !dead.contains(i) && !holds.iter().any(|h| h.node == *i))
+        .filter(|&i| held.contains(&cluster.memnodes()[i].addr))
+        .collect();
+    if cands.is_empty() {
+        bail!("no live node holds the runtime's data at {t:.2}s");
+    }
+    let node = cands[(p.pick % cands.len() as u64) as usize];
+    let addr = cluster.memnodes()[node].addr.clone();
+    match p.kind {
+        FaultKind::Kill => cluster.kill_memnode(node)?,
+        FaultKind::Pause => cluster.pause_memnode(node)?,
+        FaultKind::Partition => {
+            // Unanswered both ways: nothing served, no heartbeat, and every
+            // open connection cut.
+            cluster.fault(node, Fault::Pause)?;
+            cluster.fault(node, Fault::DropConnections)?;
+        }
+    }
+    Ok((node, addr))
+}

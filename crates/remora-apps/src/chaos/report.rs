@@ -1,0 +1,233 @@
+//! What `remora chaos` measured: throughput in 50 ms windows, each fault's
+//! dip against the 5 s before it, how long until throughput was back, and
+//! the longest stretch at zero; drawn as an SVG with every fault marked.
+
+use std::path::Path;
+
+use anyhow::{Result, anyhow};
+use plotters::prelude::*;
+
+use super::nemesis::FaultKind;
+
+/// Width of a throughput window, seconds.
+pub(crate) const WINDOW: f64 = 0.05;
+/// Baseline before a fault, seconds.
+const BEFORE: f64 = 5.0;
+/// Throughput counts as back once it stays at this share of the baseline…
+const NORMAL: f64 = 0.9;
+/// …for this long.
+const STAY: f64 = 0.5;
+
+/// A fault as it happened.
+#[derive(Debug, Clone)]
+pub(crate) struct Done {
+    pub(crate) kind: FaultKind,
+    /// The memory node's address.
+    pub(crate) node: String,
+    pub(crate) at: f64,
+    pub(crate) hold: f64,
+    /// For a kill: when the runtime had rebuilt what the node held.
+    pub(crate) rebuilt_at: Option<f64>,
+}
+
+/// A fault's effect on throughput.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Dip {
+    /// Mean throughput of the `BEFORE` seconds before the fault.
+    pub(crate) baseline: f64,
+    /// Mean from the fault to its end (rebuilt for a kill, healed for a
+    /// hold) ÷ the baseline.
+    pub(crate) ratio: f64,
+    /// Seconds from the fault until throughput stayed at `NORMAL` of the
+    /// baseline for `STAY` seconds (0 when the first window after it
+    /// already did: less than one window).
+    pub(crate) back_after: Option<f64>,
+}
+
+/// Mean of the windows whose end lies in `(lo, hi]`.
+fn mean(windows: &[(f64, f64)], lo: f64, hi: f64) -> Option<f64> {
+    let v: Vec<f64> = windows.iter().filter(|w| w.0 > lo && w.0 <= hi).map(|w| w.1).collect();
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
+/// The dip of a fault at `at` that lasted until `end`, over windows
+/// `(end of window, ops/s)`.
+pub(crate) fn dip(windows: &[(f64, f64)], at: f64, end: f64) -> Option<Dip> {
+    let baseline = mean(windows, at - BEFORE, at)?;
+    if baseline <= 0.0 {
+        return None;
+    }
+    // A fault shorter than a window still covers the window it falls in.
+    let during = mean(windows, at, end.max(at + WINDOW))?;
+    let after: Vec<&(f64, f64)> = windows.iter().filter(|w| w.0 > at).collect();
+    let stay = (STAY / WINDOW).round() as usize;
+    let back_after = (0..after.len().saturating_sub(stay - 1))
+        .find(|&i| after[i..i + stay].iter().all(|w| w.1 >= NORMAL * baseline))
+        .map(|i| (after[i].0 - WINDOW - at).max(0.0));
+    Some(Dip {
+        baseline,
+        ratio: during / baseline,
+        back_after,
+    })
+}
+
+/// Longest run of consecutive windows with no operation completed, seconds.
+pub(crate) fn longest_zero(windows: &[(f64, f64)]) -> f64 {
+    let (mut best, mut run) = (0usize, 0usize);
+    for w in windows {
+        if w.1 <= 0.0 {
+            run += 1;
+            best = best.max(run);
+        } else {
+            run = 0;
+        }
+    }
+    best as f64 * WINDOW
+}
+
+fn colour(kind: FaultKind) -> RGBColor {
+    match kind {
+        FaultKind::Kill => RGBColor(214, 39, 40),
+        FaultKind::Pause => RGBColor(255, 127, 14),
+        FaultKind::Partition => RGBColor(148, 103, 189),
+    }
+}
+
+/// Draws the throughput timeline with every fault marked.
+pub(crate) fn draw(path: &Path, windows: &[(f64, f64)], faults: &[Done], title: &str) -> Result<()> {
+    let err = |e: DrawingAreaErrorKind<_>| anyhow!("drawing {}: {e}", path.display());
+    let tmax = windows.last().map_or(1.0, |w| w.0).max(1.0);
+    let ymax = windows.iter().map(|w| w.1).fold(1.0, f64::max) * 1.15 / 1000.0;
+    let root = SVGBackend::new(path, (1100, 420)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 15))
+        .margin(10)
+        .x_label_area_size(35)
+        .y_label_area_size(55)
+        .build_cartesian_2d(0.0..tmax, 0.0..ymax)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("time (s)")
+        .y_desc("k ops/s (50 ms windows)")
+        .light_line_style(RGBColor(238, 238, 238))
+        .draw()
+        .map_err(err)?;
+    for f in faults {
+        let end = match f.kind {
+            FaultKind::Kill => f.rebuilt_at.unwrap_or(f.at),
+            _ => f.at + f.hold,
+        };
+        if end > f.at {
+            let c = colour(f.kind);
+            let shade = RGBColor(c.0 / 8 + 223, c.1 / 8 + 223, c.2 / 8 + 223);
+            chart
+                .draw_series(std::iter::once(Rectangle::new(
+                    [(f.at, 0.0), (end, ymax)],
+                    shade.filled(),
+                )))
+                .map_err(err)?;
+        }
+    }
+    let blue = RGBColor(31, 119, 180);
+    chart
+        .draw_series(LineSeries::new(
+            windows.iter().map(|w| (w.0, w.1 / 1000.0)),
+            blue.stroke_width(1),
+        ))
+        .map_err(err)?
+        .label("throughput")
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], blue.stroke_width(2)));
+    for kind in [FaultKind::Kill, FaultKind::Pause, FaultKind::Partition] {
+        let marks: Vec<&Done> = faults.iter().filter(|f| f.kind == kind).collect();
+        if marks.is_empty() {
+            continue;
+        }
+        let c = colour(kind);
+        for (i, f) in marks.iter().enumerate() {
+            let s = chart
+                .draw_series(std::iter::once(PathElement::new(
+                    vec![(f.at, 0.0), (f.at, ymax)],
+                    c.stroke_width(2),
+                )))
+                .map_err(err)?;
+            if i == 0 {
+                s.label(format!("{} (shaded: until rebuilt / healed)", kind.name()))
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+            }
+            let label = format!(" {} {}", kind.name(), f.node);
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    label,
+                    (f.at, ymax * 0.97),
+                    ("sans-serif", 11).into_font().color(&c),
+                )))
+                .map_err(err)?;
+        }
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn windows(f: impl Fn(f64) -> f64, secs: f64) -> Vec<(f64, f64)> {
+        let n = (secs / WINDOW).round() as usize;
+        (1..=n).map(|i| i as f64 * WINDOW).map(|t| (t, f(t))).collect()
+    }
+
+    #[test]
+    fn a_dip_shorter_than_a_window_is_seen_and_back_can_be_under_one_window() {
+        // Flat at 1000 ops/s: the fault changes nothing, back at once.
+        let flat = windows(|_| 1000.0, 20.0);
+        let d = dip(&flat, 10.0, 10.01).unwrap();
+        assert!((d.ratio - 1.0).abs() < 1e-9);
+        assert_eq!(d.back_after, Some(0.0), "less than one window");
+        // One window at zero right after the fault: its own window shows it.
+        let one = windows(
+            |t| {
+                if (10.0..10.05 + 1e-9).contains(&(t - 1e-9)) {
+                    0.0
+                } else {
+                    1000.0
+                }
+            },
+            20.0,
+        );
+        let d = dip(&one, 10.0, 10.01).unwrap();
+        assert!(d.ratio < 0.01, "{d:?}");
+        assert!((d.back_after.unwrap() - WINDOW).abs() < 1e-9, "{d:?}");
+        assert!((longest_zero(&one) - WINDOW).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_halved_rebuild_period_and_a_zero_stretch() {
+        let w = windows(
+            |t| match t {
+                t if t > 10.0 && t <= 11.0 => 0.0,
+                t if t > 11.0 && t <= 14.0 => 500.0,
+                _ => 1000.0,
+            },
+            30.0,
+        );
+        let d = dip(&w, 10.0, 14.0).unwrap();
+        assert!(
+            (d.ratio - 0.375).abs() < 1e-6,
+            "(1 s at 0 + 3 s at 500) / 4 s / 1000: {d:?}"
+        );
+        assert!((d.back_after.unwrap() - 4.0).abs() < 1e-6, "{d:?}");
+        assert!((longest_zero(&w) - 1.0).abs() < 1e-6);
+        assert!(dip(&w, 2.0, 3.0).is_some_and(|d| (d.baseline - 1000.0).abs() < 1e-9));
+        assert!(dip(&[], 2.0, 3.0).is_none());
+    }
+}

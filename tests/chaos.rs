@@ -1,0 +1,111 @@
+//! `remora chaos` end to end against real processes: a seeded schedule of
+//! kills, pauses and partitions while a workload writes, every object
+//! verified, and the JSON it promises.
+
+use std::process::Command;
+
+fn chaos(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_remora"))
+        .arg("chaos")
+        .args(args)
+        .env("RUST_LOG", "error")
+        .output()
+        .expect("remora runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Runs a short chaos run with `faults` and returns its JSON.
+fn run(faults: &str, seed: &str) -> serde_json::Value {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("chaos.json");
+    let svg = dir.path().join("chaos.svg");
+    let (ok, stdout, stderr) = chaos(&[
+        "--duration",
+        "16s",
+        "--mean-gap",
+        "3s",
+        "--seed",
+        seed,
+        "--faults",
+        faults,
+        "--objects",
+        "4096",
+        "--threads",
+        "2",
+        "--json",
+        json.to_str().unwrap(),
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(ok, "chaos failed:\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(&format!("seed {seed}")),
+        "the seed is printed: {stdout}"
+    );
+    let svg = std::fs::read_to_string(&svg).expect("timeline drawn");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    for f in v["faults"].as_array().unwrap() {
+        let kind = f["kind"].as_str().unwrap();
+        assert!(svg.contains(kind), "{kind} is marked on the timeline");
+    }
+    v
+}
+
+fn assert_nothing_lost(v: &serde_json::Value) {
+    assert_eq!(v["verified_objects"], 4096, "{v}");
+    assert_eq!(v["lost_objects"], 0, "{v}");
+    assert_eq!(v["wrong_objects"], 0, "{v}");
+    assert_eq!(v["wrong_reads"], 0, "{v}");
+    assert_eq!(v["data_lost_errors"], 0, "{v}");
+    assert_eq!(v["settled"], true, "{v}");
+    assert!(v["ops"].as_u64().unwrap() > 0, "{v}");
+    let windows = v["timeline"].as_array().unwrap().len();
+    assert!(windows >= 16 * 20 * 9 / 10, "50 ms windows over 16 s: {windows}");
+}
+
+#[test]
+fn kills_and_pauses_lose_nothing() {
+    let v = run("kill,pause", "11");
+    assert_nothing_lost(&v);
+    let faults = v["faults"].as_array().unwrap();
+    // Seed 11 plans kill, pause, kill, pause; each may wait for the one before.
+    for kind in ["kill", "pause"] {
+        assert!(faults.iter().any(|f| f["kind"] == kind), "no {kind} happened: {v}");
+    }
+    for f in faults {
+        assert!(f["at_s"].as_f64().unwrap() > 0.0 && f["node"].as_str().is_some(), "{f}");
+        if f["kind"] == "kill" {
+            assert!(f["rebuilt_at_s"].as_f64().is_some(), "every kill was rebuilt: {v}");
+        }
+    }
+    // Every fault's dip is measured against the seconds before it.
+    assert_eq!(v["dips"].as_array().unwrap().len(), faults.len());
+}
+
+#[test]
+fn partitions_lose_nothing() {
+    let v = run("partition", "12");
+    assert_nothing_lost(&v);
+    let faults = v["faults"].as_array().unwrap();
+    assert!(!faults.is_empty(), "{v}");
+    assert!(faults.iter().all(|f| f["kind"] == "partition"), "{v}");
+}
+
+#[test]
+fn refuses_what_it_cannot_do_with_a_clear_error() {
+    for (args, says) in [
+        (&["--scheme", "non-ft"][..], "keeps no redundancy"),
+        (&["--scheme", "nope"][..], "unknown scheme"),
+        (&["--threads", "0"][..], "--threads"),
+        (&["--faults", "flood"][..], "invalid value"),
+    ] {
+        let (ok, stdout, stderr) = chaos(args);
+        assert!(!ok, "{args:?} must fail");
+        assert!(stderr.contains(says), "{args:?}: {stdout}\n{stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}
