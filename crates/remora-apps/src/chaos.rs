@@ -30,7 +30,7 @@ use remora_runtime::{RemBox, Runtime, RuntimeConfig, RuntimeError, scheme};
 pub use self::nemesis::FaultKind;
 use self::nemesis::Planned;
 use self::report::{Done, WINDOW};
-use crate::workload::{Obj, is, make};
+use crate::workload::{Obj, Verified, is, make, verify_all};
 
 /// Flags of `remora chaos`.
 #[derive(Debug, Clone, clap::Args)]
@@ -345,16 +345,11 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
     }
 
     println!("verifying every object against its last written version...");
-    let (mut verified, mut lost, mut wrong) = (0u64, 0u64, 0u64);
-    for (i, o) in objs.iter().enumerate() {
-        let scope = rt.scope();
-        let g = o.read().unwrap_or_else(|p| p.into_inner());
-        match g.deref(&scope) {
-            Ok(v) if is(v, i as u64, versions[i].load(Ordering::Relaxed)) => verified += 1,
-            Ok(_) => wrong += 1,
-            Err(_) => lost += 1,
-        }
-    }
+    let Verified {
+        ok: verified,
+        wrong,
+        lost,
+    } = verify_all(&rt, &objs, &versions);
     let st = rt.stats();
     let recoveries = st.recoveries.saturating_sub(base_recoveries);
     let kills = done.iter().filter(|d| d.kind == FaultKind::Kill).count() as u64;

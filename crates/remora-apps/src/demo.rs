@@ -16,7 +16,7 @@ use remora_cluster::{ClusterConfig, LocalCluster};
 use remora_proto::ByteSize;
 use remora_runtime::{RemBox, Runtime, RuntimeConfig, Stats, scheme};
 
-use crate::workload::{Obj, is, make};
+use crate::workload::{Obj, Verified, is, make, verify_all};
 
 /// Flags of `remora demo`.
 #[derive(Debug, Clone, clap::Args)]
@@ -239,16 +239,11 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     }
 
     say("verifying every object against its last written version...");
-    let (mut verified, mut lost, mut corrupt) = (0u64, 0u64, 0u64);
-    for (i, o) in objs.iter().enumerate() {
-        let scope = rt.scope();
-        let g = o.read().unwrap_or_else(|p| p.into_inner());
-        match g.deref(&scope) {
-            Ok(v) if is(v, i as u64, versions[i].load(Ordering::Relaxed)) => verified += 1,
-            Ok(_) => corrupt += 1,
-            Err(_) => lost += 1,
-        }
-    }
+    let Verified {
+        ok: verified,
+        wrong: corrupt,
+        lost,
+    } = verify_all(&rt, &objs, &versions);
     let kill_at = kill_t.unwrap_or(args.before);
     let rec_at = recovered_t.unwrap_or(total);
     let mean = |lo: f64, hi: f64| {
@@ -400,26 +395,10 @@ fn draw(path: &Path, samples: &[Sample], kill: f64, recovered: f64) -> Result<()
     use plotters::prelude::*;
     let tmax = samples.last().map(|s| s.t).unwrap_or(1.0).max(1.0);
     let ymax = samples.iter().map(|s| s.ops_per_sec).fold(1.0, f64::max) * 1.1 / 1000.0;
-    let root = SVGBackend::new(path, (900, 360)).into_drawing_area();
-    let err = |e: DrawingAreaErrorKind<_>| anyhow!("drawing {}: {e}", path.display());
-    root.fill(&WHITE).map_err(err)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!("remora demo: throughput, ec-batch RS(4,2), memory node killed at {kill:.1}s"),
-            ("sans-serif", 15),
-        )
-        .margin(10)
-        .x_label_area_size(35)
-        .y_label_area_size(55)
-        .build_cartesian_2d(0.0..tmax, 0.0..ymax)
-        .map_err(err)?;
-    chart
-        .configure_mesh()
-        .x_desc("time (s)")
-        .y_desc("k ops/s")
-        .light_line_style(RGBColor(238, 238, 238))
-        .draw()
-        .map_err(err)?;
+    let err = crate::plot::err(path);
+    let root = crate::plot::canvas(path, (900, 360))?;
+    let title = format!("remora demo: throughput, ec-batch RS(4,2), memory node killed at {kill:.1}s");
+    let mut chart = crate::plot::timeline(path, &root, &title, (tmax, ymax), "k ops/s")?;
     let red = RGBColor(214, 39, 40);
     let green = RGBColor(44, 160, 44);
     chart

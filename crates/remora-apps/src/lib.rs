@@ -6,4 +6,5 @@
 
 pub mod chaos;
 pub mod demo;
+mod plot;
 mod workload;

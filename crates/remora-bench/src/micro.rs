@@ -239,6 +239,19 @@ pub struct MicroArgs {
     pub kill_at: Option<Duration>,
 }
 
+/// The workload in a line, for plot subtitles.
+fn workload_label(args: &MicroArgs, plan: &Plan) -> String {
+    format!(
+        "{} objects of {}, local ratio {}, Zipf {}, {:.0} % writes, {}",
+        plan.n,
+        args.object_size,
+        args.local_ratio,
+        args.zipf,
+        args.write_ratio * 100.0,
+        threads_label(args.threads),
+    )
+}
+
 impl MicroArgs {
     /// The measured runs of each scheme: an offered rate (ops/s) each, `None`
     /// for the closed loop (`--sweep auto` starts with one).
@@ -392,14 +405,9 @@ pub fn run(args: &MicroArgs) -> anyhow::Result<()> {
     if let (Some(s), Some(path)) = (&summary, args.plot_path()) {
         s.print();
         let subtitle = format!(
-            "{} objects of {}, local ratio {}, Zipf {}, {:.0} % writes, {}, {:.1} s per rate; RS({},{}); \
+            "{}, {:.1} s per rate; RS({},{}); \
              dashed: saturation (highest rate with >= 95 % of the load done); x: did not keep up",
-            plan.n,
-            args.object_size,
-            args.local_ratio,
-            args.zipf,
-            args.write_ratio * 100.0,
-            threads_label(args.threads),
+            workload_label(args, &plan),
             args.duration.as_secs_f64(),
             plan.opts.k,
             plan.opts.m
@@ -419,15 +427,7 @@ pub fn run(args: &MicroArgs) -> anyhow::Result<()> {
         timeline::print_drift(&runs, args.duration.as_secs_f64());
     }
     if let Some(path) = &args.timeline {
-        let subtitle = format!(
-            "{} objects of {}, local ratio {}, Zipf {}, {:.0} % writes, {}, windows of 100 ms",
-            plan.n,
-            args.object_size,
-            args.local_ratio,
-            args.zipf,
-            args.write_ratio * 100.0,
-            threads_label(args.threads),
-        );
+        let subtitle = format!("{}, windows of 100 ms", workload_label(args, &plan));
         timeline::write(path, &runs, &subtitle)?;
         progress(format_args!("timeline written to {}", path.display()));
     }

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use anyhow::{Result, anyhow};
+use anyhow::Result;
 use plotters::prelude::*;
 
 use super::nemesis::FaultKind;
@@ -95,25 +95,11 @@ fn colour(kind: FaultKind) -> RGBColor {
 
 /// Draws the throughput timeline with every fault marked.
 pub(crate) fn draw(path: &Path, windows: &[(f64, f64)], faults: &[Done], title: &str) -> Result<()> {
-    let err = |e: DrawingAreaErrorKind<_>| anyhow!("drawing {}: {e}", path.display());
+    let err = crate::plot::err(path);
     let tmax = windows.last().map_or(1.0, |w| w.0).max(1.0);
     let ymax = windows.iter().map(|w| w.1).fold(1.0, f64::max) * 1.15 / 1000.0;
-    let root = SVGBackend::new(path, (1100, 420)).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 15))
-        .margin(10)
-        .x_label_area_size(35)
-        .y_label_area_size(55)
-        .build_cartesian_2d(0.0..tmax, 0.0..ymax)
-        .map_err(err)?;
-    chart
-        .configure_mesh()
-        .x_desc("time (s)")
-        .y_desc("k ops/s (50 ms windows)")
-        .light_line_style(RGBColor(238, 238, 238))
-        .draw()
-        .map_err(err)?;
+    let root = crate::plot::canvas(path, (1100, 420))?;
+    let mut chart = crate::plot::timeline(path, &root, title, (tmax, ymax), "k ops/s (50 ms windows)")?;
     for f in faults {
         let end = match f.kind {
             FaultKind::Kill => f.rebuilt_at.unwrap_or(f.at),

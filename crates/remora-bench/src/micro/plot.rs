@@ -67,20 +67,35 @@ fn log_label(y: f64) -> String {
     }
 }
 
-fn draw(path: &Path, summary: &Summary, subtitle: &str) -> Result<(), Box<dyn std::error::Error>> {
-    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+/// A white SVG canvas of `size` at `path` with a title and a subtitle line;
+/// returns the whole canvas (to present) and the area below the titles.
+pub(crate) type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
+
+pub(crate) fn titled<'a>(
+    path: &'a Path,
+    size: (u32, u32),
+    title: &str,
+    subtitle: &str,
+) -> Result<(Area<'a>, Area<'a>), Box<dyn std::error::Error>> {
+    let root = SVGBackend::new(path, size).into_drawing_area();
     root.fill(&WHITE)?;
-    let (title, body) = root.split_vertically(50);
-    title.draw(&Text::new(
-        "p99 latency vs offered load (remora bench micro, open loop)",
-        (20, 6),
-        ("sans-serif", 20).into_font(),
-    ))?;
-    title.draw(&Text::new(
+    let (head, body) = root.split_vertically(50);
+    head.draw(&Text::new(title.to_string(), (20, 6), ("sans-serif", 20).into_font()))?;
+    head.draw(&Text::new(
         subtitle.to_string(),
         (20, 30),
         ("sans-serif", 13).into_font(),
     ))?;
+    Ok((root, body))
+}
+
+fn draw(path: &Path, summary: &Summary, subtitle: &str) -> Result<(), Box<dyn std::error::Error>> {
+    let (root, body) = titled(
+        path,
+        SIZE,
+        "p99 latency vs offered load (remora bench micro, open loop)",
+        subtitle,
+    )?;
 
     let x_max = summary.rates.iter().copied().fold(0.0, f64::max) * 1.05;
     let (y_lo, y_hi) = y_range(&summary.curves);

@@ -11,7 +11,7 @@ use anyhow::{Context, anyhow};
 use plotters::prelude::*;
 use remora_runtime::Stats;
 
-use super::plot::COLOURS;
+use super::plot::{Area, COLOURS, titled};
 use super::worker::{Snaps, rates};
 
 /// One window of a run.
@@ -89,20 +89,40 @@ pub(crate) fn print_drift(runs: &[(&str, &[Point])], duration_s: f64) {
 const SIZE: (u32, u32) = (1100, 800);
 const MIB: f64 = (1u64 << 20) as f64;
 
+type Chart<'a, 'b> = ChartContext<
+    'a,
+    SVGBackend<'b>,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
+/// One panel: time across, `y_desc` up to `y_max`.
+fn panel<'a, 'b>(
+    area: &'a Area<'b>,
+    t_max: f64,
+    y_max: f64,
+    y_desc: &str,
+) -> Result<Chart<'a, 'b>, Box<dyn std::error::Error>> {
+    let mut chart = ChartBuilder::on(area)
+        .margin(15)
+        .x_label_area_size(35)
+        .y_label_area_size(75)
+        .build_cartesian_2d(0.0..t_max, 0.0..y_max)?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds into the measured phase")
+        .y_desc(y_desc)
+        .y_label_formatter(&|y| format!("{y:.0}"))
+        .draw()?;
+    Ok(chart)
+}
+
 fn draw(path: &Path, runs: &[(&str, &[Point])], subtitle: &str) -> Result<(), Box<dyn std::error::Error>> {
-    let root = SVGBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE)?;
-    let (title, body) = root.split_vertically(50);
-    title.draw(&Text::new(
+    let (root, body) = titled(
+        path,
+        SIZE,
         "throughput and far memory over time (remora bench micro)",
-        (20, 6),
-        ("sans-serif", 20).into_font(),
-    ))?;
-    title.draw(&Text::new(
-        subtitle.to_string(),
-        (20, 30),
-        ("sans-serif", 13).into_font(),
-    ))?;
+        subtitle,
+    )?;
     let (top, bottom) = body.split_vertically((SIZE.1 - 50) / 2);
 
     let t_max = runs
@@ -123,26 +143,8 @@ fn draw(path: &Path, runs: &[(&str, &[Point])], subtitle: &str) -> Result<(), Bo
         .max(1.0)
         * 1.1;
 
-    let mut ops = ChartBuilder::on(&top)
-        .margin(15)
-        .x_label_area_size(35)
-        .y_label_area_size(75)
-        .build_cartesian_2d(0.0..t_max, 0.0..ops_max)?;
-    ops.configure_mesh()
-        .x_desc("seconds into the measured phase")
-        .y_desc("ops/s")
-        .y_label_formatter(&|y| format!("{y:.0}"))
-        .draw()?;
-    let mut far = ChartBuilder::on(&bottom)
-        .margin(15)
-        .x_label_area_size(35)
-        .y_label_area_size(75)
-        .build_cartesian_2d(0.0..t_max, 0.0..far_max)?;
-    far.configure_mesh()
-        .x_desc("seconds into the measured phase")
-        .y_desc("far memory (MiB): held solid, used dashed")
-        .y_label_formatter(&|y| format!("{y:.0}"))
-        .draw()?;
+    let mut ops = panel(&top, t_max, ops_max, "ops/s")?;
+    let mut far = panel(&bottom, t_max, far_max, "far memory (MiB): held solid, used dashed")?;
 
     for (i, (name, pts)) in runs.iter().enumerate() {
         let colour = COLOURS[i % COLOURS.len()];
