@@ -125,8 +125,10 @@ use self::worker::Run;
 pub const MEMNODES: usize = 7;
 /// Where `--sweep` draws its plot when `--plot` names no file.
 pub const DEFAULT_PLOT: &str = "remora-micro-sweep.svg";
-/// Region size of the benchmark's memory nodes.
-const REGION_SIZE: u64 = 64 << 20;
+/// Region size of the benchmark's memory nodes: far memory is held in
+/// stripe groups of k+m regions, so this sets the steps in which far memory
+/// held can follow the data (96 MiB for RS(4,2)).
+const REGION_SIZE: u64 = 16 << 20;
 /// Object sizes the benchmark supports (each is a `[u64; size / 8]`).
 pub const SUPPORTED_SIZES: [u64; 11] = [
     64,

@@ -441,7 +441,10 @@ pub(crate) fn measure<S: Store>(
                 break;
             }
             thread::sleep(next.min(end).saturating_duration_since(now));
-            next += SAMPLE_EVERY;
+            // A late sample (the sampler was starved) starts the next
+            // window afresh: catching up would record windows of a few µs
+            // with no operation in them, false zeros in the timeline.
+            next = (next + SAMPLE_EVERY).max(Instant::now() + SAMPLE_EVERY / 2);
             let st = store.snap();
             let el = t0.elapsed().as_secs_f64().max(1e-9);
             pb.set_position((args.warmup + t0.elapsed()).as_millis() as u64);
