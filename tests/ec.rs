@@ -170,7 +170,7 @@ fn kill_during_workload(name: &str, amp: f64, reads: u64) {
             std::thread::sleep(Duration::from_millis(20));
         }
         // A node holding this runtime's far data.
-        let held: Vec<String> = rt.regions().iter().map(|(_, g)| g.addr.clone()).collect();
+        let held: Vec<String> = rt.regions_with_data().iter().map(|(_, g)| g.addr.clone()).collect();
         let victim = c.memnodes().iter().position(|m| held.contains(&m.addr)).unwrap();
         c.kill_memnode(victim).unwrap();
         let killed = Instant::now();
@@ -264,7 +264,7 @@ fn unreachable_node(name: &str) {
     let objs: Vec<RemBox<Obj>> = (0..n).map(|i| rt.alloc(obj(i, 3)).unwrap()).collect();
     rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
     // Pause a node that holds this runtime's data.
-    let held: Vec<String> = rt.regions().iter().map(|(_, g)| g.addr.clone()).collect();
+    let held: Vec<String> = rt.regions_with_data().iter().map(|(_, g)| g.addr.clone()).collect();
     let victim = c.memnodes().iter().position(|m| held.contains(&m.addr)).unwrap();
     c.fault(victim, Fault::Pause).unwrap();
     let scope = rt.scope();
@@ -304,7 +304,7 @@ fn corrupt_and_repair(name: &str) {
     let objs: Vec<RemBox<Obj>> = (0..n).map(|i| rt.alloc(obj(i, 0)).unwrap()).collect();
     rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
     // Flip the first 256 KiB of every region this runtime holds on one node.
-    let held: Vec<String> = rt.regions().iter().map(|(_, g)| g.addr.clone()).collect();
+    let held: Vec<String> = rt.regions_with_data().iter().map(|(_, g)| g.addr.clone()).collect();
     let v = c.memnodes().iter().position(|m| held.contains(&m.addr)).unwrap();
     let victim = c.memnodes()[v].addr.clone();
     let mut hit = 0;

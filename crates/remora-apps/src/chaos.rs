@@ -457,7 +457,7 @@ fn strike(
     dead: &[usize],
     holds: &[Hold],
 ) -> Result<(usize, String)> {
-    let held: Vec<String> = rt.regions().into_iter().map(|(_, g)| g.addr).collect();
+    let held: Vec<String> = rt.regions_with_data().into_iter().map(|(_, g)| g.addr).collect();
     let cands: Vec<usize> = (0..cluster.memnodes().len())
         .filter(|i| !dead.contains(i) && !holds.iter().any(|h| h.node == *i))
         .filter(|&i| held.contains(&cluster.memnodes()[i].addr))

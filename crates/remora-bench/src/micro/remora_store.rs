@@ -93,11 +93,11 @@ fn figures(first: &Stats, last: &Stats, samples: &[Stats]) -> RemoraFigures {
 }
 
 /// After `after`, kill -9s a memory node holding a region of `rt` (the
-/// first one still alive), so the run goes on through degraded reads and
+/// fullest one still alive), so the run goes on through degraded reads and
 /// the rebuild. A failure to find or kill one is logged, not fatal.
 fn kill_a_node(cluster: &LocalCluster, rt: &Runtime, scheme: &str, after: Duration) {
     std::thread::sleep(after);
-    let held: Vec<String> = rt.regions().iter().map(|(_, g)| g.addr.clone()).collect();
+    let held: Vec<String> = rt.regions_with_data().iter().map(|(_, g)| g.addr.clone()).collect();
     let alive: Vec<String> = cluster
         .status()
         .map(|s| {
@@ -111,11 +111,11 @@ fn kill_a_node(cluster: &LocalCluster, rt: &Runtime, scheme: &str, after: Durati
     // Alive by the manager's word and as a process (an earlier scheme's
     // victim may not be declared dead yet).
     let running = |i: usize| cluster.wait_memnode_exit(i, Duration::ZERO).is_err();
-    let victim = cluster
-        .memnodes()
-        .iter()
-        .enumerate()
-        .position(|(i, m)| held.contains(&m.addr) && alive.contains(&m.addr) && running(i));
+    // The live node whose region holds the most of this runtime's data.
+    let victim = held.iter().find_map(|addr| {
+        let i = cluster.memnodes().iter().position(|m| &m.addr == addr)?;
+        (alive.contains(addr) && running(i)).then_some(i)
+    });
     match victim.map(|i| (i, cluster.kill_memnode(i))) {
         Some((i, Ok(()))) => {
             let addr = cluster.memnodes()[i].addr.clone();

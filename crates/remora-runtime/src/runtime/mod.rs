@@ -337,6 +337,22 @@ impl Runtime {
         self.inner.far.regions.held()
     }
 
+    /// The regions that hold far data now (spans, parity, holes or kept
+    /// copies), fullest first; an empty region kept as a spare is not among
+    /// them. For fault-injection tests that must hit the data.
+    pub fn regions_with_data(&self) -> Vec<(u16, remora_proto::RegionGrant)> {
+        let far = &self.inner.far;
+        let mut v: Vec<_> = far
+            .regions
+            .held()
+            .into_iter()
+            .map(|(i, g)| (far.pages.usage(i).0, i, g))
+            .filter(|(used, ..)| *used > 0)
+            .collect();
+        v.sort_by_key(|(used, i, _)| (std::cmp::Reverse(*used), *i));
+        v.into_iter().map(|(_, i, g)| (i, g)).collect()
+    }
+
     /// This compute node's id at the manager.
     pub fn compute_id(&self) -> remora_proto::ComputeId {
         self.inner.far.backend.id()
