@@ -61,6 +61,105 @@ fn paused_node_is_fenced_when_it_comes_back() {
     }
 }
 
+/// A node that cannot renew its lease (no heartbeat acknowledged for four
+/// intervals) answers data requests `Unavailable`, though the manager has
+/// not given up on it, and serves again once a heartbeat renews the lease.
+#[test]
+fn lapsed_lease_serves_nothing_until_renewed() {
+    // Heartbeats every 1 s (the cap), so the lease is 4 s and the manager
+    // waits 12 s: a 5 s pause lapses the lease and nothing else.
+    let c = cluster_with_timeout(2, 128 * MIB, 64 * MIB, Duration::from_secs(12));
+    let s = session(&c, "lease");
+    let g = s
+        .alloc(2, true, &[])
+        .unwrap()
+        .into_iter()
+        .find(|g| g.addr == c.memnodes()[0].addr)
+        .unwrap();
+    let cl = MemNodeClient::connect(&g.addr, quick_opts()).unwrap();
+    let want = pattern(9, 0, 4096);
+    cl.write(g.cap, 0, &want).unwrap();
+    c.fault(0, Fault::Pause).unwrap();
+    std::thread::sleep(Duration::from_secs(5));
+    // Sent while paused, served after Resume: the lease has lapsed by then.
+    let t = cl.send_read(g.cap, 0, 4096).unwrap();
+    c.fault(0, Fault::Resume).unwrap();
+    let mut buf = vec![0u8; 4096];
+    match cl.wait_read(t, &mut buf) {
+        Err(RpcError::Remote(RemoteError::Unavailable)) => {}
+        other => panic!("a node with a lapsed lease answered {other:?}"),
+    }
+    assert!(
+        RpcError::Remote(RemoteError::Unavailable).is_node_down(),
+        "readers read around it"
+    );
+    // The next heartbeat renews it: the same region, the same bytes.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match cl.read(g.cap, 0, &mut buf) {
+            Ok(()) => break,
+            Err(RpcError::Remote(RemoteError::Unavailable)) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            other => panic!("after the lease was renewed: {other:?}"),
+        }
+    }
+    assert_bytes_eq(&buf, &want, "the region after the lease came back");
+    let st = c.status().unwrap();
+    assert!(
+        st.memory_nodes
+            .iter()
+            .any(|m| m.id == g.node && m.state == NodeState::Alive),
+        "the manager never gave up on it: {st:?}"
+    );
+}
+
+/// A zombie: a node stopped (SIGSTOP) past the manager's timeout is declared
+/// dead; when it continues, a request it had queued is refused, never
+/// answered with the region's bytes, and it re-registers as a new node.
+#[test]
+fn stopped_node_never_serves_after_it_was_declared_dead() {
+    let c = quick_cluster(2, 128 * MIB, 64 * MIB);
+    let s = session(&c, "zombie");
+    let ev = s.take_events().unwrap();
+    let g = s
+        .alloc(2, true, &[])
+        .unwrap()
+        .into_iter()
+        .find(|g| g.addr == c.memnodes()[0].addr)
+        .unwrap();
+    let cl = MemNodeClient::connect(&g.addr, quick_opts()).unwrap();
+    cl.write(g.cap, 0, &pattern(10, 0, 4096)).unwrap();
+    c.pause_memnode(0).unwrap();
+    let t = cl.send_read(g.cap, 0, 4096).unwrap();
+    loop {
+        match ev.recv_timeout(Duration::from_secs(10)).expect("dead-node notice") {
+            SessionEvent::Manager(e) if matches!(e.kind, EventKind::NodeDead { node, .. } if node == g.node) => break,
+            _ => continue,
+        }
+    }
+    c.resume_memnode(0).unwrap();
+    let mut buf = vec![0u8; 4096];
+    // The queued read is answered only after the stop, with its lease long
+    // gone, or the connection is cut when the node wipes itself.
+    match cl.wait_read(t, &mut buf) {
+        Err(RpcError::Remote(RemoteError::Unavailable | RemoteError::NoSuchRegion { .. })) => {}
+        Err(e) if e.is_transport() => {}
+        Ok(()) => panic!("a node declared dead served the region's bytes"),
+        Err(e) => panic!("unexpected answer {e:?}"),
+    }
+    c.wait_until(
+        Duration::from_secs(10),
+        "the zombie re-registers under a new id",
+        |st| {
+            st.memory_nodes
+                .iter()
+                .any(|m| m.addr == g.addr && m.state == NodeState::Alive && m.id != g.node)
+        },
+    )
+    .unwrap();
+}
+
 /// Delayed replies still carry the right bytes; Resume restores speed.
 #[test]
 fn delayed_replies_are_correct() {

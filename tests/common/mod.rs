@@ -22,7 +22,8 @@ pub fn quick_cluster(memnodes: usize, capacity: u64, region_size: u64) -> LocalC
     cluster_with_timeout(memnodes, capacity, region_size, Duration::from_secs(1))
 }
 
-fn cluster_with_timeout(memnodes: usize, capacity: u64, region_size: u64, timeout: Duration) -> LocalCluster {
+/// A cluster whose manager declares nodes dead after `timeout`.
+pub fn cluster_with_timeout(memnodes: usize, capacity: u64, region_size: u64, timeout: Duration) -> LocalCluster {
     let mut cfg = ClusterConfig::new(env!("CARGO_BIN_EXE_remora"));
     cfg.memnodes = memnodes;
     cfg.capacity = capacity;

@@ -229,6 +229,9 @@ impl Drop for Manager {
     }
 }
 
+/// How often memory nodes heartbeat: a sixth of the timeout. A memory node's
+/// lease lasts four intervals from a heartbeat's send (two thirds of the
+/// timeout), so it stops serving before this manager may declare it dead.
 fn heartbeat_interval(timeout: Duration) -> u32 {
     (timeout.as_millis() / 6).clamp(10, 1000) as u32
 }

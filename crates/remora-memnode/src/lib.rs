@@ -12,6 +12,7 @@
 pub mod daemon;
 mod fault;
 pub mod in_process;
+mod lease;
 mod peer_traffic;
 mod rebuild;
 mod region;
@@ -85,6 +86,8 @@ pub(crate) struct Shared {
     pub(crate) admin: AdminKey,
     pub(crate) regions: RegionTable,
     pub(crate) faults: Faults,
+    /// Data is served only while the manager keeps acknowledging heartbeats.
+    pub(crate) lease: lease::Lease,
     /// What this node sent to peers.
     pub(crate) peer: peer_traffic::PeerCounters,
     node_id: AtomicU64,
@@ -138,6 +141,7 @@ impl MemNode {
             admin: cfg.admin_key.unwrap_or_else(Token::random),
             regions: RegionTable::default(),
             faults: Faults::default(),
+            lease: lease::Lease::default(),
             peer: Default::default(),
             node_id: AtomicU64::new(0),
             draining: AtomicBool::new(false),
@@ -263,6 +267,7 @@ fn register(mgr: &ManagerConn, shared: &Shared, addr: &str, cfg: &Config) -> Res
         region_size: cfg.region_size,
         admin: shared.admin,
     };
+    let sent = Instant::now();
     match mgr.call_retrying(&req, cfg.manager_patience)? {
         MgrResponse::MemNodeRegistered {
             node,
@@ -271,13 +276,15 @@ fn register(mgr: &ManagerConn, shared: &Shared, addr: &str, cfg: &Config) -> Res
         } => {
             shared.regions.replace(&regions, cfg.region_size);
             shared.node_id.store(node.0, Ordering::Release);
+            let interval = Duration::from_millis(heartbeat_interval_ms.max(10) as u64);
+            shared.lease.renew(sent, interval);
             tracing::info!(
                 "registered with manager {} as {node}: {} regions of {} bytes",
                 mgr.addr(),
                 regions.len(),
                 cfg.region_size
             );
-            Ok(Duration::from_millis(heartbeat_interval_ms.max(10) as u64))
+            Ok(interval)
         }
         other => Err(RpcError::Unexpected(format!("{other:?}"))),
     }
@@ -298,9 +305,11 @@ fn heartbeat_loop(shared: &Shared, mgr: &ManagerConn, addr: &str, cfg: &Config, 
             admin: shared.admin,
             peer: shared.peer.snapshot(),
         };
+        let sent = Instant::now();
         match mgr.call(&req) {
             Ok(MgrResponse::HeartbeatAck { state }) => {
                 last_ok = Instant::now();
+                shared.lease.renew(sent, interval);
                 if state == NodeState::Draining && !shared.draining.swap(true, Ordering::AcqRel) {
                     tracing::info!("manager marked this node draining");
                 }
@@ -310,6 +319,7 @@ fn heartbeat_loop(shared: &Shared, mgr: &ManagerConn, addr: &str, cfg: &Config, 
                 // The manager gave up on us (we were paused or partitioned):
                 // whatever we hold may be stale. Wipe and start over as a new node.
                 tracing::warn!("fenced by the manager: wiping all regions and registering again");
+                shared.lease.expire();
                 shared.regions.replace(&[], cfg.region_size);
                 match register(mgr, shared, addr, cfg) {
                     Ok(i) => interval = i,
@@ -317,8 +327,11 @@ fn heartbeat_loop(shared: &Shared, mgr: &ManagerConn, addr: &str, cfg: &Config, 
                 }
             }
             Err(e) => {
-                if last_ok.elapsed() > interval * 4 {
-                    tracing::warn!("manager unreachable for {:?}: {e}", last_ok.elapsed());
+                if last_ok.elapsed() > interval * lease::LEASE_INTERVALS {
+                    tracing::warn!(
+                        "manager unreachable for {:?} ({e}): lease lapsed, serving no data until it is renewed",
+                        last_ok.elapsed()
+                    );
                 }
             }
         }

@@ -113,6 +113,13 @@ impl<'a> Conn<'a> {
             true
         };
         let out = if send_reply { Some(self.out) } else { None };
+        // Checked after any injected pause: a node that was stopped comes
+        // back with its lease lapsed and must not answer from data the
+        // manager may have handed elsewhere meanwhile.
+        if (is_data || matches!(req, MemRequest::Rebuild { .. })) && !self.shared.lease.valid() {
+            self.rd.skip(payload_len)?;
+            return reply_err(out, id, &RemoteError::Unavailable);
+        }
         match req {
             MemRequest::Read { cap, offset, len } => {
                 if payload_len != 0 {

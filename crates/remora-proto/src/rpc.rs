@@ -81,6 +81,13 @@ impl RpcError {
     pub fn is_transport(&self) -> bool {
         matches!(self, Self::Connect { .. } | Self::Broken { .. } | Self::Timeout { .. })
     }
+
+    /// True if the node cannot serve data now: unreachable, or it said so
+    /// itself (its lease with the manager lapsed, or it is paused). Readers
+    /// read around such a node; its data is not lost.
+    pub fn is_node_down(&self) -> bool {
+        self.is_transport() || matches!(self, Self::Remote(RemoteError::Unavailable))
+    }
 }
 
 /// Tunables of a connection.

@@ -521,7 +521,7 @@ impl Scheme for Ec2pc {
         };
         match c.read(r.grant.cap, offset(at.page), dest) {
             Ok(()) => Ok(()),
-            Err(e) if e.is_transport() => {
+            Err(e) if e.is_node_down() => {
                 tracing::debug!("swap-in from {} failed ({e}); degraded read", r.grant.addr);
                 self.sh.c.place.suspects.suspect(r.grant.node);
                 self.sh.degraded(far, at, dest)

@@ -29,7 +29,7 @@ impl Default for NonFt {
 }
 
 fn lost(at: SpanAddr, e: RpcError) -> RuntimeError {
-    if e.is_transport() {
+    if e.is_node_down() {
         RuntimeError::DataLost(format!(
             "span r{}:p{} is on an unreachable memory node and non-ft keeps no redundancy ({e})",
             at.region, at.page
@@ -102,8 +102,20 @@ impl Scheme for NonFt {
             RuntimeError::Rpc(e) => lost(at, e),
             other => other,
         })?;
-        c.read(r.grant.cap, at.page as u64 * PAGE_SIZE as u64, dest)
-            .map_err(|e| lost(at, e))
+        // A node whose lease lapsed (a long hiccup) says so and comes back
+        // once it renews: wait for it as long as for a reply. The only copy
+        // is there.
+        let start = std::time::Instant::now();
+        let mut pause = std::time::Duration::from_millis(5);
+        loop {
+            match c.read(r.grant.cap, at.page as u64 * PAGE_SIZE as u64, dest) {
+                Err(RpcError::Remote(remora_proto::RemoteError::Unavailable)) if start.elapsed() < c.call_timeout() => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(std::time::Duration::from_millis(100));
+                }
+                res => return res.map_err(|e| lost(at, e)),
+            }
+        }
     }
 
     fn release(&self, far: &FarMemory, at: SpanAddr, pages: u32) {

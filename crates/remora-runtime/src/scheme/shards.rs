@@ -203,7 +203,7 @@ pub(crate) fn gather(
             Ok(()) if check(i, bytes) => got.arrived.push(i),
             Ok(()) => got.failed += 1,
             Err(e) => {
-                if e.is_transport() {
+                if e.is_node_down() {
                     suspects.suspect(cands[i].node);
                 }
                 tracing::debug!("shard {} on {}: {e}", cands[i].pos, cands[i].node);

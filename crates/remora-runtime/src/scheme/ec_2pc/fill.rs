@@ -41,7 +41,7 @@ struct Failure {
 
 fn failure(e: RpcError, node: NodeId) -> Failure {
     Failure {
-        node: e.is_transport().then_some(node),
+        node: e.is_node_down().then_some(node),
         stale: matches!(
             e,
             RpcError::Remote(RemoteError::StaleGeneration { .. } | RemoteError::TxnConflict { .. })
@@ -316,7 +316,7 @@ impl Shared {
                     }
                     // A refusal is final; a lost reply or connection is
                     // retried (a repeated commit is answered again).
-                    Err(RuntimeError::Rpc(e)) if !e.is_transport() => {
+                    Err(RuntimeError::Rpc(e)) if !e.is_node_down() => {
                         last = Some(failure(e, nodes[p]));
                         break;
                     }

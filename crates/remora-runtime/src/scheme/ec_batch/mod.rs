@@ -420,7 +420,7 @@ impl Scheme for EcBatch {
         match res {
             Ok(()) => Ok(()),
             Err(None) => sh.degraded(far, at, dest),
-            Err(Some((e, r))) if e.is_transport() => {
+            Err(Some((e, r))) if e.is_node_down() => {
                 tracing::debug!("swap-in from {} failed ({e}); degraded read", r.grant.addr);
                 sh.c.place.suspects.suspect(r.grant.node);
                 sh.degraded(far, at, dest)
