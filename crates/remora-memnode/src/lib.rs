@@ -12,6 +12,7 @@
 pub mod daemon;
 mod fault;
 pub mod in_process;
+mod load;
 mod peer_traffic;
 mod rebuild;
 mod region;
@@ -85,6 +86,8 @@ pub(crate) struct Shared {
     pub(crate) admin: AdminKey,
     pub(crate) regions: RegionTable,
     pub(crate) faults: Faults,
+    /// How busy this node is.
+    pub(crate) cpu: load::CpuMeter,
     /// What this node sent to peers.
     pub(crate) peer: peer_traffic::PeerCounters,
     node_id: AtomicU64,
@@ -103,6 +106,7 @@ pub struct MemNode {
     listener: Listener,
     mgr: Arc<ManagerConn>,
     heartbeat: Option<thread::JoinHandle<()>>,
+    cpu_meter: Option<thread::JoinHandle<()>>,
 }
 
 impl MemNode {
@@ -138,6 +142,7 @@ impl MemNode {
             admin: cfg.admin_key.unwrap_or_else(Token::random),
             regions: RegionTable::default(),
             faults: Faults::default(),
+            cpu: load::CpuMeter::default(),
             peer: Default::default(),
             node_id: AtomicU64::new(0),
             draining: AtomicBool::new(false),
@@ -175,6 +180,15 @@ impl MemNode {
             .name("memnode-heartbeat".into())
             .spawn(move || heartbeat_loop(&s3, &m3, &addr3, &cfg3, interval))
             .map_err(|e| MemNodeError::Config(format!("cannot spawn heartbeat thread: {e}")))?;
+        let s_cpu = Arc::clone(&shared);
+        let cpu_meter = thread::Builder::new()
+            .name("memnode-cpu".into())
+            .spawn(move || s_cpu.cpu.run(&s_cpu.stop, thread::park_timeout))
+            .map_err(|e| {
+                shared.stop.store(true, Ordering::Release);
+                heartbeat.thread().unpark();
+                MemNodeError::Config(format!("cannot spawn the CPU meter thread: {e}"))
+            })?;
         Ok(Self {
             cfg,
             addr,
@@ -182,6 +196,7 @@ impl MemNode {
             listener,
             mgr,
             heartbeat: Some(heartbeat),
+            cpu_meter: Some(cpu_meter),
         })
     }
 
@@ -232,7 +247,8 @@ impl MemNode {
         if self.shared.stop.swap(true, Ordering::AcqRel) {
             return;
         }
-        if let Some(h) = self.heartbeat.take() {
+        self.shared.faults.stop_busy();
+        for h in [self.heartbeat.take(), self.cpu_meter.take()].into_iter().flatten() {
             h.thread().unpark();
             let _ = h.join();
         }
@@ -297,6 +313,7 @@ fn heartbeat_loop(shared: &Shared, mgr: &ManagerConn, addr: &str, cfg: &Config, 
             node: NodeId(shared.node_id.load(Ordering::Acquire)),
             admin: shared.admin,
             peer: shared.peer.snapshot(),
+            load: shared.cpu.load(),
         };
         match mgr.call(&req) {
             Ok(MgrResponse::HeartbeatAck { state }) => {
