@@ -182,9 +182,7 @@ impl Adaptive {
     /// Asks every memory node holding a region of ours for its load, all at
     /// once; returns the highest CPU use any of them reported.
     fn poll(&self, far: &FarMemory) -> Option<u32> {
-        let mut addrs: Vec<String> = (0..far.regions.len())
-            .map(|i| far.regions.get(i as u16).grant.addr.clone())
-            .collect();
+        let mut addrs: Vec<String> = far.regions.held().into_iter().map(|(_, g)| g.addr).collect();
         addrs.sort_unstable();
         addrs.dedup();
         let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
