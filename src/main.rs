@@ -116,6 +116,7 @@ fn status(manager: &str, json: bool) -> Result<()> {
                 "regions_total": m.regions_total, "regions_free": m.regions_free,
                 "capacity_bytes": m.capacity_bytes,
                 "peer": { "rebuild_reads": m.peer.rebuild_reads, "rebuild_bytes": m.peer.rebuild_bytes },
+                "load": { "cpu_permille": m.load.cpu_permille, "cores": m.load.cores },
             })).collect::<Vec<_>>(),
             "compute_nodes": s.compute_nodes.iter().map(|c| serde_json::json!({
                 "id": c.id.0, "name": c.name, "state": c.state.as_str(), "regions": c.regions,
@@ -126,19 +127,21 @@ fn status(manager: &str, json: bool) -> Result<()> {
     }
     println!("memory nodes ({}):", s.memory_nodes.len());
     println!(
-        "  {:<6} {:<22} {:<9} {:>8} {:>8} {:>12} {:>16}",
-        "id", "addr", "state", "regions", "free", "capacity", "sent for rebuild"
+        "  {:<6} {:<22} {:<9} {:>8} {:>8} {:>12} {:>16} {:>9}",
+        "id", "addr", "state", "regions", "free", "capacity", "sent for rebuild", "cpu %"
     );
     for m in &s.memory_nodes {
         println!(
-            "  {:<6} {:<22} {:<9} {:>8} {:>8} {:>12} {:>16}",
+            "  {:<6} {:<22} {:<9} {:>8} {:>8} {:>12} {:>16} {:>9.1}",
             m.id.to_string(),
             m.addr,
             m.state.as_str(),
             m.regions_total,
             m.regions_free,
             ByteSize(m.capacity_bytes).to_string(),
-            ByteSize(m.peer.rebuild_bytes).to_string()
+            ByteSize(m.peer.rebuild_bytes).to_string(),
+            // Of one core, as the node measured itself at its last heartbeat.
+            m.load.cpu_permille as f64 / 10.0
         );
     }
     println!("compute nodes ({}):", s.compute_nodes.len());

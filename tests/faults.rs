@@ -255,3 +255,72 @@ fn corruption_flips_the_named_range() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A busy node measures its own CPU going up, answers `Load` with it, tells
+/// the manager in its heartbeat, keeps serving data meanwhile, and calms
+/// down at `Resume`.
+#[test]
+fn busy_node_reports_its_cpu_use() {
+    let c = cluster(1, 64 * MIB, 64 * MIB);
+    let cl = c.memnode_client(0).unwrap();
+    let load = || cl.load(Duration::from_secs(2)).unwrap();
+    assert!(load().cores >= 1);
+    c.fault(
+        0,
+        Fault::Busy {
+            threads: 2,
+            millis: 20_000,
+        },
+    )
+    .unwrap();
+    // Two spinning threads on a machine shared with other tests: at least
+    // a third of a core shows within a few windows.
+    let start = Instant::now();
+    let busy = loop {
+        let l = load();
+        if l.cpu_permille >= 330 {
+            break l;
+        }
+        assert!(start.elapsed() < Duration::from_secs(5), "never looked busy: {l:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    c.wait_until(Duration::from_secs(10), "the heartbeat carries the load", |st| {
+        st.memory_nodes[0].load.cpu_permille >= 330
+    })
+    .unwrap();
+    // The data path still answers.
+    let s = session(&c, "busy");
+    let g = s.alloc(1, false, &[]).unwrap().remove(0);
+    let data = pattern(9, 0, 8192);
+    let dc = MemNodeClient::connect(&g.addr, quick_opts()).unwrap();
+    dc.write(g.cap, 0, &data).unwrap();
+    let mut back = vec![0u8; data.len()];
+    dc.read(g.cap, 0, &mut back).unwrap();
+    assert_bytes_eq(&back, &data, "written while busy");
+    c.fault(0, Fault::Resume).unwrap();
+    let start = Instant::now();
+    loop {
+        let l = load();
+        if l.cpu_permille < busy.cpu_permille / 2 && l.cpu_permille < 200 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "still busy after Resume: {l:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        c.fault(
+            0,
+            Fault::Busy {
+                threads: Fault::MAX_BUSY_THREADS + 1,
+                millis: 1
+            }
+        )
+        .map_err(|e| e.to_string())
+        .err()
+        .map(|e| e.contains("at most")),
+        Some(true)
+    );
+}

@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use remora_proto::frame::{FrameKind, FrameReader, ReadError};
 use remora_proto::msg::{
-    ClusterStatus, ComputeState, ComputeStatus, Event, EventKind, MemNodeStatus, MgrRequest, MgrResponse, PeerTraffic,
-    decode,
+    ClusterStatus, ComputeState, ComputeStatus, Event, EventKind, MemNodeStatus, MgrRequest, MgrResponse, NodeLoad,
+    PeerTraffic, decode,
 };
 use remora_proto::server::{ConnGuard, Listener, Responder};
 use remora_proto::{
@@ -71,6 +71,8 @@ struct Node {
     last_seen: Instant,
     /// As of its last heartbeat (not persisted: a statistic).
     peer: PeerTraffic,
+    /// Its CPU use as of its last heartbeat (likewise).
+    load: NodeLoad,
 }
 
 struct Compute {
@@ -132,6 +134,7 @@ impl Manager {
                             rec,
                             last_seen: now,
                             peer: PeerTraffic::default(),
+                            load: NodeLoad::default(),
                         },
                     )
                 })
@@ -329,7 +332,12 @@ fn handle(shared: &Shared, req: MgrRequest) -> Result<MgrResponse, RemoteError> 
             region_size,
             admin,
         } => register_node(shared, addr, capacity, region_size, admin),
-        MgrRequest::MemNodeHeartbeat { node, admin, peer } => {
+        MgrRequest::MemNodeHeartbeat {
+            node,
+            admin,
+            peer,
+            load,
+        } => {
             let mut st = lock(&shared.state);
             let n = st.nodes.get_mut(&node).ok_or(RemoteError::Unknown)?;
             if !n.rec.admin.ct_eq(&admin) {
@@ -340,6 +348,7 @@ fn handle(shared: &Shared, req: MgrRequest) -> Result<MgrResponse, RemoteError> 
             }
             n.last_seen = Instant::now();
             n.peer = peer;
+            n.load = load;
             Ok(MgrResponse::HeartbeatAck { state: n.rec.state })
         }
         MgrRequest::Deregister { node, admin } => {
@@ -539,6 +548,7 @@ fn register_node(
             rec,
             last_seen: Instant::now(),
             peer: PeerTraffic::default(),
+            load: NodeLoad::default(),
         },
     );
     tracing::info!("memory node {node} registered at {addr}: {count} regions of {region_size} bytes");
@@ -792,6 +802,7 @@ fn status(st: &State) -> ClusterStatus {
                 },
                 capacity_bytes: n.rec.capacity,
                 peer: n.peer,
+                load: n.load,
             })
             .collect(),
         compute_nodes: st

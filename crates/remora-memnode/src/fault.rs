@@ -3,8 +3,10 @@
 //! only the `fault-injection` feature lets a request flip them.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use remora_proto::RemoteError;
 
 /// Current fault settings of the node.
 #[derive(Debug, Default)]
@@ -14,6 +16,8 @@ pub(crate) struct Faults {
     resumed: Condvar,
     delay_us: AtomicU64,
     drop_replies: AtomicBool,
+    /// Bumped to stop every spinning `Busy` thread.
+    busy_epoch: Arc<AtomicU64>,
 }
 
 impl Faults {
@@ -61,10 +65,48 @@ impl Faults {
         self.drop_replies.store(on, Ordering::Relaxed);
     }
 
+    /// Spins `threads` threads for `millis` ms, or until [`Faults::clear`]
+    /// or [`Faults::stop_busy`]. They burn CPU only: the data path does not
+    /// wait for them, so what changes is the node's measured CPU use (and
+    /// whatever the scheduler takes from its other threads).
+    #[cfg_attr(not(feature = "fault-injection"), allow(dead_code))]
+    pub(crate) fn busy(&self, threads: u32, millis: u64) -> Result<(), RemoteError> {
+        if threads > remora_proto::Fault::MAX_BUSY_THREADS {
+            return Err(RemoteError::BadRequest(format!(
+                "busy: {threads} threads, at most {}",
+                remora_proto::Fault::MAX_BUSY_THREADS
+            )));
+        }
+        let epoch = self.busy_epoch.load(Ordering::Acquire);
+        let until = Instant::now() + Duration::from_millis(millis);
+        for i in 0..threads {
+            let current = Arc::clone(&self.busy_epoch);
+            std::thread::Builder::new()
+                .name(format!("memnode-busy-{i}"))
+                .spawn(move || {
+                    while current.load(Ordering::Relaxed) == epoch && Instant::now() < until {
+                        // A few microseconds of work between looks at the clock.
+                        let mut x = 1u64;
+                        for _ in 0..2000 {
+                            x = std::hint::black_box(x.wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(7));
+                        }
+                    }
+                })
+                .map_err(|e| RemoteError::Internal(format!("busy: spawning a thread: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// Stops every `Busy` thread (at `Resume` and when the node stops).
+    pub(crate) fn stop_busy(&self) {
+        self.busy_epoch.fetch_add(1, Ordering::AcqRel);
+    }
+
     #[cfg_attr(not(feature = "fault-injection"), allow(dead_code))]
     pub(crate) fn clear(&self) {
         self.set_delay(0);
         self.set_drop_replies(false);
         self.set_paused(false);
+        self.stop_busy();
     }
 }

@@ -20,14 +20,18 @@
 //!   write, having stored only part of it;
 //! - [`NodeHandle::die_at_txn`]: the node dies at a given step of the
 //!   transactions it takes part in (before or after applying it).
+//!
+//! A node here shares its process with the compute node, so it cannot
+//! measure its own CPU use: it reports the figure a test sets with
+//! [`NodeHandle::set_cpu_permille`] (0, idle, until then).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
-use remora_proto::msg::{MemRequest, MemResponse, PeerTraffic};
+use remora_proto::msg::{MemRequest, MemResponse, NodeLoad, PeerTraffic};
 use remora_proto::rpc::Ticket;
 use remora_proto::{
     Cap, ComputeId, Event, EventKind, FarBackend, MemTransport, NodeId, NodeState, RegionGrant, RegionId, RemoteError,
@@ -83,6 +87,8 @@ struct Node {
     ids: Vec<RegionId>,
     faults: Faults,
     peer: PeerCounters,
+    /// What it answers to `Load` (set by tests).
+    cpu_permille: AtomicU32,
 }
 
 #[derive(Debug)]
@@ -148,6 +154,7 @@ impl InProcessCluster {
             ids,
             faults: Faults::default(),
             peer: PeerCounters::default(),
+            cpu_permille: AtomicU32::new(0),
         });
         nodes.push(Arc::clone(&node));
         NodeHandle {
@@ -305,6 +312,12 @@ impl NodeHandle {
         f.die_at_txn.store(n as i64, Ordering::Release);
     }
 
+    /// The CPU use the node reports from now on, in thousandths of a core
+    /// (see [`NodeLoad`]), standing in for a busy or idle memory node.
+    pub fn set_cpu_permille(&self, permille: u32) {
+        self.node.cpu_permille.store(permille, Ordering::Release);
+    }
+
     /// What this node has sent to peers so far.
     pub fn peer_traffic(&self) -> PeerTraffic {
         self.node.peer.snapshot()
@@ -411,6 +424,13 @@ impl Node {
                 Ok((MemResponse::Written, Vec::new()))
             }
             MemRequest::Ping => Ok((MemResponse::Pong, Vec::new())),
+            MemRequest::Load => Ok((
+                MemResponse::Load(NodeLoad {
+                    cpu_permille: self.cpu_permille.load(Ordering::Acquire),
+                    cores: 1,
+                }),
+                Vec::new(),
+            )),
             MemRequest::Rebuild {
                 cap,
                 k,

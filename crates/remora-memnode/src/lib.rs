@@ -13,6 +13,7 @@ pub mod daemon;
 mod fault;
 pub mod in_process;
 mod lease;
+mod load;
 mod peer_traffic;
 mod rebuild;
 mod region;
@@ -88,6 +89,8 @@ pub(crate) struct Shared {
     pub(crate) faults: Faults,
     /// Data is served only while the manager keeps acknowledging heartbeats.
     pub(crate) lease: lease::Lease,
+    /// How busy this node is.
+    pub(crate) cpu: load::CpuMeter,
     /// What this node sent to peers.
     pub(crate) peer: peer_traffic::PeerCounters,
     node_id: AtomicU64,
@@ -106,6 +109,7 @@ pub struct MemNode {
     listener: Listener,
     mgr: Arc<ManagerConn>,
     heartbeat: Option<thread::JoinHandle<()>>,
+    cpu_meter: Option<thread::JoinHandle<()>>,
 }
 
 impl MemNode {
@@ -142,6 +146,7 @@ impl MemNode {
             regions: RegionTable::default(),
             faults: Faults::default(),
             lease: lease::Lease::default(),
+            cpu: load::CpuMeter::default(),
             peer: Default::default(),
             node_id: AtomicU64::new(0),
             draining: AtomicBool::new(false),
@@ -179,6 +184,15 @@ impl MemNode {
             .name("memnode-heartbeat".into())
             .spawn(move || heartbeat_loop(&s3, &m3, &addr3, &cfg3, interval))
             .map_err(|e| MemNodeError::Config(format!("cannot spawn heartbeat thread: {e}")))?;
+        let s_cpu = Arc::clone(&shared);
+        let cpu_meter = thread::Builder::new()
+            .name("memnode-cpu".into())
+            .spawn(move || s_cpu.cpu.run(&s_cpu.stop, thread::park_timeout))
+            .map_err(|e| {
+                shared.stop.store(true, Ordering::Release);
+                heartbeat.thread().unpark();
+                MemNodeError::Config(format!("cannot spawn the CPU meter thread: {e}"))
+            })?;
         Ok(Self {
             cfg,
             addr,
@@ -186,6 +200,7 @@ impl MemNode {
             listener,
             mgr,
             heartbeat: Some(heartbeat),
+            cpu_meter: Some(cpu_meter),
         })
     }
 
@@ -236,7 +251,8 @@ impl MemNode {
         if self.shared.stop.swap(true, Ordering::AcqRel) {
             return;
         }
-        if let Some(h) = self.heartbeat.take() {
+        self.shared.faults.stop_busy();
+        for h in [self.heartbeat.take(), self.cpu_meter.take()].into_iter().flatten() {
             h.thread().unpark();
             let _ = h.join();
         }
@@ -304,6 +320,7 @@ fn heartbeat_loop(shared: &Shared, mgr: &ManagerConn, addr: &str, cfg: &Config, 
             node: NodeId(shared.node_id.load(Ordering::Acquire)),
             admin: shared.admin,
             peer: shared.peer.snapshot(),
+            load: shared.cpu.load(),
         };
         let sent = Instant::now();
         match mgr.call(&req) {

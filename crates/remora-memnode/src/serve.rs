@@ -95,6 +95,7 @@ impl<'a> Conn<'a> {
                 | MemRequest::Commit { .. }
                 | MemRequest::Abort { .. }
                 | MemRequest::ReadMember { .. }
+                | MemRequest::Load
         );
         let takes_payload = matches!(
             req,
@@ -223,6 +224,7 @@ impl<'a> Conn<'a> {
             }
             MemRequest::WriteV { ranges } => self.scatter(id, &ranges, payload_len, out),
             MemRequest::Ping => reply_ok(out, id, MemResponse::Pong),
+            MemRequest::Load => reply_ok(out, id, MemResponse::Load(self.shared.cpu.load())),
             MemRequest::Rebuild {
                 cap,
                 k,
@@ -399,6 +401,7 @@ impl<'a> Conn<'a> {
         match fault {
             Fault::Pause => f.set_paused(true),
             Fault::Resume => f.clear(),
+            Fault::Busy { threads, millis } => f.busy(threads, millis)?,
             Fault::Delay { micros } => f.set_delay(micros),
             Fault::DropReplies => f.set_drop_replies(true),
             Fault::DropConnections => {

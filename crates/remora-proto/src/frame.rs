@@ -45,8 +45,9 @@ pub const MAGIC: u16 = u16::from_le_bytes(*b"Rm");
 /// History: 1, the first; 2, adds the hello at connection setup; 3, memory
 /// nodes report their peer traffic in heartbeats and status; 4, transactions
 /// on spanset members (prepare, commit, abort), member generations and the
-/// apply-delta right.
-pub const VERSION: u8 = 4;
+/// apply-delta right; 5, memory nodes report their CPU use (`Load`, in
+/// heartbeats and status) and the `Busy` fault.
+pub const VERSION: u8 = 5;
 /// The `kind` byte of a hello frame (see the module docs).
 pub const HELLO_KIND: u8 = 4;
 /// Size of the fixed header in bytes.

@@ -22,7 +22,7 @@ pub mod transport;
 pub use cap::{AdminKey, Cap, ComputeId, NodeId, RegionId, Rights, Session, Token};
 pub use client::{ComputeSession, ManagerConn, MemNodeClient, SessionEvent};
 pub use msg::{
-    ClusterStatus, DeltaTarget, Event, EventKind, Fault, Member, NodeState, Range, RebuildRow, RebuildSource,
+    ClusterStatus, DeltaTarget, Event, EventKind, Fault, Member, NodeLoad, NodeState, Range, RebuildRow, RebuildSource,
     RegionGrant, RemoteError, TxnId, TxnOp,
 };
 pub use rpc::{ConnOptions, RpcConn, RpcError};

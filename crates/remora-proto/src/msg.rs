@@ -143,6 +143,10 @@ pub enum MemRequest {
         /// Bytes to read.
         len: u32,
     },
+    /// How busy this node is ([`MemResponse::Load`]): compute nodes ask
+    /// before choosing where compaction's parity deltas are computed.
+    /// Served like a data request, so a paused node does not answer.
+    Load,
 }
 
 /// A transaction of one compute node, unique among its transactions.
@@ -274,6 +278,32 @@ pub enum Fault {
         /// Bytes to corrupt.
         len: u32,
     },
+    /// Burn CPU: `threads` threads spin for `millis` milliseconds (or until
+    /// `Resume`), so the node's measured CPU use ([`NodeLoad`]) goes up for
+    /// real while its data path keeps serving.
+    Busy {
+        /// Spinning threads (at most [`Fault::MAX_BUSY_THREADS`]).
+        threads: u32,
+        /// How long they spin.
+        millis: u64,
+    },
+}
+
+impl Fault {
+    /// The most threads a `Busy` fault may spin (a typo must not fork-bomb
+    /// the test machine).
+    pub const MAX_BUSY_THREADS: u32 = 64;
+}
+
+/// How busy a memory node is, as it measures itself.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeLoad {
+    /// CPU time the memory-node process used over its last measuring window
+    /// (about half a second), in thousandths of one core: 1000 is one core
+    /// kept busy, 2000 two. 0 where the platform does not tell.
+    pub cpu_permille: u32,
+    /// Cores the process may run on.
+    pub cores: u32,
 }
 
 /// Successful answers of a memory node.
@@ -307,6 +337,8 @@ pub enum MemResponse {
         /// Its generation.
         generation: u64,
     },
+    /// Answer to `Load`.
+    Load(NodeLoad),
 }
 
 /// Liveness state of a memory node as the manager sees it.
@@ -417,6 +449,8 @@ pub struct MemNodeStatus {
     pub capacity_bytes: u64,
     /// What it sent to other memory nodes, as of its last heartbeat.
     pub peer: PeerTraffic,
+    /// How busy it was, as of its last heartbeat.
+    pub load: NodeLoad,
 }
 
 /// What a memory node sent to other memory nodes since it started, by
@@ -497,6 +531,8 @@ pub enum MgrRequest {
         admin: AdminKey,
         /// What it has sent to peers so far.
         peer: PeerTraffic,
+        /// How busy it is.
+        load: NodeLoad,
     },
     /// A drained memory node leaves: its regions are withdrawn from the pool.
     Deregister {

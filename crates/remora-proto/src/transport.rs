@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use crate::cap::{Cap, ComputeId, NodeId, RegionId};
 use crate::client::{ComputeSession, MemNodeClient, SessionEvent};
-use crate::msg::{MemRequest, MemResponse, Range, RebuildRow, RebuildSource, RegionGrant, TxnId, TxnOp};
+use crate::msg::{MemRequest, MemResponse, NodeLoad, Range, RebuildRow, RebuildSource, RegionGrant, TxnId, TxnOp};
 use crate::rpc::{ConnOptions, RpcError, Ticket};
 
 fn unexpected(r: MemResponse) -> RpcError {
@@ -197,6 +197,16 @@ pub trait MemTransport: Send + Sync + std::fmt::Debug {
         let t = self.send(&MemRequest::ReadMember { cap, offset, len }, &[])?;
         match self.wait(t, Some(buf), self.call_timeout())? {
             MemResponse::Member { generation } => Ok(generation),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// How busy the node is. `timeout` bounds the wait: a caller polling
+    /// loads goes on without a node that is slow to answer.
+    fn load(&self, timeout: Duration) -> Result<NodeLoad, RpcError> {
+        let t = self.send(&MemRequest::Load, &[])?;
+        match self.wait(t, None, timeout)? {
+            MemResponse::Load(l) => Ok(l),
             other => Err(unexpected(other)),
         }
     }

@@ -23,7 +23,7 @@ use remora_proto::frame::{
 };
 use remora_proto::msg::{
     ClusterStatus, ComputeState, ComputeStatus, DeltaTarget, Event, EventKind, Fault, MemNodeStatus, MemRequest,
-    MemResponse, Member, MgrRequest, MgrResponse, NodeState, PeerTraffic, Range, RebuildRow, RebuildSource,
+    MemResponse, Member, MgrRequest, MgrResponse, NodeLoad, NodeState, PeerTraffic, Range, RebuildRow, RebuildSource,
     RegionGrant, RemoteError, TxnId, TxnOp, decode, encode,
 };
 use serde::Serialize;
@@ -186,6 +186,7 @@ fn mem_request_index(m: &MemRequest) -> u32 {
         MemRequest::Commit { .. } => 10,
         MemRequest::Abort { .. } => 11,
         MemRequest::ReadMember { .. } => 12,
+        MemRequest::Load => 13,
     }
 }
 
@@ -346,6 +347,7 @@ fn mem_request() {
                 },
                 "0c | {CAP} | ac02 | 10",
             ),
+            (MemRequest::Load, "0d"),
         ],
         mem_request_index,
     );
@@ -359,6 +361,7 @@ fn fault_index(f: &Fault) -> u32 {
         Fault::DropReplies => 3,
         Fault::DropConnections => 4,
         Fault::Corrupt { .. } => 5,
+        Fault::Busy { .. } => 6,
     }
 }
 
@@ -380,6 +383,13 @@ fn fault() {
                 },
                 "05 | 02 40 08",
             ),
+            (
+                Fault::Busy {
+                    threads: 2,
+                    millis: 300,
+                },
+                "06 | 02 | ac02",
+            ),
         ],
         fault_index,
     );
@@ -396,6 +406,7 @@ fn mem_response_index(m: &MemResponse) -> u32 {
         MemResponse::Committed => 6,
         MemResponse::Aborted => 7,
         MemResponse::Member { .. } => 8,
+        MemResponse::Load(_) => 9,
     }
 }
 
@@ -419,6 +430,13 @@ fn mem_response() {
             (MemResponse::Committed, "06"),
             (MemResponse::Aborted, "07"),
             (MemResponse::Member { generation: 300 }, "08 | ac02"),
+            (
+                MemResponse::Load(NodeLoad {
+                    cpu_permille: 1500,
+                    cores: 2,
+                }),
+                "09 | dc0b | 02",
+            ),
         ],
         mem_response_index,
     );
@@ -530,8 +548,12 @@ fn mgr_request() {
                         delta_applies: 3,
                         delta_bytes: 1,
                     },
+                    load: NodeLoad {
+                        cpu_permille: 300,
+                        cores: 4,
+                    },
                 },
-                "01 | 01 | {A} | 02 ac02 03 01",
+                "01 | 01 | {A} | 02 ac02 03 01 | ac02 04",
             ),
             (
                 MgrRequest::Deregister {
@@ -647,6 +669,10 @@ fn mgr_response() {
                         regions_free: 15,
                         capacity_bytes: 1 << 30,
                         peer: PeerTraffic::default(),
+                        load: NodeLoad {
+                            cpu_permille: 1,
+                            cores: 2,
+                        },
                     }],
                     compute_nodes: vec![ComputeStatus {
                         id: ComputeId(5),
@@ -655,7 +681,7 @@ fn mgr_response() {
                         regions: 1,
                     }],
                 }),
-                "05 | 01 | 01 03683a39 00 10 0f 8080808004 00 00 00 00 | 01 | 05 03617070 01 01",
+                "05 | 01 | 01 03683a39 00 10 0f 8080808004 00 00 00 00 01 02 | 01 | 05 03617070 01 01",
             ),
             (MgrResponse::Ok, "06"),
         ],
@@ -762,7 +788,7 @@ fn frame_header_constants() {
 /// The hello: magic and version where every version keeps them, kind 4.
 #[test]
 fn hello_frame() {
-    let want = unhex("526d 04 04 0000 0000 | 0000000000000000 | 00000000 | 00000000");
+    let want = unhex("526d 05 04 0000 0000 | 0000000000000000 | 00000000 | 00000000");
     assert_eq!(hex(&hello()), hex(&want));
     assert_eq!(HELLO_KIND, 4);
     assert_eq!(check_hello(&hello()), Ok(()));
@@ -771,7 +797,7 @@ fn hello_frame() {
 /// A whole request frame and its error reply: header, head and payload.
 #[test]
 fn whole_frames() {
-    assert_eq!(VERSION, 4, "a new VERSION needs new golden frames");
+    assert_eq!(VERSION, 5, "a new VERSION needs new golden frames");
     let head = encode(&MemRequest::Write { cap: cap(), offset: 1 });
     let mut out = Vec::new();
     write_frame(
@@ -783,7 +809,7 @@ fn whole_frames() {
     )
     .unwrap();
     let want = golden(
-        "526d 04 01 0000 0000 | 0807060504030201 | 14000000 | 07000000 \
+        "526d 05 01 0000 0000 | 0807060504030201 | 14000000 | 07000000 \
          | 01 {CAP} 01 | 7061796c6f6164",
     );
     assert_eq!(hex(&out), hex(&want), "request frame");
@@ -798,6 +824,6 @@ fn whole_frames() {
     let head = encode(&RemoteError::NoSuchRegion { region: RegionId(3) });
     let mut out = Vec::new();
     write_frame(&mut out, FrameKind::Error, 0x0102_0304_0506_0708, &head, &[]).unwrap();
-    let want = unhex("526d 04 03 0000 0000 | 0807060504030201 | 02000000 | 00000000 | 01 03");
+    let want = unhex("526d 05 03 0000 0000 | 0807060504030201 | 02000000 | 00000000 | 01 03");
     assert_eq!(hex(&out), hex(&want), "error frame");
 }

@@ -421,6 +421,15 @@ impl Record {
             "peer_bytes": f.peer_bytes,
             "compactions": f.delta.compactions,
             "compactions_aborted": f.delta.compactions_aborted,
+            // One nested object: serde_json's macro would hit the recursion
+            // limit with these as five more top-level keys.
+            "compaction_modes": json!({
+                "local": d.compactions_local,
+                "remote": d.compactions_remote,
+                "switches": d.compaction_switches,
+                "mode_now": d.compaction_mode,
+                "memnode_cpu_permille": d.memnode_cpu_permille,
+            }),
             "compacted_bytes_freed": f.delta.compacted_bytes_freed,
             "compacted_dead_bytes": f.delta.compacted_dead_bytes,
             "compaction_bytes": f.compaction_bytes(),
@@ -478,6 +487,9 @@ pub(crate) fn delta(a: &Stats, b: &Stats) -> Stats {
         spansets_written: b.spansets_written - a.spansets_written,
         partial_spansets: b.partial_spansets - a.partial_spansets,
         compactions: b.compactions - a.compactions,
+        compactions_local: b.compactions_local - a.compactions_local,
+        compactions_remote: b.compactions_remote - a.compactions_remote,
+        compaction_switches: b.compaction_switches - a.compaction_switches,
         compactions_aborted: b.compactions_aborted - a.compactions_aborted,
         compacted_bytes_freed: b.compacted_bytes_freed - a.compacted_bytes_freed,
         compacted_dead_bytes: b.compacted_dead_bytes - a.compacted_dead_bytes,

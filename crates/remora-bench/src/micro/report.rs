@@ -282,31 +282,55 @@ fn compaction_table(records: &[Record], w: usize) {
     println!();
     println!("compaction over the measured phase (paper Table 2)");
     println!(
-        "{:<w$} {:>10} {:>8} {:>8} {:>10} {:>10} {:>10} {:>9} {:>10} {:>9}",
-        "scheme", "load", "folds", "aborted", "freed MiB", "dead MiB", "net MiB", "net/dead", "peer MiB", "cpu %"
+        "{:<w$} {:>10} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10} {:>10} {:>10} {:>9} {:>10} {:>9} {:>11}",
+        "scheme",
+        "load",
+        "folds",
+        "local",
+        "remote",
+        "switches",
+        "aborted",
+        "freed MiB",
+        "dead MiB",
+        "net MiB",
+        "net/dead",
+        "peer MiB",
+        "cpu %",
+        "memnode %"
     );
     for r in records.iter().filter(compacting) {
         let Some(f) = r.remora() else { continue };
         let d = &f.delta;
         println!(
-            "{:<w$} {:>10} {:>8} {:>8} {:>10.1} {:>10.1} {:>10.1} {:>9} {:>10.1} {:>9.1}",
+            "{:<w$} {:>10} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10.1} {:>10.1} {:>10.1} {:>9} {:>10.1} {:>9.1} {:>11}",
             r.scheme,
             load_label(r.run.offered),
             d.compactions,
+            d.compactions_local,
+            d.compactions_remote,
+            d.compaction_switches,
             d.compactions_aborted,
             mib(d.compacted_bytes_freed as f64),
             mib(d.compacted_dead_bytes as f64),
             mib(f.compaction_bytes() as f64),
             opt(f.compaction_bytes_per_dead(), 2),
             mib(f.peer_delta_bytes as f64),
-            100.0 * d.compaction_busy_ns as f64 / r.run.elapsed.as_nanos().max(1) as f64
+            100.0 * d.compaction_busy_ns as f64 / r.run.elapsed.as_nanos().max(1) as f64,
+            // Only adaptive compaction polls the memory nodes' load.
+            if d.compaction_switches > 0 || d.memnode_cpu_permille > 0 {
+                format!("{:.1}", d.memnode_cpu_permille as f64 / 10.0)
+            } else {
+                "-".to_string()
+            }
         );
     }
     println!(
-        "  freed: far bytes folds gave back; dead: of those, dead data spans (holes); net: bytes compaction moved \
-         (deltas to and from the compute node, and between memory nodes, counted at the transport and where \
-         received); peer: of those, between memory nodes; cpu %: compaction threads' busy time on the compute \
-         node, in % of one core (remote-mode memory-node CPU is not measured yet)"
+        "  local, remote: folds in each mode (ec-batch folds Remote until its busiest memory node uses half a \
+         core, then Local until they all calm down); switches: mode changes; freed: far bytes folds gave back; \
+         dead: of those, dead data spans (holes); net: bytes compaction moved (deltas to and from the compute \
+         node, and between memory nodes, counted at the transport and where received); peer: of those, between \
+         memory nodes; cpu %: compaction threads' busy time on the compute node, in % of one core; memnode %: \
+         the busiest memory node's own CPU use at ec-batch's last poll, in % of one core (-: not polled)"
     );
 }
 

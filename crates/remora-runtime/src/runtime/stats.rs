@@ -79,6 +79,18 @@ pub struct Stats {
     pub partial_spansets: u64,
     /// Compactions (folds of one spanset into another) committed.
     pub compactions: u64,
+    /// Of those, in Local mode (the compute node combined parity deltas).
+    pub compactions_local: u64,
+    /// Of those, in Remote mode (memory nodes sent each other parity deltas).
+    pub compactions_remote: u64,
+    /// Switches between the two modes (adaptive compaction).
+    pub compaction_switches: u64,
+    /// The mode compaction folds in now (`"local"`, `"remote"`; `None`
+    /// without compaction).
+    pub compaction_mode: Option<&'static str>,
+    /// The busiest memory node's CPU use (thousandths of a core) at
+    /// adaptive compaction's last poll of the loads (a level; 0 if never).
+    pub memnode_cpu_permille: u32,
     /// Compactions abandoned (a prepare failed) and aborted.
     pub compactions_aborted: u64,
     /// Far bytes compaction gave back (the folded spansets' members).
@@ -130,6 +142,11 @@ impl Inner {
             spansets_written: rep.batches,
             partial_spansets: rep.partial_batches,
             compactions: rep.compactions,
+            compactions_local: rep.compactions_local,
+            compactions_remote: rep.compactions_remote,
+            compaction_switches: rep.compaction_switches,
+            compaction_mode: rep.compaction_mode,
+            memnode_cpu_permille: rep.memnode_cpu_permille,
             compactions_aborted: rep.compactions_aborted,
             compacted_bytes_freed: rep.compacted_bytes_freed,
             compacted_dead_bytes: rep.compacted_dead_bytes,

@@ -4,10 +4,12 @@
 //! - `non-ft`: one copy, no redundancy;
 //! - `replication`: three copies on three distinct memory nodes;
 //! - `ec-batch`: spansets of k spans plus m parity spans on k+m distinct
-//!   memory nodes (paper §3.4.1);
-//! - `ec-batch-local`, `ec-batch-remote`: `ec-batch` with remote compaction,
-//!   parity deltas computed by the compute node or by the memory nodes
-//!   (paper §3.4.2);
+//!   memory nodes (paper §3.4.1), with remote compaction (§3.4.2) whose
+//!   parity deltas the memory nodes compute while they have CPU to spare
+//!   and the compute node otherwise;
+//! - `ec-batch-local`, `ec-batch-remote`: `ec-batch` with compaction fixed
+//!   in one mode: parity deltas computed by the compute node or by the
+//!   memory nodes;
 //! - `ec-split`: each span cut into k data fragments plus m parity
 //!   fragments on k+m distinct memory nodes (Hydra; paper §3.4, Table 1),
 //!   so a swap-in reads k fragments;
@@ -89,6 +91,19 @@ pub struct SchemeReport {
     pub batches: u64,
     /// Compactions committed.
     pub compactions: u64,
+    /// Of those, in Local mode (parity deltas combined by the compute node).
+    pub compactions_local: u64,
+    /// Of those, in Remote mode (parity deltas sent between memory nodes).
+    pub compactions_remote: u64,
+    /// Switches between the modes (adaptive compaction: `ec-batch`).
+    pub compaction_switches: u64,
+    /// The mode folds run in now (`"local"` or `"remote"`); `None` for a
+    /// scheme that does not compact.
+    pub compaction_mode: Option<&'static str>,
+    /// The busiest memory node's CPU use, in thousandths of a core, as
+    /// adaptive compaction last polled it (0 before any poll, and for
+    /// fixed modes, which do not poll).
+    pub memnode_cpu_permille: u32,
     /// Compactions abandoned before their commit point.
     pub compactions_aborted: u64,
     /// Far bytes compaction gave back.
@@ -208,8 +223,8 @@ pub struct SchemeOptions {
     pub m: usize,
     /// `ec-split`: read k+1 fragments and decode from the first k to arrive.
     pub late_binding: bool,
-    /// Compaction threads of the compacting schemes (`ec-batch-local`,
-    /// `ec-batch-remote`); 0 turns compaction off.
+    /// Compaction threads of the compacting schemes (`ec-batch`,
+    /// `ec-batch-local`, `ec-batch-remote`); 0 turns compaction off.
     pub compaction_threads: usize,
     /// Holes' share of the data members' far pages at which compaction
     /// starts folding; it stops below half of it. Far memory then stays
@@ -267,11 +282,20 @@ pub const SCHEMES: &[SchemeInfo] = &[
     },
     SchemeInfo {
         name: "ec-batch",
-        about: "RS(k,m) spansets of whole spans; a swap-in is one read",
+        about: "RS(k,m) spansets of whole spans; a swap-in is one read; compaction adapts to memory-node CPU",
         erasure_coded: true,
-        compacts: false,
+        compacts: true,
         redundant: true,
-        make: |o| Ok(Box::new(EcBatch::new(o.k, o.m)?)),
+        make: |o| {
+            Ok(Box::new(EcBatch::compacting(
+                "ec-batch",
+                o.k,
+                o.m,
+                ec_batch::Policy::Adaptive,
+                o.compaction_threads,
+                o.compaction_trigger,
+            )?))
+        },
     },
     SchemeInfo {
         name: "ec-batch-local",
@@ -284,7 +308,7 @@ pub const SCHEMES: &[SchemeInfo] = &[
                 "ec-batch-local",
                 o.k,
                 o.m,
-                ec_batch::Mode::Local,
+                ec_batch::Policy::Fixed(ec_batch::Mode::Local),
                 o.compaction_threads,
                 o.compaction_trigger,
             )?))
@@ -301,7 +325,7 @@ pub const SCHEMES: &[SchemeInfo] = &[
                 "ec-batch-remote",
                 o.k,
                 o.m,
-                ec_batch::Mode::Remote,
+                ec_batch::Policy::Fixed(ec_batch::Mode::Remote),
                 o.compaction_threads,
                 o.compaction_trigger,
             )?))

@@ -21,6 +21,9 @@
 //!   with apply-delta capabilities the compute node delegates; only small
 //!   requests leave the compute node.
 //!
+//! `ec-batch` chooses between them by the memory nodes' load, switching
+//! only between folds (`adaptive`).
+//!
 //! Once every participant has prepared, the fold is decided: commits are
 //! retried, and a participant that never answers is treated as failed (its
 //! member is rebuilt from the others, which hold the new state). Before
@@ -34,6 +37,7 @@ use std::time::{Duration, Instant};
 use remora_proto::msg::{DeltaTarget, Member as TxnMember};
 use remora_proto::{TxnId, TxnOp};
 
+use super::adaptive::{Adaptive, Gate, Policy};
 use super::{Shared, Spanset, State, bytes, offset};
 use crate::error::RuntimeError;
 use crate::far_memory::FarMemory;
@@ -60,7 +64,12 @@ const COMMIT_ATTEMPTS: usize = 5;
 /// A scheme's compaction: its mode, threads and counters.
 #[derive(Default)]
 pub(crate) struct Compaction {
-    mode: Option<Mode>,
+    /// `None`: the scheme does not compact.
+    policy: Option<Policy>,
+    /// The mode folds run in now.
+    gate: Option<Gate>,
+    /// Load polling, for [`Policy::Adaptive`].
+    adaptive: Option<Adaptive>,
     threads: usize,
     /// Holes' share of the data pages at which folding starts (it stops
     /// below half of it), so folds run in bursts rather than all the time.
@@ -69,6 +78,9 @@ pub(crate) struct Compaction {
     active: AtomicBool,
     next_txn: AtomicU64,
     folds: AtomicU64,
+    /// Of those, folds in each mode.
+    local_folds: AtomicU64,
+    remote_folds: AtomicU64,
     aborted: AtomicU64,
     freed_pages: AtomicU64,
     dead_pages: AtomicU64,
@@ -78,9 +90,15 @@ pub(crate) struct Compaction {
 }
 
 impl Compaction {
-    pub(crate) fn new(mode: Mode, threads: usize, trigger: f64) -> Self {
+    pub(crate) fn new(policy: Policy, threads: usize, trigger: f64) -> Self {
+        let (first, adaptive) = match policy {
+            Policy::Fixed(m) => (m, None),
+            Policy::Adaptive => (Mode::Remote, Some(Adaptive::default())),
+        };
         Self {
-            mode: Some(mode),
+            policy: Some(policy),
+            gate: Some(Gate::new(first)),
+            adaptive,
             threads,
             trigger,
             ..Self::default()
@@ -89,7 +107,7 @@ impl Compaction {
 
     /// Compaction threads to start.
     pub(super) fn threads(&self) -> usize {
-        if self.mode.is_some() { self.threads } else { 0 }
+        if self.policy.is_some() { self.threads } else { 0 }
     }
 
     pub(super) fn wake(&self) {
@@ -107,6 +125,14 @@ impl Compaction {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         SchemeReport {
             compactions: get(&self.folds),
+            compactions_local: get(&self.local_folds),
+            compactions_remote: get(&self.remote_folds),
+            compaction_switches: self.adaptive.as_ref().map_or(0, Adaptive::switches),
+            compaction_mode: self.gate.as_ref().map(|g| match g.mode() {
+                Mode::Local => "local",
+                Mode::Remote => "remote",
+            }),
+            memnode_cpu_permille: self.adaptive.as_ref().map_or(0, Adaptive::busiest),
             compactions_aborted: get(&self.aborted),
             compacted_bytes_freed: get(&self.freed_pages) * PAGE_SIZE as u64,
             compacted_dead_bytes: get(&self.dead_pages) * PAGE_SIZE as u64,
@@ -134,8 +160,12 @@ struct Fold {
 
 /// A compaction thread: folds until `stop`.
 pub(super) fn run(sh: &Arc<Shared>, far: &Arc<FarMemory>, stop: &AtomicBool) {
-    let Some(mode) = sh.compaction.mode else { return };
+    let c = &sh.compaction;
+    let Some(gate) = &c.gate else { return };
     while !stop.load(Ordering::Acquire) {
+        if let Some(a) = &c.adaptive {
+            a.tick(far, gate);
+        }
         let folds = sh.pick_folds(far, BATCH);
         if folds.is_empty() {
             sh.compaction.nap();
@@ -146,13 +176,22 @@ pub(super) fn run(sh: &Arc<Shared>, far: &Arc<FarMemory>, stop: &AtomicBool) {
         let few = folds.len() < BATCH / 4;
         for f in folds {
             let start = Instant::now();
-            let committed = match sh.execute(far, &f, mode) {
-                Ok(()) => true,
+            let mode = gate.enter();
+            let committed = match sh.execute(far, &f, *mode) {
+                Ok(()) => {
+                    match *mode {
+                        Mode::Local => &c.local_folds,
+                        Mode::Remote => &c.remote_folds,
+                    }
+                    .fetch_add(1, Ordering::Relaxed);
+                    true
+                }
                 Err(e) => {
                     tracing::debug!("{}: fold of spanset {} into {} aborted: {e}", sh.c.name, f.b, f.a);
                     false
                 }
             };
+            drop(mode);
             sh.finish_fold(far, &f, committed);
             sh.compaction
                 .busy_ns

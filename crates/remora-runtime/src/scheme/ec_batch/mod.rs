@@ -24,7 +24,9 @@
 //!   is rebuilt there by the replacement node itself, then the region-table
 //!   index is rebound, so far pointer words need no change.
 //! - **Compaction** (`compaction`): folds a sparse spanset into one whose
-//!   holes sit where its live spans are, updating parity in place by deltas.
+//!   holes sit where its live spans are, updating parity in place by deltas
+//!   computed by the compute node or the memory nodes; `adaptive` picks
+//!   which by the memory nodes' CPU load.
 //!
 //! **Names.** The runtime knows a far span by a [`SpanAddr`]: its position's
 //! region index and a *name* in that region's page space, which is the page
@@ -39,6 +41,7 @@
 //! counts itself a *reader* of the spanset it reads from, and a folded-away
 //! spanset's pages are freed only when its last reader is done.
 
+mod adaptive;
 mod compaction;
 mod degraded;
 mod table;
@@ -50,6 +53,7 @@ use std::thread::JoinHandle;
 
 use remora_proto::NodeId;
 
+pub(crate) use adaptive::Policy;
 pub(crate) use compaction::{Compaction, Mode};
 
 use super::shards::{self, Stripes};
@@ -193,18 +197,19 @@ fn offset(page: u32) -> u64 {
 }
 
 impl EcBatch {
-    /// `ec-batch` with RS(k, m), without compaction.
+    /// `ec-batch` with RS(k, m), without compaction (the scheme registered
+    /// as `ec-batch` compacts: see [`super::make`]).
     pub fn new(k: usize, m: usize) -> Result<Self, RuntimeError> {
         Self::named("ec-batch", k, m)
     }
 
     /// A compacting `ec-batch` under `name`: `threads` compaction threads
-    /// folding spansets the way `mode` says.
+    /// folding spansets in the mode `policy` chooses.
     pub(crate) fn compacting(
         name: &'static str,
         k: usize,
         m: usize,
-        mode: compaction::Mode,
+        policy: Policy,
         threads: usize,
         trigger: f64,
     ) -> Result<Self, RuntimeError> {
@@ -214,7 +219,7 @@ impl EcBatch {
                 "{name}: compaction trigger {trigger} is not a share in [0, 1)"
             )));
         }
-        Self::build(name, k, m, Compaction::new(mode, threads, trigger))
+        Self::build(name, k, m, Compaction::new(policy, threads, trigger))
     }
 
     /// `replication`: `copies` copies of each span on distinct nodes.
