@@ -327,7 +327,7 @@ fn compaction_table(records: &[Record], w: usize) {
     println!(
         "  local, remote: folds in each mode (ec-batch folds Remote until its busiest memory node uses half a \
          core, then Local until they all calm down); switches: mode changes; freed: far bytes folds gave back; \
-         dead: of those, dead data spans (holes); net: bytes compaction moved (deltas to and from the compute \
+         dead: holes the folds did away with (the folded spansets' holes, and the holes their moved spans fill); net: bytes compaction moved (deltas to and from the compute \
          node, and between memory nodes, counted at the transport and where received); peer: of those, between \
          memory nodes; cpu %: compaction threads' busy time on the compute node, in % of one core; memnode %: \
          the busiest memory node's own CPU use at ec-batch's last poll, in % of one core (-: not polled)"

@@ -95,7 +95,8 @@ pub struct Stats {
     pub compactions_aborted: u64,
     /// Far bytes compaction gave back (the folded spansets' members).
     pub compacted_bytes_freed: u64,
-    /// Of those, bytes of dead data spans (holes) freed.
+    /// Dead data spans (holes) folds did away with, in bytes: the folded
+    /// spanset's holes and the holes its spans now fill.
     pub compacted_dead_bytes: u64,
     /// Transaction requests the compute node sent (prepare, commit, abort)
     /// and their bytes both ways (deltas), counted at the transport.

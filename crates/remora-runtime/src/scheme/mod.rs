@@ -108,7 +108,8 @@ pub struct SchemeReport {
     pub compactions_aborted: u64,
     /// Far bytes compaction gave back.
     pub compacted_bytes_freed: u64,
-    /// Of those, bytes of dead data spans (holes).
+    /// Bytes of dead data spans (holes) folds did away with: the folded
+    /// spanset's holes, given back, and the holes its spans now fill.
     pub compacted_dead_bytes: u64,
     /// Time compaction threads spent folding, summed over threads.
     pub compaction_busy: Duration,

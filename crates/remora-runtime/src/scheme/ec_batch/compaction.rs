@@ -517,15 +517,19 @@ impl Shared {
         let a_empty = !a.members.iter().any(|m| m.live);
         self.compaction.folds.fetch_add(1, Ordering::Relaxed);
         self.compaction.freed_pages.fetch_add(b.far_pages(), Ordering::Relaxed);
-        self.compaction.dead_pages.fetch_add(
-            b.members
-                .iter()
-                .enumerate()
-                .filter(|(p, m)| !f.moves.contains(p) && m.pages > 0)
-                .map(|(_, m)| m.pages as u64)
-                .sum(),
-            Ordering::Relaxed,
-        );
+        // Dead spans the fold did away with: b's holes, given back, and a's
+        // holes that b's spans now fill (their space holds live data again;
+        // the moved spans' old pages are what is given back for them). The
+        // paper's exact complement frees k dead spans this way.
+        let b_holes: u64 = b
+            .members
+            .iter()
+            .enumerate()
+            .filter(|(p, m)| !f.moves.contains(p) && m.pages > 0)
+            .map(|(_, m)| m.pages as u64)
+            .sum();
+        let a_filled: u64 = f.moves.iter().map(|&p| a.members[p].pages as u64).sum();
+        self.compaction.dead_pages.fetch_add(b_holes + a_filled, Ordering::Relaxed);
         let b = if b.readers > 0 {
             st.retired.insert(f.b, b);
             None
