@@ -64,10 +64,18 @@ fn recovered(st: &Stats, failures: u64) -> bool {
     st.recoveries >= failures && st.recovering == 0
 }
 
-/// The nodes of the runtime's first stripe group, in position order (the
-/// first group's regions take the first region-table indices).
-fn first_group(rt: &Runtime) -> Vec<NodeId> {
-    rt.regions().iter().take(6).map(|(_, g)| g.node).collect()
+/// A cluster of k+m = 6 nodes, so every stripe group the fill takes spans
+/// all of them, and `fill` objects; then `spares` more nodes to rebuild on.
+/// Returns the first six nodes (each in every group).
+fn six_then(spares: usize, patience: Duration) -> (InProcessCluster, Runtime, Vec<RemBox<Obj>>, Vec<NodeId>) {
+    let c = InProcessCluster::new(6, 16, 2 * MIB as u64);
+    let rt = runtime(&c, patience);
+    let objs = fill(&rt, 8 * KIB as u64);
+    let six = c.nodes().iter().map(|n| n.id()).collect();
+    for _ in 0..spares {
+        c.add_node();
+    }
+    (c, rt, objs, six)
 }
 
 /// After recovery nothing is read around any more: a full pass of reads
@@ -86,14 +94,14 @@ fn assert_not_degraded(rt: &Runtime, objs: &[RemBox<Obj>]) {
 #[test]
 fn two_positions_of_one_group_are_read_around_and_both_rebuilt() {
     let _one_at_a_time = common::serial();
-    let c = InProcessCluster::new(10, 16, 2 * MIB as u64);
-    let rt = runtime(&c, Duration::from_secs(5));
-    let objs = fill(&rt, 8 * KIB as u64);
-    let group = first_group(&rt);
+    let (c, rt, objs, group) = six_then(4, Duration::from_secs(5));
     let (a, b) = (c.node(group[0]).unwrap(), c.node(group[1]).unwrap());
     a.kill(false);
     b.kill(false);
-    verify(&rt, &objs);
+    // Half the objects, read around both: the other half stays where it
+    // was written (a swap-in re-evicts away from the dead nodes), so the
+    // rebuild has work to do.
+    verify(&rt, &objs[..objs.len() / 2]);
     assert!(rt.stats().degraded_reads > 0, "{:?}", rt.stats());
     a.declare_dead();
     b.declare_dead();
@@ -111,13 +119,9 @@ fn two_positions_of_one_group_are_read_around_and_both_rebuilt() {
 #[test]
 fn a_node_dying_mid_rebuild_does_not_stop_either_recovery() {
     let _one_at_a_time = common::serial();
-    let c = InProcessCluster::new(10, 16, 2 * MIB as u64);
-    let rt = runtime(&c, Duration::from_secs(5));
-    let objs = fill(&rt, 8 * KIB as u64);
-    let group = first_group(&rt);
-    // Position 1 is a data member: the first choice of survivor to rebuild
-    // position 0 from. It dies at the next data request it serves, which
-    // is a read of that rebuild.
+    let (c, rt, objs, group) = six_then(4, Duration::from_secs(5));
+    // Another member of every group dies at the next data request it
+    // serves: a read of a rebuild of the first one's positions.
     let (a, b) = (c.node(group[0]).unwrap(), c.node(group[1]).unwrap());
     b.die_after(0);
     a.kill(true);
@@ -138,10 +142,8 @@ fn a_node_dying_mid_rebuild_does_not_stop_either_recovery() {
 fn a_failing_rebuild_is_retried_until_a_replacement_exists() {
     let _one_at_a_time = common::serial();
     // Exactly k+m nodes: no spare for a replacement.
-    let c = InProcessCluster::new(6, 16, 2 * MIB as u64);
-    let rt = runtime(&c, Duration::from_millis(300));
-    let objs = fill(&rt, 8 * KIB as u64);
-    c.node(first_group(&rt)[0]).unwrap().kill(true);
+    let (c, rt, objs, group) = six_then(0, Duration::from_millis(300));
+    c.node(group[0]).unwrap().kill(true);
     let st = wait_for(&rt, "many failed tries", Duration::from_secs(90), |st| {
         st.rebuild_retries > 6
     });
@@ -185,7 +187,7 @@ fn more_failures_than_parity_lose_exactly_the_dead_members_objects() {
         })
         .collect();
     rt.wait_for_eviction(Duration::from_secs(20)).unwrap();
-    let killed: Vec<NodeId> = first_group(&rt)[..3].to_vec();
+    let killed: Vec<NodeId> = c.nodes().iter().take(3).map(|n| n.id()).collect();
     for n in &killed {
         c.node(*n).unwrap().kill(true);
     }
