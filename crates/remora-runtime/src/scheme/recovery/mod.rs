@@ -94,6 +94,9 @@ struct Pending {
     seq: u64,
 }
 
+/// A queued failure of one position: (group, position, seq).
+type Queued = (usize, usize, u64);
+
 /// What waits to be rebuilt.
 #[derive(Default)]
 struct Queue {
@@ -106,7 +109,7 @@ struct Queue {
     next_seq: u64,
     /// Node failures not settled yet: when each began, and its positions
     /// (group, position, seq) not yet rebuilt or found lost.
-    failures: Vec<(Instant, HashSet<(usize, usize, u64)>)>,
+    failures: Vec<(Instant, HashSet<Queued>)>,
 }
 
 #[derive(Default)]
