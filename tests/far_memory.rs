@@ -108,7 +108,10 @@ fn gives_back(name: &str) {
     assert!(s.far_bytes_given_back > 0, "{name}: given back is counted");
     // The manager sees the regions free again.
     let held_now = held_agreed(&rt, &c, name);
-    assert!(held_now / REGION < at_manager_full, "{name}: {held_now} of {held_full} bytes held");
+    assert!(
+        held_now / REGION < at_manager_full,
+        "{name}: {held_now} of {held_full} bytes held"
+    );
     verify(&rt, &objs);
 
     // Grow again: new regions take the vacant indices; old and new objects

@@ -100,7 +100,7 @@ struct Tally {
 
 impl Tally {
     fn error(&self, what: String, e: &RuntimeError) {
-        let counter = if matches!(e, RuntimeError::DataLost(..)) {
+        let counter = if matches!(e, RuntimeError::DataLost { .. }) {
             &self.data_lost
         } else {
             &self.other

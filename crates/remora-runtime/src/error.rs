@@ -2,15 +2,28 @@
 
 use remora_proto::RpcError;
 
+use crate::scheme::SpanAddr;
+
 /// What can go wrong in the runtime. Never a panic.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum RuntimeError {
     /// The manager has no more regions to give (on enough distinct nodes).
     #[error("far memory exhausted: {0}")]
     FarMemoryExhausted(String),
-    /// A far span could not be read back and cannot be repaired.
-    #[error("far data lost: {0}")]
-    DataLost(String),
+    /// Far data could not be read back and cannot be repaired. Only the
+    /// span named is gone: every other object keeps working, and dropping
+    /// an object of a lost span frees it without reading it.
+    #[error("far data lost{}: {cause}", lost_at(.span, .object))]
+    DataLost {
+        /// The far span whose bytes are gone (`None`: the loss is not one
+        /// span's, e.g. a whole stripe-group position that cannot be rebuilt).
+        span: Option<SpanAddr>,
+        /// The object of that span the caller asked for (its index in the
+        /// span), when the loss surfaced through a dereference.
+        object: Option<u16>,
+        /// Why it cannot be read.
+        cause: LossCause,
+    },
     /// Local memory could not be obtained from the OS.
     #[error("local memory: {0}")]
     LocalMemory(String),
@@ -36,4 +49,93 @@ pub enum RuntimeError {
     /// The runtime is shutting down.
     #[error("runtime is shut down")]
     Shutdown,
+}
+
+/// Why far data is lost.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LossCause {
+    /// More members of its stripe group's stripes died than parity covers:
+    /// a decode needs `needed` and only `survivors` are alive. Final: a
+    /// memory node the manager declared dead never serves its data again.
+    #[error("stripe group {group} has {survivors} surviving members of the {needed} a decode needs")]
+    TooFewSurvivors {
+        /// The stripe group.
+        group: usize,
+        /// Its members still alive (declared dead ones excluded).
+        survivors: usize,
+        /// k: members a decode needs.
+        needed: usize,
+    },
+    /// Enough members may be alive, but fewer than k of them could be read
+    /// now (unreachable nodes not yet declared dead): a later try may work.
+    #[error("{read} of the {needed} members a decode needs could be read")]
+    Unreadable {
+        /// Members that arrived.
+        read: usize,
+        /// k.
+        needed: usize,
+    },
+    /// Its far copy failed its checksum and so did every reconstruction.
+    #[error("its far copy and its reconstruction both failed their checksums")]
+    Corrupt,
+    /// Its only copy is on a memory node that is gone.
+    #[error("{scheme} keeps no redundancy and its memory node is unreachable")]
+    NoRedundancy {
+        /// The scheme.
+        scheme: &'static str,
+    },
+    /// Anything else (bookkeeping that no longer names the span, a decode
+    /// the codec refused), described.
+    #[error("{0}")]
+    Other(String),
+}
+
+fn lost_at(span: &Option<SpanAddr>, object: &Option<u16>) -> String {
+    match (span, object) {
+        (Some(s), Some(o)) => format!(" (object {o} of span r{}:p{})", s.region, s.page),
+        (Some(s), None) => format!(" (span r{}:p{})", s.region, s.page),
+        (None, Some(o)) => format!(" (object {o})"),
+        (None, None) => String::new(),
+    }
+}
+
+impl RuntimeError {
+    /// Far data lost: the span at `span` (if one) for `cause`.
+    pub(crate) fn lost(span: impl Into<Option<SpanAddr>>, cause: LossCause) -> Self {
+        Self::DataLost {
+            span: span.into(),
+            object: None,
+            cause,
+        }
+    }
+
+    /// Far data lost for a reason only words describe.
+    pub(crate) fn lost_because(span: impl Into<Option<SpanAddr>>, why: String) -> Self {
+        Self::lost(span, LossCause::Other(why))
+    }
+
+    /// Names the span and object a loss surfaced through (kept if the
+    /// error already names them); other errors pass unchanged.
+    pub(crate) fn naming(self, at: SpanAddr, object: u16) -> Self {
+        match self {
+            Self::DataLost { span, object: o, cause } => Self::DataLost {
+                span: span.or(Some(at)),
+                object: o.or(Some(object)),
+                cause,
+            },
+            other => other,
+        }
+    }
+
+    /// Whether the error is a loss that no retry can undo: too few members
+    /// of the stripe group survive.
+    pub(crate) fn is_final_loss(&self) -> bool {
+        matches!(
+            self,
+            Self::DataLost {
+                cause: LossCause::TooFewSurvivors { .. },
+                ..
+            }
+        )
+    }
 }

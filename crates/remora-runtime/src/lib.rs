@@ -40,7 +40,7 @@ pub mod span;
 mod span_registry;
 mod traffic;
 
-pub use error::RuntimeError;
+pub use error::{LossCause, RuntimeError};
 pub use local_heap::{HeapUsage, LocalHeap};
 pub use object::{RemBox, RemRc, Remotable};
 pub use page_heap::PageHeapConfig;

@@ -144,6 +144,26 @@ impl<T: Remotable> RemBox<T> {
             .load(std::sync::atomic::Ordering::Relaxed);
         w & crate::pointer::PRESENT != 0
     }
+
+    /// The far span holding the object right now and its index in it, or
+    /// `None` while it is local (a snapshot). A
+    /// [`RuntimeError::DataLost`] names spans and objects the same way, so
+    /// an application can tell which of its objects a loss concerns.
+    pub fn far_span(&self) -> Option<(crate::scheme::SpanAddr, u16)> {
+        // SAFETY: the slot lives as long as this pointer.
+        let w = unsafe { self.slot.as_ref() }
+            .word
+            .load(std::sync::atomic::Ordering::Acquire);
+        if w & (crate::pointer::PRESENT | crate::pointer::LOCK) != 0 {
+            return None;
+        }
+        let loc = crate::pointer::far_loc(w);
+        let at = crate::scheme::SpanAddr {
+            region: loc.region,
+            page: loc.page,
+        };
+        Some((at, loc.object))
+    }
 }
 
 impl<T: Remotable> Drop for RemBox<T> {

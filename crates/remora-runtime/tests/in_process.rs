@@ -306,7 +306,7 @@ fn non_ft_reports_data_lost_for_a_dead_node_and_keeps_the_rest() {
                 assert!(got.words == want.words && got.id == want.id, "object {i}: wrong bytes");
                 ok += 1;
             }
-            Err(RuntimeError::DataLost(_)) => lost += 1,
+            Err(RuntimeError::DataLost { .. }) => lost += 1,
             Err(e) => panic!("object {i}: {e}"),
         }
     }

@@ -55,11 +55,17 @@ impl Inner {
             }
             if w & PRESENT == 0 {
                 missed = true;
-                if let Err(e) = self.swap_in(far_loc(w), scope) {
+                let loc = far_loc(w);
+                if let Err(e) = self.swap_in(loc, scope) {
                     return Err(if self.expired.load(StdOrdering::Acquire) {
                         RuntimeError::SessionExpired
                     } else {
-                        e
+                        // A loss names the object the caller asked for.
+                        let at = SpanAddr {
+                            region: loc.region,
+                            page: loc.page,
+                        };
+                        e.naming(at, loc.object)
                     });
                 }
                 continue;

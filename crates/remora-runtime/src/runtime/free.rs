@@ -51,6 +51,9 @@ impl Inner {
         let inner = unsafe { &*(owner_of(slot) as *const Inner) };
         let s = slot_ref(slot);
         let mut value: Option<T> = None;
+        // The far copy could not be read back (its data is lost): the object
+        // is freed far without running its drop glue.
+        let mut unreadable = false;
         loop {
             let w = s.word.load(Ordering::Acquire);
             if w & LOCK != 0 {
@@ -74,13 +77,14 @@ impl Inner {
                 inner.wake_room();
                 break;
             }
-            if std::mem::needs_drop::<T>() {
+            if std::mem::needs_drop::<T>() && !unreadable {
                 // Its drop glue must run on the real bytes: bring it back
                 // first, inside a scope of our own (the swap-in needs one).
                 let scope = inner.bare_scope();
                 if let Err(e) = inner.swap_in(far_loc(w), &scope) {
-                    tracing::error!("leaking an unreadable far object on drop: {e}");
-                    break;
+                    // What it owned leaks, but its far space and slot do not.
+                    tracing::error!("dropping an unreadable far object without its drop glue: {e}");
+                    unreadable = true;
                 }
                 continue;
             }

@@ -41,14 +41,19 @@ pub struct Stats {
     pub reconstructed_bytes: u64,
     /// Seconds spent rebuilding, summed over recoveries.
     pub reconstruct_seconds: f64,
-    /// Recoveries finished / under way.
+    /// Recoveries finished: node failures whose every stripe-group
+    /// position was rebuilt (or found impossible to rebuild).
     pub recoveries: u64,
-    /// Recoveries under way.
+    /// Recoveries under way: node failures with positions still to rebuild
+    /// (a failed rebuild is retried, so this stays above 0 until they are).
     pub recovering: u64,
     /// Far bytes held by holes (swapped-in spans parity still covers).
     pub hole_bytes: u64,
     /// Far spans that failed their checksum and were rebuilt and rewritten.
     pub checksum_repairs: u64,
+    /// Stripe-group positions that can never be rebuilt (their group lost
+    /// more members than parity covers); their spans answer `DataLost`.
+    pub lost_positions: u64,
     /// Rebuilds retried (a rebuilt shard failed its checksum, or a node failed mid-rebuild).
     pub rebuild_retries: u64,
     /// Dereferences that waited for a swap-in, their own or another thread's (misses).
@@ -156,6 +161,7 @@ impl Inner {
             compaction_busy_ns: rep.compaction_busy.as_nanos() as u64,
             checksum_repairs: rep.repairs,
             rebuild_retries: rep.rebuild_retries,
+            lost_positions: rep.lost_positions,
             swap_ins: self.counters.swap_ins.load(StdOrdering::Relaxed),
             swap_in_reads: t.swap_reads.load(StdOrdering::Relaxed),
             swap_outs: self.counters.swap_outs.load(StdOrdering::Relaxed),

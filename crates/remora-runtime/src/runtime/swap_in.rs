@@ -2,6 +2,7 @@
 //! objects' words at it.
 
 use super::*;
+use crate::error::LossCause;
 
 impl Inner {
     /// Brings the far span holding `loc` back with one remote read and fixes
@@ -52,10 +53,7 @@ impl Inner {
                     self.heap.discard_span(span);
                     return Err(match other {
                         Err(e) => e,
-                        Ok(_) => RuntimeError::DataLost(format!(
-                            "span r{}:p{} failed its checksum and so did its reconstruction",
-                            fs.region, fs.page
-                        )),
+                        Ok(_) => RuntimeError::lost(at, LossCause::Corrupt),
                     });
                 }
             }

@@ -38,7 +38,7 @@ use remora_proto::{NodeId, RebuildRow};
 use super::recovery::{self, Lost};
 use super::shards::{self, Shard, Stripes};
 use super::{Scheme, SchemeReport, SpanAddr};
-use crate::error::RuntimeError;
+use crate::error::{LossCause, RuntimeError};
 use crate::far_memory::FarMemory;
 use crate::size_classes::PAGE_SIZE;
 
@@ -207,9 +207,10 @@ impl Shared {
     fn locate(&self, at: SpanAddr) -> Result<(u64, usize, bool), RuntimeError> {
         let (id, pos, group, doubt) = {
             let st = self.lock();
-            let &(id, pos) = st.by_span.get(&(at.region, at.page)).ok_or_else(|| {
-                RuntimeError::DataLost(format!("{}: no spanset holds r{}:p{}", self.c.name, at.region, at.page))
-            })?;
+            let &(id, pos) = st
+                .by_span
+                .get(&(at.region, at.page))
+                .ok_or_else(|| RuntimeError::lost_because(at, format!("{}: no spanset holds it", self.c.name)))?;
             let ss = &st.sets[&id];
             (id, pos, ss.group, ss.doubt[pos])
         };
@@ -221,7 +222,7 @@ impl Shared {
     /// and keeps new ones out meanwhile.
     fn decode(&self, far: &FarMemory, id: u64, want: usize, out: &mut [u8]) -> Result<(), RuntimeError> {
         let (k, n) = (self.c.k, self.c.n());
-        let lost = || RuntimeError::DataLost(format!("{}: no spanset {id}", self.c.name));
+        let lost = || RuntimeError::lost_because(None::<SpanAddr>, format!("{}: no spanset {id}", self.c.name));
         let cands = {
             let mut st = self.lock();
             while st.sets.get(&id).ok_or_else(lost)?.busy {
@@ -277,16 +278,18 @@ impl Shared {
             &mut |_, _| true,
         );
         if got.arrived.len() < self.c.k {
-            return Err(RuntimeError::DataLost(format!(
-                "{} spanset {id}: fewer than {} readable members (more failures than parity covers)",
-                self.c.name, self.c.k
-            )));
+            let group = self.lock().sets.get(&id).map(|ss| ss.group);
+            let cause = match group {
+                Some(g) => self.c.too_few(g, got.arrived.len()),
+                None => LossCause::Other(format!("{}: spanset {id} vanished", self.c.name)),
+            };
+            return Err(RuntimeError::lost(None::<SpanAddr>, cause));
         }
         let present: Vec<(usize, &[u8])> = got.arrived.iter().map(|&i| (cands[i].pos, &*dests[i])).collect();
         self.c
             .codec
             .decode_data(&present, want, out)
-            .map_err(|e| RuntimeError::DataLost(format!("decode of spanset {id}: {e}")))
+            .map_err(|e| RuntimeError::lost_because(None::<SpanAddr>, format!("decode of spanset {id}: {e}")))
     }
 
     fn degraded(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<(), RuntimeError> {
@@ -486,7 +489,10 @@ impl Scheme for Ec2pc {
                         placed.push((id, chunk.len()));
                         for (p, &i) in chunk.iter().enumerate() {
                             out[i] = sh.addr(id, p).ok_or_else(|| {
-                                RuntimeError::DataLost(format!("{}: spanset {id} vanished", sh.c.name))
+                                RuntimeError::lost_because(
+                                    None::<SpanAddr>,
+                                    format!("{}: spanset {id} vanished", sh.c.name),
+                                )
                             })?;
                         }
                     }

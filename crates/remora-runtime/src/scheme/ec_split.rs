@@ -156,7 +156,7 @@ impl Shared {
 
     fn locate(&self, at: SpanAddr) -> Result<Located, RuntimeError> {
         let st = self.lock();
-        let lost = || RuntimeError::DataLost(format!("{NAME}: no row holds r{}:p{}", at.region, at.page));
+        let lost = || RuntimeError::lost_because(at, format!("{NAME}: no row holds it"));
         let &(id, j) = st.by_span.get(&(at.region, at.page)).ok_or_else(lost)?;
         let row = st.rows.get(&id).ok_or_else(lost)?;
         let f = &row.spans[j];
@@ -178,13 +178,10 @@ impl Shared {
         let loc = self.locate(at)?;
         let f = loc.len;
         if dest.len().div_ceil(k) != f {
-            return Err(RuntimeError::DataLost(format!(
-                "{NAME}: span r{}:p{} is {} bytes far, {} asked for",
-                at.region,
-                at.page,
-                k * f,
-                dest.len()
-            )));
+            return Err(RuntimeError::lost_because(
+                at,
+                format!("{NAME}: the span is {} bytes far, {} asked for", k * f, dest.len()),
+            ));
         }
         let g = self.c.place.group(loc.group);
         let usable: Vec<bool> = (0..n).map(|p| !self.c.place.unusable(loc.group, p)).collect();
@@ -220,10 +217,7 @@ impl Shared {
             ok
         });
         if got.arrived.len() < k {
-            return Err(RuntimeError::DataLost(format!(
-                "{NAME}: span r{}:p{} has fewer than {k} readable fragments (more failures than parity covers)",
-                at.region, at.page
-            )));
+            return Err(RuntimeError::lost(at, self.c.too_few(loc.group, got.arrived.len())));
         }
         let missing: Vec<usize> = (0..k)
             .filter(|p| !got.arrived.iter().any(|&i| cands[i].pos == *p))
@@ -235,9 +229,10 @@ impl Shared {
             let mut out = vec![0u8; missing.len() * f];
             let present: Vec<(usize, &[u8])> = got.arrived.iter().map(|&i| (cands[i].pos, &*dests[i])).collect();
             for (&p, o) in missing.iter().zip(out.chunks_mut(f)) {
-                self.c.codec.decode_data(&present, p, o).map_err(|e| {
-                    RuntimeError::DataLost(format!("{NAME}: decode of r{}:p{}: {e}", at.region, at.page))
-                })?;
+                self.c
+                    .codec
+                    .decode_data(&present, p, o)
+                    .map_err(|e| RuntimeError::lost_because(at, format!("{NAME}: decode: {e}")))?;
             }
             for (&p, o) in missing.iter().zip(out.chunks(f)) {
                 buf[p * f..(p + 1) * f].copy_from_slice(o);
@@ -456,10 +451,10 @@ impl Shared {
         for &p in &bad {
             let bytes = if p < k { frags[p] } else { &parity[p - k] };
             if checksum(bytes) != loc.sums[p] {
-                return Err(RuntimeError::DataLost(format!(
-                    "{NAME}: re-encoded fragment {p} of r{}:p{} differs from what was written",
-                    at.region, at.page
-                )));
+                return Err(RuntimeError::lost_because(
+                    at,
+                    format!("{NAME}: re-encoded fragment {p} differs from what was written"),
+                ));
             }
             let (r, c) = far.regions.client(g.regions[p])?;
             c.write(r.grant.cap, offset(loc.pages[p]) + loc.at as u64, bytes)?;

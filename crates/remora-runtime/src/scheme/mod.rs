@@ -50,7 +50,7 @@ pub use ec_split::EcSplit;
 pub use non_ft::NonFt;
 use remora_proto::NodeId;
 
-use crate::error::RuntimeError;
+use crate::error::{LossCause, RuntimeError};
 pub use crate::far_memory::FarMemory;
 
 /// Where a far span lives: region index and first page.
@@ -71,14 +71,19 @@ pub struct SchemeReport {
     pub reconstructed_bytes: u64,
     /// Time spent rebuilding, summed over recoveries.
     pub reconstruct_time: Duration,
-    /// Recoveries finished.
+    /// Recoveries finished: node failures whose every stripe-group
+    /// position was rebuilt (or found impossible to rebuild).
     pub recoveries: u64,
-    /// Recoveries under way.
+    /// Recoveries under way: node failures with positions still to rebuild.
     pub recovering: u64,
     /// Far bytes held by holes (swapped-in spans whose bytes parity still covers).
     pub hole_bytes: u64,
     /// Corrupt far spans rewritten with verified bytes.
     pub repairs: u64,
+    /// Stripe-group positions that can never be rebuilt: their group has
+    /// fewer than k survivors. Their spans answer
+    /// [`RuntimeError::DataLost`]; everything else keeps working.
+    pub lost_positions: u64,
     /// Rebuild attempts that failed (e.g. a rebuilt shard failed its
     /// checksum because a survivor was corrupt) and were retried.
     pub rebuild_retries: u64,
@@ -140,12 +145,7 @@ pub trait Scheme: Send + Sync {
     /// Rebuilds the span at `at` from redundancy, ignoring its own far copy
     /// (which failed its checksum).
     fn degraded_read(&self, _far: &FarMemory, at: SpanAddr, _dest: &mut [u8]) -> Result<(), RuntimeError> {
-        Err(RuntimeError::DataLost(format!(
-            "span r{}:p{} is corrupt and {} keeps no redundancy",
-            at.region,
-            at.page,
-            self.name()
-        )))
+        Err(RuntimeError::lost(at, LossCause::NoRedundancy { scheme: self.name() }))
     }
 
     /// Writes verified bytes over a corrupt far copy, so redundancy that

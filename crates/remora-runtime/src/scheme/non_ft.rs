@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::placement::Placement;
 use super::{Scheme, SchemeReport, SpanAddr};
-use crate::error::RuntimeError;
+use crate::error::{LossCause, RuntimeError};
 use crate::far_memory::FarMemory;
 use crate::size_classes::PAGE_SIZE;
 
@@ -30,10 +30,8 @@ impl Default for NonFt {
 
 fn lost(at: SpanAddr, e: RpcError) -> RuntimeError {
     if e.is_node_down() {
-        RuntimeError::DataLost(format!(
-            "span r{}:p{} is on an unreachable memory node and non-ft keeps no redundancy ({e})",
-            at.region, at.page
-        ))
+        tracing::debug!("span r{}:p{}: {e}", at.region, at.page);
+        RuntimeError::lost(at, LossCause::NoRedundancy { scheme: "non-ft" })
     } else {
         RuntimeError::Rpc(e)
     }

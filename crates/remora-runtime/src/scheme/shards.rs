@@ -32,7 +32,7 @@ use remora_ec::Codec;
 use super::SchemeReport;
 use super::placement::{Placement, Suspects};
 use super::recovery::Recovery;
-use crate::error::RuntimeError;
+use crate::error::{LossCause, RuntimeError};
 use crate::far_memory::FarMemory;
 use crate::region_table::Link;
 
@@ -79,6 +79,24 @@ impl Stripes {
         self.batches.fetch_add(1, Ordering::Relaxed);
         if spans < self.k {
             self.partial_batches.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Why fewer than k members of a stripe in `group` could be read
+    /// (`read` arrived): final when fewer than k of the group's positions
+    /// survive (a node declared dead never serves again), otherwise a
+    /// later try may read them.
+    pub(crate) fn too_few(&self, group: usize, read: usize) -> LossCause {
+        let g = self.place.group(group);
+        let survivors = g.failed.iter().filter(|&&f| !f).count();
+        if survivors < self.k {
+            LossCause::TooFewSurvivors {
+                group,
+                survivors,
+                needed: self.k,
+            }
+        } else {
+            LossCause::Unreadable { read, needed: self.k }
         }
     }
 

@@ -102,10 +102,9 @@ impl Shared {
         let (k, n) = (self.c.k, self.c.n());
         let (group, pages, page, mut generation, unwritten) = {
             let mut st = self.lock();
-            let ss = st
-                .sets
-                .get_mut(&id)
-                .ok_or_else(|| RuntimeError::DataLost(format!("{}: no spanset {id}", self.c.name)))?;
+            let ss = st.sets.get_mut(&id).ok_or_else(|| {
+                RuntimeError::lost_because(None::<SpanAddr>, format!("{}: no spanset {id}", self.c.name))
+            })?;
             let unwritten: Vec<bool> = picks.iter().map(|&(p, _)| ss.slots[p] == Slot::Unwritten).collect();
             for &(p, _) in picks {
                 ss.slots[p] = Slot::Filling;
@@ -129,10 +128,12 @@ impl Shared {
         };
         let aborted = outcome.is_ok() || self.abort(far, txn, &g.regions, &participants);
         let mut st = self.lock();
-        let ss = st
-            .sets
-            .get_mut(&id)
-            .ok_or_else(|| RuntimeError::DataLost(format!("{}: spanset {id} vanished mid-fill", self.c.name)))?;
+        let ss = st.sets.get_mut(&id).ok_or_else(|| {
+            RuntimeError::lost_because(
+                None::<SpanAddr>,
+                format!("{}: spanset {id} vanished mid-fill", self.c.name),
+            )
+        })?;
         ss.busy = false;
         for &p in &zeroed {
             ss.generation[p] = 0;

@@ -529,7 +529,9 @@ impl Shared {
             .map(|(_, m)| m.pages as u64)
             .sum();
         let a_filled: u64 = f.moves.iter().map(|&p| a.members[p].pages as u64).sum();
-        self.compaction.dead_pages.fetch_add(b_holes + a_filled, Ordering::Relaxed);
+        self.compaction
+            .dead_pages
+            .fetch_add(b_holes + a_filled, Ordering::Relaxed);
         let b = if b.readers > 0 {
             st.retired.insert(f.b, b);
             None

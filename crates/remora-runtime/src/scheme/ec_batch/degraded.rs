@@ -21,10 +21,9 @@ impl Shared {
     pub(super) fn decode(&self, far: &FarMemory, id: u64, want: usize, out: &mut [u8]) -> Result<(), RuntimeError> {
         let (group, row_pages, at, virt, gens) = {
             let st = self.lock();
-            let ss = st
-                .sets
-                .get(&id)
-                .ok_or_else(|| RuntimeError::DataLost(format!("{}: no spanset {id}", self.c.name)))?;
+            let ss = st.sets.get(&id).ok_or_else(|| {
+                RuntimeError::lost_because(None::<SpanAddr>, format!("{}: no spanset {id}", self.c.name))
+            })?;
             let at: Vec<(u32, usize)> = (0..self.c.n()).map(|p| ss.at(p)).collect();
             let virt: Vec<bool> = (0..self.c.n())
                 .map(|p| p < self.c.k && ss.members[p].pages == 0)
@@ -61,16 +60,16 @@ impl Shared {
             &mut |_, _| true,
         );
         if got.arrived.len() < self.c.k {
-            return Err(RuntimeError::DataLost(format!(
-                "{} spanset {id}: fewer than {} readable members (more failures than parity covers)",
-                self.c.name, self.c.k
-            )));
+            return Err(RuntimeError::lost(
+                None::<SpanAddr>,
+                self.c.too_few(group, got.arrived.len()),
+            ));
         }
         let present: Vec<(usize, &[u8])> = got.arrived.iter().map(|&i| (cands[i].pos, &*dests[i])).collect();
         self.c
             .codec
             .decode_data(&present, want, out)
-            .map_err(|e| RuntimeError::DataLost(format!("decode of spanset {id}: {e}")))
+            .map_err(|e| RuntimeError::lost_because(None::<SpanAddr>, format!("decode of spanset {id}: {e}")))
     }
 
     /// Spanset, data position and row pages of the span named `at`.

@@ -181,7 +181,7 @@ impl Shared {
     }
 
     pub(super) fn no_span(&self, at: SpanAddr) -> RuntimeError {
-        RuntimeError::DataLost(format!("{}: no spanset holds r{}:p{}", self.c.name, at.region, at.page))
+        RuntimeError::lost_because(at, format!("{}: no spanset holds it", self.c.name))
     }
 
     /// Gives back the far space of a spanset already out of the table.

@@ -1,0 +1,294 @@
+//! Several memory nodes failing, on in-process nodes (faults at exact
+//! steps): two positions of one stripe group lost at once, a node dying in
+//! the middle of another's rebuild, a rebuild that cannot find a
+//! replacement for a long time, and more failures than parity covers. Every
+//! object read back is compared with what was written. (Real processes:
+//! the workspace's `tests/failures.rs`.)
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use remora_memnode::InProcessCluster;
+use remora_proto::NodeId;
+use remora_runtime::scheme::SpanAddr;
+use remora_runtime::{LossCause, RemBox, Remotable, Runtime, RuntimeConfig, RuntimeError, Stats, scheme};
+
+mod common;
+
+use common::{KIB, MIB, Obj, obj};
+
+fn runtime(c: &InProcessCluster, patience: Duration) -> Runtime {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let mut cfg = RuntimeConfig::new("unused:0", MIB);
+    cfg.scheme = scheme::by_name("ec-batch").expect("known scheme");
+    cfg.patience = patience;
+    Runtime::with_backend(cfg, c.backend()).expect("runtime starts")
+}
+
+fn fill(rt: &Runtime, n: u64) -> Vec<RemBox<Obj>> {
+    let objs: Vec<RemBox<Obj>> = (0..n).map(|i| rt.alloc(obj(i, 0)).unwrap()).collect();
+    rt.wait_for_eviction(Duration::from_secs(20)).unwrap();
+    objs
+}
+
+/// Reads every object back and compares each byte.
+fn verify(rt: &Runtime, objs: &[RemBox<Obj>]) {
+    let mut scope = rt.scope();
+    for (i, o) in objs.iter().enumerate() {
+        let got = o.deref(&scope).unwrap_or_else(|e| panic!("object {i}: {e}"));
+        assert!(common::is(got, i as u64, 0), "object {i}: wrong bytes");
+        if i % 64 == 0 {
+            scope.renew();
+        }
+    }
+}
+
+/// Waits (generously: a loaded 2-core machine) until `done(stats)`.
+fn wait_for(rt: &Runtime, what: &str, limit: Duration, done: impl Fn(&Stats) -> bool) -> Stats {
+    let start = Instant::now();
+    loop {
+        let st = rt.stats();
+        if done(&st) {
+            return st;
+        }
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}: {st:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Every node failure seen has been rebuilt: nothing under way, nothing lost.
+fn recovered(st: &Stats, failures: u64) -> bool {
+    st.recoveries >= failures && st.recovering == 0
+}
+
+/// A cluster of k+m = 6 nodes, so every stripe group the fill takes spans
+/// all of them, and `fill` objects; then `spares` more nodes to rebuild on.
+/// Returns the first six nodes (each in every group).
+fn six_then(spares: usize, patience: Duration) -> (InProcessCluster, Runtime, Vec<RemBox<Obj>>, Vec<NodeId>) {
+    let c = InProcessCluster::new(6, 16, 2 * MIB as u64);
+    let rt = runtime(&c, patience);
+    let objs = fill(&rt, 8 * KIB as u64);
+    let six = c.nodes().iter().map(|n| n.id()).collect();
+    for _ in 0..spares {
+        c.add_node();
+    }
+    (c, rt, objs, six)
+}
+
+/// After recovery nothing is read around any more: a full pass of reads
+/// takes no degraded read.
+fn assert_not_degraded(rt: &Runtime, objs: &[RemBox<Obj>]) {
+    let before = rt.stats().degraded_reads;
+    verify(rt, objs);
+    verify(rt, objs);
+    let st = rt.stats();
+    assert_eq!(st.degraded_reads, before, "reads still go around a failure: {st:?}");
+}
+
+/// Two members of the same stripe group die (m = 2): every object is still
+/// read right while both are gone and undeclared, then the manager declares
+/// both dead at once and both positions are rebuilt.
+#[test]
+fn two_positions_of_one_group_are_read_around_and_both_rebuilt() {
+    let _one_at_a_time = common::serial();
+    let (c, rt, objs, group) = six_then(4, Duration::from_secs(5));
+    let (a, b) = (c.node(group[0]).unwrap(), c.node(group[1]).unwrap());
+    a.kill(false);
+    b.kill(false);
+    // Half the objects, read around both: the other half stays where it
+    // was written (a swap-in re-evicts away from the dead nodes), so the
+    // rebuild has work to do.
+    verify(&rt, &objs[..objs.len() / 2]);
+    assert!(rt.stats().degraded_reads > 0, "{:?}", rt.stats());
+    a.declare_dead();
+    b.declare_dead();
+    let st = wait_for(&rt, "both rebuilt", Duration::from_secs(60), |st| recovered(st, 2));
+    assert_eq!(st.lost_positions, 0, "{st:?}");
+    assert!(st.reconstructed_bytes > 0, "{st:?}");
+    verify(&rt, &objs);
+    assert_not_degraded(&rt, &objs);
+}
+
+/// A second node dies while the first one's positions are being rebuilt
+/// from it: the interrupted rebuild is retried from other survivors (not
+/// abandoned), and once the second death is declared its positions are
+/// rebuilt too.
+#[test]
+fn a_node_dying_mid_rebuild_does_not_stop_either_recovery() {
+    let _one_at_a_time = common::serial();
+    let (c, rt, objs, group) = six_then(4, Duration::from_secs(5));
+    // Another member of every group dies at the next data request it
+    // serves: a read of a rebuild of the first one's positions.
+    let (a, b) = (c.node(group[0]).unwrap(), c.node(group[1]).unwrap());
+    b.die_after(0);
+    a.kill(true);
+    let st = wait_for(&rt, "first recovery", Duration::from_secs(60), |st| recovered(st, 1));
+    assert!(b.is_dead(), "the second node died during the rebuild");
+    assert!(st.rebuild_retries > 0, "the interrupted rebuild was retried: {st:?}");
+    b.declare_dead();
+    let st = wait_for(&rt, "second recovery", Duration::from_secs(60), |st| recovered(st, 2));
+    assert_eq!(st.lost_positions, 0, "{st:?}");
+    verify(&rt, &objs);
+    assert_not_degraded(&rt, &objs);
+}
+
+/// With no node to rebuild on, a rebuild fails again and again (more than
+/// the 5 tries it used to get): it is never abandoned, and once a node
+/// joins the periodic retry rebuilds the position.
+#[test]
+fn a_failing_rebuild_is_retried_until_a_replacement_exists() {
+    let _one_at_a_time = common::serial();
+    // Exactly k+m nodes: no spare for a replacement.
+    let (c, rt, objs, group) = six_then(0, Duration::from_millis(300));
+    c.node(group[0]).unwrap().kill(true);
+    let st = wait_for(&rt, "many failed tries", Duration::from_secs(90), |st| {
+        st.rebuild_retries > 6
+    });
+    assert_eq!(st.recovering, 1, "still under way, not given up: {st:?}");
+    c.add_node();
+    let st = wait_for(&rt, "rebuilt on the new node", Duration::from_secs(60), |st| {
+        recovered(st, 1)
+    });
+    assert_eq!(st.lost_positions, 0, "{st:?}");
+    verify(&rt, &objs);
+    assert_not_degraded(&rt, &objs);
+}
+
+/// An object that owns another (so freeing it has drop glue to run).
+struct Holder {
+    obj: Obj,
+    _child: Option<RemBox<Obj>>,
+}
+// SAFETY: integers and a remotable pointer.
+unsafe impl Remotable for Holder {}
+
+/// Three members of one stripe group die (m = 2): exactly the objects whose
+/// spans sat on the dead members return a typed `DataLost` naming their
+/// span and object; all others read right, including those in the broken
+/// group's surviving members; dropping the lost objects works (with and
+/// without drop glue) and the application carries on.
+#[test]
+fn more_failures_than_parity_lose_exactly_the_dead_members_objects() {
+    let _one_at_a_time = common::serial();
+    // Six nodes at first: every stripe group spans all of them.
+    let c = InProcessCluster::new(6, 16, 2 * MIB as u64);
+    let rt = runtime(&c, Duration::from_secs(5));
+    let mut objs = fill(&rt, 6 * KIB as u64);
+    let holders: Vec<RemBox<Holder>> = (0..2 * KIB as u64)
+        .map(|i| {
+            let h = Holder {
+                obj: obj(1 << 40 | i, 0),
+                _child: None,
+            };
+            rt.alloc(h).unwrap()
+        })
+        .collect();
+    rt.wait_for_eviction(Duration::from_secs(20)).unwrap();
+    let killed: Vec<NodeId> = c.nodes().iter().take(3).map(|n| n.id()).collect();
+    for n in &killed {
+        c.node(*n).unwrap().kill(true);
+    }
+    // Every failure settles: nothing can be rebuilt, and the driver stops.
+    let st = wait_for(&rt, "failures settled", Duration::from_secs(60), |st| recovered(st, 3));
+    assert!(st.lost_positions >= 3, "{st:?}");
+    // Only 3 nodes are left, so no stripe group can be formed: every far
+    // object is in a group that lost 3 members, and it is lost exactly when
+    // its own span sat on one of them.
+    let node_of: HashMap<u16, NodeId> = rt.regions().into_iter().map(|(i, g)| (i, g.node)).collect();
+    let on_dead = |at: Option<(SpanAddr, u16)>| at.filter(|(s, _)| killed.contains(&node_of[&s.region]));
+    let expect: Vec<Option<(SpanAddr, u16)>> = objs.iter().map(|o| on_dead(o.far_span())).collect();
+    let expect_h: Vec<Option<(SpanAddr, u16)>> = holders.iter().map(|o| on_dead(o.far_span())).collect();
+    let doomed = expect.iter().flatten().count();
+    assert!(
+        doomed > 0 && doomed < objs.len(),
+        "{doomed} of {} on dead members",
+        objs.len()
+    );
+    // Spares, so k+m nodes are alive again and eviction goes on.
+    for _ in 0..4 {
+        c.add_node();
+    }
+    let check_lost = |i: usize, e: RuntimeError, want: (SpanAddr, u16)| match e {
+        RuntimeError::DataLost {
+            span,
+            object,
+            cause: LossCause::TooFewSurvivors { survivors, needed, .. },
+        } => {
+            assert_eq!((span, object), (Some(want.0), Some(want.1)), "object {i}: named");
+            assert!(survivors < needed, "object {i}: {survivors} of {needed}");
+        }
+        other => panic!("object {i}: {other}"),
+    };
+    let mut lost = Vec::new();
+    for _ in 0..2 {
+        // Twice: a loss stays a clean error, and never turns into bytes.
+        lost.clear();
+        let mut scope = rt.scope();
+        for (i, o) in objs.iter().enumerate() {
+            match (o.deref(&scope), expect[i]) {
+                (Ok(got), None) => assert!(common::is(got, i as u64, 0), "object {i}: wrong bytes"),
+                (Ok(_), Some(at)) => panic!("object {i} at {at:?} on a dead member was read"),
+                (Err(e), Some(at)) => {
+                    check_lost(i, e, at);
+                    lost.push(i);
+                }
+                (Err(e), None) => panic!("object {i}: {e}"),
+            }
+            if i % 64 == 0 {
+                scope.renew();
+            }
+        }
+        for (i, h) in holders.iter().enumerate() {
+            match (h.deref(&scope), expect_h[i]) {
+                (Ok(got), None) => assert!(common::is(&got.obj, 1 << 40 | i as u64, 0), "holder {i}"),
+                (Err(e), Some(at)) => check_lost(i, e, at),
+                (r, at) => panic!("holder {i} at {at:?}: {:?}", r.err()),
+            }
+            if i % 64 == 0 {
+                scope.renew();
+            }
+        }
+    }
+    assert_eq!(lost.len(), doomed);
+    // Dropping the lost objects works without reading them; the rest go on.
+    let before = rt.stats().objects;
+    let lost_holders = expect_h.iter().flatten().count();
+    let mut kept = Vec::new();
+    for (i, o) in objs.drain(..).enumerate() {
+        if expect[i].is_none() {
+            kept.push((i, o));
+        }
+    }
+    let holders: Vec<RemBox<Holder>> = holders
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, h)| expect_h[i].is_none().then_some(h))
+        .collect();
+    let st = rt.stats();
+    assert_eq!(
+        st.objects + (doomed + lost_holders) as u64,
+        before,
+        "every lost object was freed: {st:?}"
+    );
+    let more: Vec<RemBox<Obj>> = (0..4 * KIB as u64)
+        .map(|i| rt.alloc(obj(1 << 30 | i, 0)).unwrap())
+        .collect();
+    rt.wait_for_eviction(Duration::from_secs(20)).unwrap();
+    let mut scope = rt.scope();
+    for (i, o) in &kept {
+        assert!(common::is(o.deref(&scope).unwrap(), *i as u64, 0), "object {i}");
+        scope.renew();
+    }
+    for (i, o) in more.iter().enumerate() {
+        assert!(
+            common::is(o.deref(&scope).unwrap(), 1 << 30 | i as u64, 0),
+            "new object {i}"
+        );
+        scope.renew();
+    }
+    drop(scope);
+    drop(holders);
+}

@@ -1,0 +1,274 @@
+//! Several memory nodes killed with SIGKILL, against real processes: two at
+//! once during a multi-threaded workload with writes, one while another's
+//! rebuild is running, and three members of the same stripe groups (more
+//! than RS(4,2) covers). Every object read back is compared with what was
+//! written. (In-process faults at exact steps: the runtime crate's
+//! `tests/failures.rs`.)
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use common::*;
+use remora_runtime::scheme::SpanAddr;
+use remora_runtime::{LossCause, RemBox, Remotable, Runtime, RuntimeConfig, RuntimeError, Stats, scheme};
+
+#[derive(Clone, Copy)]
+struct Obj {
+    id: u64,
+    version: u64,
+    words: [u64; 254],
+}
+// SAFETY: integers only.
+unsafe impl Remotable for Obj {}
+
+fn obj(id: u64, version: u64) -> Obj {
+    Obj {
+        id,
+        version,
+        words: std::array::from_fn(|i| (id << 20 | i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ version),
+    }
+}
+
+fn matches(o: &Obj, id: u64, version: u64) -> bool {
+    o.id == id && o.version == version && o.words == obj(id, version).words
+}
+
+fn ec_runtime(c: &remora_cluster::LocalCluster) -> Runtime {
+    let mut cfg = RuntimeConfig::new(c.manager_addr(), 2 << 20);
+    cfg.scheme = scheme::by_name("ec-batch").unwrap();
+    cfg.patience = Duration::from_secs(20);
+    cfg.name = "failures-test".into();
+    Runtime::connect(cfg).unwrap()
+}
+
+/// Node failures seen have all settled.
+fn recovered(st: &Stats, failures: u64) -> bool {
+    st.recoveries >= failures && st.recovering == 0
+}
+
+/// Two members of one stripe group are killed during a workload that reads
+/// and writes from 4 threads: at once (`staggered` false), or the second as
+/// soon as the first one's recovery has started. Both are rebuilt, no
+/// operation fails, every object verifies at its latest version, and
+/// afterwards nothing is read around any more.
+fn kill_two(staggered: bool) {
+    // Six nodes while the objects are written, so every stripe group spans
+    // all of them (any two are two members of every group); then three
+    // spares to rebuild on.
+    let mut c = quick_cluster(6, 64 << 20, 8 << 20);
+    let rt = ec_runtime(&c);
+    let n = 8192u64; // 16 MiB of 2 KiB objects: 8x the budget
+    let objs: Vec<RwLock<RemBox<Obj>>> = (0..n).map(|i| RwLock::new(rt.alloc(obj(i, 0)).unwrap())).collect();
+    for _ in 0..3 {
+        c.add_memnode().unwrap();
+    }
+    let c = c;
+    let versions: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
+    let stop = AtomicBool::new(false);
+    let errors = Mutex::new(Vec::<String>::new());
+    let outcome = std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let (rt, objs, versions, stop, errors) = (&rt, &objs, &versions, &stop, &errors);
+            s.spawn(move || {
+                let mut x = t.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1;
+                let mut sweep = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    // Thread 0 sweeps everything (cold spans come back from
+                    // far memory, some around the dead nodes); the others
+                    // mostly hit a hot 1/32 of the objects, a quarter writes.
+                    let i = if t == 0 {
+                        std::thread::sleep(Duration::from_micros(300));
+                        sweep += 1;
+                        sweep % n
+                    } else {
+                        (x >> 8) % (n / 32)
+                    };
+                    let scope = rt.scope();
+                    if t != 0 && x % 4 == 0 {
+                        let mut g = objs[i as usize].write().unwrap();
+                        let v = versions[i as usize].load(Ordering::Relaxed) + 1;
+                        match g.deref_mut(&scope) {
+                            Ok(o) => {
+                                *o = obj(i, v);
+                                versions[i as usize].store(v, Ordering::Relaxed);
+                            }
+                            Err(e) => errors.lock().unwrap().push(format!("write {i}: {e}")),
+                        }
+                    } else {
+                        let g = objs[i as usize].read().unwrap();
+                        let v = versions[i as usize].load(Ordering::Relaxed);
+                        match g.deref(&scope) {
+                            Ok(o) if matches(o, i, v) => {}
+                            Ok(o) => errors
+                                .lock()
+                                .unwrap()
+                                .push(format!("read {i}: got id {} v{}", o.id, o.version)),
+                            Err(e) => errors.lock().unwrap().push(format!("read {i}: {e}")),
+                        }
+                    }
+                }
+            });
+        }
+        // Any failure below stops the workers first, so nothing waits on them forever.
+        let run = || -> Result<Stats, String> {
+            std::thread::sleep(Duration::from_millis(500));
+            c.kill_memnode(0).map_err(|e| e.to_string())?;
+            let start = Instant::now();
+            if staggered {
+                // The manager's notice has arrived: the first rebuild runs.
+                while rt.stats().recovering == 0 && rt.stats().recoveries == 0 {
+                    if start.elapsed() > Duration::from_secs(60) {
+                        return Err(format!("no recovery started: {:?}", rt.stats()));
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                eprintln!("second kill with the first recovery at {:?}", rt.stats());
+            }
+            c.kill_memnode(1).map_err(|e| e.to_string())?;
+            loop {
+                let st = rt.stats();
+                if recovered(&st, 2) {
+                    return Ok(st);
+                }
+                if start.elapsed() > Duration::from_secs(120) {
+                    return Err(format!("recovery did not finish: {st:?}"));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        };
+        let outcome = run();
+        std::thread::sleep(Duration::from_millis(300));
+        stop.store(true, Ordering::Relaxed);
+        outcome
+    });
+    let st = outcome.unwrap_or_else(|e| panic!("{e}"));
+    let errors = errors.into_inner().unwrap();
+    assert!(
+        errors.is_empty(),
+        "{} errors, first: {:?}",
+        errors.len(),
+        &errors[..errors.len().min(5)]
+    );
+    eprintln!("after two failures: {st:?}");
+    assert_eq!(st.lost_positions, 0, "{st:?}");
+    assert!(st.reconstructed_bytes > 0, "{st:?}");
+    // Every object at its latest version; the second pass takes no
+    // degraded read: both nodes' positions were rebuilt.
+    let mut degraded = 0;
+    for pass in 0..2 {
+        let before = rt.stats().degraded_reads;
+        let mut scope = rt.scope();
+        for (i, o) in objs.iter().enumerate() {
+            let g = o.read().unwrap();
+            let v = versions[i].load(Ordering::Relaxed);
+            let got = g.deref(&scope).unwrap_or_else(|e| panic!("object {i}: {e}"));
+            assert!(matches(got, i as u64, v), "object {i} v{v} wrong after recovery");
+            drop(g);
+            if i % 64 == 0 {
+                scope.renew();
+            }
+        }
+        if pass == 1 {
+            degraded = rt.stats().degraded_reads - before;
+        }
+    }
+    assert_eq!(degraded, 0, "reads still go around a failure: {:?}", rt.stats());
+}
+
+#[test]
+fn two_nodes_killed_at_once_during_a_workload_are_both_rebuilt() {
+    kill_two(false);
+}
+
+#[test]
+fn a_node_killed_during_another_nodes_rebuild_is_rebuilt_too() {
+    kill_two(true);
+}
+
+/// Three members of every stripe group are killed (m = 2): exactly the
+/// objects whose spans sat on them return a typed `DataLost` naming span
+/// and object, everything else verifies, dropping the lost objects works,
+/// and the application goes on once nodes join.
+#[test]
+fn three_dead_members_lose_exactly_their_objects() {
+    // Six nodes at first: every stripe group spans all of them.
+    let mut c = quick_cluster(6, 64 << 20, 8 << 20);
+    let rt = ec_runtime(&c);
+    let n = 4096u64;
+    let objs: Vec<RemBox<Obj>> = (0..n).map(|i| rt.alloc(obj(i, 1)).unwrap()).collect();
+    rt.wait_for_eviction(Duration::from_secs(20)).unwrap();
+    let killed: Vec<String> = c.memnodes()[..3].iter().map(|m| m.addr.clone()).collect();
+    for i in 0..3 {
+        c.kill_memnode(i).unwrap();
+    }
+    let start = Instant::now();
+    let st = loop {
+        let st = rt.stats();
+        if recovered(&st, 3) {
+            break st;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "failures not settled: {st:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(st.lost_positions >= 3, "{st:?}");
+    // No group can form on 3 nodes: every far object is in a broken group,
+    // lost exactly when its own span sat on a dead node.
+    let addr_of: HashMap<u16, String> = rt.regions().into_iter().map(|(i, g)| (i, g.addr)).collect();
+    let expect: Vec<Option<(SpanAddr, u16)>> = objs
+        .iter()
+        .map(|o| o.far_span().filter(|(s, _)| killed.contains(&addr_of[&s.region])))
+        .collect();
+    let doomed = expect.iter().flatten().count();
+    assert!(doomed > 0 && doomed < objs.len(), "{doomed} of {n}");
+    for _ in 0..3 {
+        c.add_memnode().unwrap();
+    }
+    let mut scope = rt.scope();
+    for (i, o) in objs.iter().enumerate() {
+        match (o.deref(&scope), expect[i]) {
+            (Ok(got), None) => assert!(matches(got, i as u64, 1), "object {i}: wrong bytes"),
+            (
+                Err(RuntimeError::DataLost {
+                    span,
+                    object,
+                    cause: LossCause::TooFewSurvivors { .. },
+                }),
+                Some(at),
+            ) => assert_eq!((span, object), (Some(at.0), Some(at.1)), "object {i}: named"),
+            (Ok(_), Some(at)) => panic!("object {i} at {at:?} on a dead node was read"),
+            (Err(e), at) => panic!("object {i} at {at:?}: {e}"),
+        }
+        if i % 64 == 0 {
+            scope.renew();
+        }
+    }
+    drop(scope);
+    // The application drops what it lost and goes on.
+    let before = rt.stats().objects;
+    let kept: Vec<(usize, RemBox<Obj>)> = objs
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| expect[*i].is_none())
+        .collect();
+    assert_eq!(rt.stats().objects + doomed as u64, before, "lost objects freed");
+    let more: Vec<RemBox<Obj>> = (0..2048u64).map(|i| rt.alloc(obj(n + i, 2)).unwrap()).collect();
+    let mut scope = rt.scope();
+    for (i, o) in &kept {
+        assert!(matches(o.deref(&scope).unwrap(), *i as u64, 1), "object {i}");
+        scope.renew();
+    }
+    for (i, o) in more.iter().enumerate() {
+        assert!(matches(o.deref(&scope).unwrap(), n + i as u64, 2), "new object {i}");
+        scope.renew();
+    }
+}
