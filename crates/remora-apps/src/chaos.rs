@@ -77,6 +77,9 @@ pub struct ChaosArgs {
     pub json: Option<PathBuf>,
 }
 
+/// The local cluster's heartbeat timeout.
+const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(3);
+
 fn say(t: f64, msg: impl AsRef<str>) {
     println!("[chaos {t:7.2}s] {}", msg.as_ref());
 }
@@ -160,6 +163,10 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
     cfg.region_size = 16 << 20;
     cfg.capacity = ((data * 4 / (k as u64) + (64 << 20)) / cfg.region_size + 1) * cfg.region_size;
     cfg.log_level = "warn".into();
+    // The manager's verdict on memory nodes and on this compute node alike:
+    // long enough that a starved heartbeat on 2 busy cores is not a death
+    // (at 1 s, CI's load once expired the compute node itself).
+    cfg.heartbeat_timeout = HEARTBEAT_TIMEOUT;
     let mut cluster = LocalCluster::start(cfg).context("starting the cluster")?;
     if args.faults.contains(&FaultKind::Partition) {
         // Resume is harmless on a healthy node: it asks whether faults can be injected at all.

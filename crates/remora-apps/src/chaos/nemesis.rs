@@ -42,9 +42,9 @@ pub(crate) struct Planned {
     pub(crate) pick: u64,
 }
 
-/// Holds span the local cluster's heartbeat timeout (1 s): shorter ones must
+/// Holds span the chaos cluster's heartbeat timeout (3 s): shorter ones must
 /// be ridden out, longer ones end in a rebuild and a fenced zombie.
-const MAX_HOLD: f64 = 2.0;
+const MAX_HOLD: f64 = 4.0;
 const MIN_HOLD: f64 = 0.2;
 
 /// Draws the schedule: the first fault after `warm` seconds (the baseline
