@@ -114,6 +114,24 @@ fn lapsed_lease_serves_nothing_until_renewed() {
     );
 }
 
+/// Waits until every thread of process `pid` is stopped (state `T`).
+fn wait_stopped(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the process exists");
+        let all = tasks.flatten().all(|t| {
+            let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+            // The state follows the parenthesised name.
+            stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T'))
+        });
+        if all {
+            return;
+        }
+        assert!(Instant::now() < deadline, "process {pid} did not stop");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// A zombie: a node stopped (SIGSTOP) past the manager's timeout is declared
 /// dead; when it continues, a request it had queued is refused, never
 /// answered with the region's bytes, and it re-registers as a new node.
@@ -131,6 +149,9 @@ fn stopped_node_never_serves_after_it_was_declared_dead() {
     let cl = MemNodeClient::connect(&g.addr, quick_opts()).unwrap();
     cl.write(g.cap, 0, &pattern(10, 0, 4096)).unwrap();
     c.pause_memnode(0).unwrap();
+    // Send only once every thread of it has stopped: a read it took in
+    // before the stop was served by a live node.
+    wait_stopped(c.memnodes()[0].pid);
     let t = cl.send_read(g.cap, 0, 4096).unwrap();
     loop {
         match ev.recv_timeout(Duration::from_secs(10)).expect("dead-node notice") {
@@ -140,10 +161,13 @@ fn stopped_node_never_serves_after_it_was_declared_dead() {
     }
     c.resume_memnode(0).unwrap();
     let mut buf = vec![0u8; 4096];
-    // The queued read is answered only after the stop, with its lease long
-    // gone, or the connection is cut when the node wipes itself.
+    // The queued read is answered only after the stop: refused (its lease
+    // long gone, or its regions wiped and re-registered), or the connection
+    // is cut; never with the bytes.
     match cl.wait_read(t, &mut buf) {
-        Err(RpcError::Remote(RemoteError::Unavailable | RemoteError::NoSuchRegion { .. })) => {}
+        Err(RpcError::Remote(
+            RemoteError::Unavailable | RemoteError::NoSuchRegion { .. } | RemoteError::BadCapability { .. },
+        )) => {}
         Err(e) if e.is_transport() => {}
         Ok(()) => panic!("a node declared dead served the region's bytes"),
         Err(e) => panic!("unexpected answer {e:?}"),
