@@ -11,24 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use remora_proto::Fault;
-use remora_runtime::{RemBox, Remotable, Runtime, RuntimeConfig, Stats, scheme};
-
-#[derive(Clone, Copy)]
-struct Obj {
-    id: u64,
-    version: u64,
-    words: [u64; 254],
-}
-// SAFETY: integers only.
-unsafe impl Remotable for Obj {}
-
-fn obj(id: u64, version: u64) -> Obj {
-    Obj {
-        id,
-        version,
-        words: std::array::from_fn(|i| (id << 20 | i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ version),
-    }
-}
+use remora_runtime::{RemBox, Runtime, RuntimeConfig, Stats, scheme};
 
 /// Objects and the version each was last written at.
 struct Objects {

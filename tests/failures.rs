@@ -14,28 +14,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use remora_runtime::scheme::SpanAddr;
-use remora_runtime::{LossCause, RemBox, Remotable, Runtime, RuntimeConfig, RuntimeError, Stats, scheme};
-
-#[derive(Clone, Copy)]
-struct Obj {
-    id: u64,
-    version: u64,
-    words: [u64; 254],
-}
-// SAFETY: integers only.
-unsafe impl Remotable for Obj {}
-
-fn obj(id: u64, version: u64) -> Obj {
-    Obj {
-        id,
-        version,
-        words: std::array::from_fn(|i| (id << 20 | i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ version),
-    }
-}
-
-fn matches(o: &Obj, id: u64, version: u64) -> bool {
-    o.id == id && o.version == version && o.words == obj(id, version).words
-}
+use remora_runtime::{LossCause, RemBox, Runtime, RuntimeConfig, RuntimeError, Stats, scheme};
 
 fn ec_runtime(c: &remora_cluster::LocalCluster) -> Runtime {
     let mut cfg = RuntimeConfig::new(c.manager_addr(), 2 << 20);

@@ -88,3 +88,29 @@ pub fn fast_filtering_runtime(c: &LocalCluster, name: &str, budget: usize) -> re
     cfg.filter_interval = Duration::from_millis(1);
     remora_runtime::Runtime::connect(cfg).expect("runtime connects")
 }
+
+/// A 2 KiB remotable object (with the runtime's header, one 2304-byte slot):
+/// id, version, and words derived from both, so a stale, misplaced or
+/// corrupt copy never compares equal.
+#[derive(Clone, Copy)]
+pub struct Obj {
+    pub id: u64,
+    pub version: u64,
+    pub words: [u64; 254],
+}
+// SAFETY: integers only.
+unsafe impl remora_runtime::Remotable for Obj {}
+
+/// Object `id` at `version`.
+pub fn obj(id: u64, version: u64) -> Obj {
+    Obj {
+        id,
+        version,
+        words: std::array::from_fn(|i| (id << 20 | i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ version),
+    }
+}
+
+/// Whether `o` is object `id` at `version`, every word.
+pub fn matches(o: &Obj, id: u64, version: u64) -> bool {
+    o.id == id && o.version == version && o.words == obj(id, version).words
+}
