@@ -308,6 +308,12 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
             if p.at > t || unrebuilt >= m {
                 continue;
             }
+            // A paused or partitioned node the manager declared dead is
+            // fenced when it comes back: its data is un-rebuilt too until the
+            // runtime holds nothing on it.
+            if unrebuilt + fenced_unrebuilt(&cluster, &rt, &done) >= m {
+                continue;
+            }
             next += 1;
             if let Err(e) = strike(&mut cluster, &rt, p, t, &dead, &holds).map(|(node, addr)| {
                 say(
@@ -452,6 +458,27 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Nodes the manager declared dead that were paused or partitioned, not
+/// killed, and on which the runtime still holds regions.
+fn fenced_unrebuilt(cluster: &LocalCluster, rt: &Runtime, done: &[Done]) -> usize {
+    let Ok(status) = cluster.status() else {
+        return usize::MAX / 2; // no verdict to go by: strike nothing
+    };
+    // By node id: a fenced node comes back under a new id at the same address.
+    let held: Vec<remora_proto::NodeId> = rt.regions().into_iter().map(|(_, g)| g.node).collect();
+    let killed: Vec<&str> = done
+        .iter()
+        .filter(|d| d.kind == FaultKind::Kill)
+        .map(|d| d.node.as_str())
+        .collect();
+    status
+        .memory_nodes
+        .iter()
+        .filter(|n| n.state == remora_proto::NodeState::Dead)
+        .filter(|n| !killed.contains(&n.addr.as_str()) && held.contains(&n.id))
+        .count()
 }
 
 /// Applies one planned fault to a memory node that holds the runtime's far
