@@ -7,9 +7,25 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use remora_proto::{EventKind, Fault, MemNodeClient, MemTransport, NodeState, RemoteError, RpcError, SessionEvent};
+use remora_proto::{
+    ComputeSession, EventKind, Fault, MemNodeClient, MemTransport, NodeState, RegionGrant, RemoteError, RpcError,
+    SessionEvent,
+};
 
 const MIB: u64 = 1 << 20;
+
+/// A region of `s` on memory node 0 (of two, taken on distinct nodes) and
+/// a client to that node.
+fn region_on_node0(c: &remora_cluster::LocalCluster, s: &ComputeSession) -> (RegionGrant, MemNodeClient) {
+    let g = s
+        .alloc(2, true, &[])
+        .unwrap()
+        .into_iter()
+        .find(|g| g.addr == c.memnodes()[0].addr)
+        .unwrap();
+    let cl = MemNodeClient::connect(&g.addr, quick_opts()).unwrap();
+    (g, cl)
+}
 
 /// A paused node times clients out, is declared dead, and when it resumes it
 /// is fenced: it wipes what it held and joins again as a new node.
@@ -18,13 +34,7 @@ fn paused_node_is_fenced_when_it_comes_back() {
     let c = quick_cluster(2, 128 * MIB, 64 * MIB);
     let s = session(&c, "p");
     let ev = s.take_events().unwrap();
-    let g = s
-        .alloc(2, true, &[])
-        .unwrap()
-        .into_iter()
-        .find(|g| g.addr == c.memnodes()[0].addr)
-        .unwrap();
-    let cl = MemNodeClient::connect(&g.addr, quick_opts()).unwrap();
+    let (g, cl) = region_on_node0(&c, &s);
     cl.write(g.cap, 0, &pattern(5, 0, 4096)).unwrap();
     let old_id = g.node;
     c.fault(0, Fault::Pause).unwrap();
@@ -70,13 +80,7 @@ fn lapsed_lease_serves_nothing_until_renewed() {
     // waits 12 s: a 5 s pause lapses the lease and nothing else.
     let c = cluster_with_timeout(2, 128 * MIB, 64 * MIB, Duration::from_secs(12));
     let s = session(&c, "lease");
-    let g = s
-        .alloc(2, true, &[])
-        .unwrap()
-        .into_iter()
-        .find(|g| g.addr == c.memnodes()[0].addr)
-        .unwrap();
-    let cl = MemNodeClient::connect(&g.addr, quick_opts()).unwrap();
+    let (g, cl) = region_on_node0(&c, &s);
     let want = pattern(9, 0, 4096);
     cl.write(g.cap, 0, &want).unwrap();
     c.fault(0, Fault::Pause).unwrap();
@@ -140,13 +144,7 @@ fn stopped_node_never_serves_after_it_was_declared_dead() {
     let c = quick_cluster(2, 128 * MIB, 64 * MIB);
     let s = session(&c, "zombie");
     let ev = s.take_events().unwrap();
-    let g = s
-        .alloc(2, true, &[])
-        .unwrap()
-        .into_iter()
-        .find(|g| g.addr == c.memnodes()[0].addr)
-        .unwrap();
-    let cl = MemNodeClient::connect(&g.addr, quick_opts()).unwrap();
+    let (g, cl) = region_on_node0(&c, &s);
     cl.write(g.cap, 0, &pattern(10, 0, 4096)).unwrap();
     c.pause_memnode(0).unwrap();
     // Send only once every thread of it has stopped: a read it took in
