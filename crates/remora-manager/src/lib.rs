@@ -13,6 +13,7 @@
 
 pub mod daemon;
 mod store;
+mod suspect;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::{TcpListener, TcpStream};
@@ -276,6 +277,21 @@ fn serve(shared: &Arc<Shared>, sock: TcpStream, _guard: ConnGuard) {
             }
         };
         let id = hdr.id;
+        if let MgrRequest::Suspect { session, node } = req {
+            // Probing takes up to the node's lease: its own thread, so this
+            // connection keeps serving.
+            let (s, o) = (Arc::clone(shared), out.clone());
+            let spawned = thread::Builder::new().name("manager-suspect".into()).spawn(move || {
+                let _ = match suspect::rule(&s, session, node) {
+                    Ok(m) => o.ok(id, &m, &[]),
+                    Err(e) => o.err(id, &e),
+                };
+            });
+            if let Err(e) = spawned {
+                let _ = out.err(id, &RemoteError::Internal(e.to_string()));
+            }
+            continue;
+        }
         if let MgrRequest::WaitEvents {
             session,
             after,
@@ -467,6 +483,7 @@ fn handle(shared: &Shared, req: MgrRequest) -> Result<MgrResponse, RemoteError> 
         }
         MgrRequest::WaitEvents { .. } => Err(RemoteError::BadRequest("long poll handled elsewhere".into())),
         MgrRequest::Status => Ok(MgrResponse::Status(status(&lock(&shared.state)))),
+        MgrRequest::Suspect { .. } => Err(RemoteError::BadRequest("Suspect is answered on its own thread".into())),
     }
 }
 

@@ -569,6 +569,12 @@ impl FarBackend for Backend {
     fn connect(&self, addr: &str) -> Result<Arc<dyn MemTransport>, RpcError> {
         self.sh.connect(addr)
     }
+
+    /// In process there is no manager to ask: a node is dead once killed.
+    fn confirm(&self, node: NodeId) -> Result<bool, RpcError> {
+        let nodes = self.sh.nodes.read().unwrap_or_else(|p| p.into_inner());
+        Ok(nodes.iter().any(|n| n.id == node && !n.is_dead()))
+    }
 }
 
 /// A served request waiting for its caller.

@@ -15,8 +15,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// Heartbeat intervals a renewal lasts.
-pub(crate) const LEASE_INTERVALS: u32 = 4;
+/// Heartbeat intervals a renewal lasts (the manager counts on the same).
+pub(crate) use remora_proto::LEASE_INTERVALS;
 
 /// When the lease ends, as nanoseconds since `epoch` (0: expired).
 #[derive(Debug)]

@@ -299,6 +299,23 @@ impl ComputeSession {
         }
     }
 
+    /// Reports memory node `node` as suspected and waits for the manager's
+    /// verdict: true if the node is alive after all. The manager may take
+    /// up to the node's lease to rule, so this blocks that long.
+    pub fn suspect(&self, node: NodeId) -> Result<bool, RpcError> {
+        let req = MgrRequest::Suspect {
+            session: self.shared.session,
+            node,
+        };
+        let interval = Duration::from_millis(self.shared.interval_ms.load(Ordering::Relaxed).max(10));
+        // The lease, the probes' own timeouts, and room for a busy manager.
+        let patience = interval * (crate::msg::LEASE_INTERVALS + 2) + Duration::from_secs(5);
+        match self.shared.mgr.call_timeout(&req, patience)? {
+            MgrResponse::Verdict { alive } => Ok(alive),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// The manager connection, for status queries.
     pub fn manager(&self) -> &ManagerConn {
         &self.shared.mgr

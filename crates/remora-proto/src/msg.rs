@@ -591,7 +591,23 @@ pub enum MgrRequest {
     },
     /// The whole cluster's state.
     Status,
+    /// A compute node's evidence that memory node `node` failed it (a
+    /// connection error, or a request overdue): the manager probes the node
+    /// itself and rules. It declares the node dead only once its lease must
+    /// have lapsed (or its port refuses connections), so a scheduling
+    /// hiccup never fences a live node.
+    Suspect {
+        /// The compute node.
+        session: Session,
+        /// The node it suspects.
+        node: NodeId,
+    },
 }
+
+/// Heartbeat intervals a memory node's lease lasts from a heartbeat's send:
+/// the node stops serving once that much time passes without a renewal, and
+/// the manager relies on it before declaring a silent node dead.
+pub const LEASE_INTERVALS: u32 = 4;
 
 /// Successful answers of the manager.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -633,6 +649,12 @@ pub enum MgrResponse {
     Status(ClusterStatus),
     /// Done.
     Ok,
+    /// Answer to `Suspect`: the manager's verdict on the node.
+    Verdict {
+        /// True if the node answered the manager's probe (the suspicion
+        /// was wrong); false if it is dead (declared now or before).
+        alive: bool,
+    },
 }
 
 /// A typed error sent back in an error frame.

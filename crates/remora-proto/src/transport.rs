@@ -237,6 +237,11 @@ pub trait FarBackend: Send + Sync {
 
     /// Opens a new connection to the memory node at `addr`.
     fn connect(&self, addr: &str) -> Result<Arc<dyn MemTransport>, RpcError>;
+
+    /// Asks whoever rules on membership whether memory node `node`, which
+    /// failed this compute node, is alive (true) or dead (false). A dead
+    /// verdict also arrives as a `NodeDead` notice.
+    fn confirm(&self, node: NodeId) -> Result<bool, RpcError>;
 }
 
 /// The real thing: a manager session and TCP connections to memory nodes.
@@ -279,5 +284,9 @@ impl FarBackend for TcpBackend {
 
     fn connect(&self, addr: &str) -> Result<Arc<dyn MemTransport>, RpcError> {
         Ok(Arc::new(MemNodeClient::connect(addr, self.opts)?))
+    }
+
+    fn confirm(&self, node: NodeId) -> Result<bool, RpcError> {
+        self.session.suspect(node)
     }
 }

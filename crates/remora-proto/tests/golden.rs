@@ -521,6 +521,7 @@ fn mgr_request_index(m: &MgrRequest) -> u32 {
         MgrRequest::MyRegions { .. } => 8,
         MgrRequest::WaitEvents { .. } => 9,
         MgrRequest::Status => 10,
+        MgrRequest::Suspect { .. } => 11,
     }
 }
 
@@ -591,6 +592,13 @@ fn mgr_request() {
                 "09 | 05 {T} | 11 | fa01",
             ),
             (MgrRequest::Status, "0a"),
+            (
+                MgrRequest::Suspect {
+                    session: session(),
+                    node: NodeId(2),
+                },
+                "0b | 05 {T} | 02",
+            ),
         ],
         mgr_request_index,
     );
@@ -605,6 +613,7 @@ fn mgr_response_index(m: &MgrResponse) -> u32 {
         MgrResponse::Events { .. } => 4,
         MgrResponse::Status(_) => 5,
         MgrResponse::Ok => 6,
+        MgrResponse::Verdict { .. } => 7,
     }
 }
 
@@ -684,6 +693,7 @@ fn mgr_response() {
                 "05 | 01 | 01 03683a39 00 10 0f 8080808004 00 00 00 00 01 02 | 01 | 05 03617070 01 01",
             ),
             (MgrResponse::Ok, "06"),
+            (MgrResponse::Verdict { alive: true }, "07 | 01"),
         ],
         mgr_response_index,
     );
@@ -788,7 +798,7 @@ fn frame_header_constants() {
 /// The hello: magic and version where every version keeps them, kind 4.
 #[test]
 fn hello_frame() {
-    let want = unhex("526d 05 04 0000 0000 | 0000000000000000 | 00000000 | 00000000");
+    let want = unhex("526d 06 04 0000 0000 | 0000000000000000 | 00000000 | 00000000");
     assert_eq!(hex(&hello()), hex(&want));
     assert_eq!(HELLO_KIND, 4);
     assert_eq!(check_hello(&hello()), Ok(()));
@@ -797,7 +807,7 @@ fn hello_frame() {
 /// A whole request frame and its error reply: header, head and payload.
 #[test]
 fn whole_frames() {
-    assert_eq!(VERSION, 5, "a new VERSION needs new golden frames");
+    assert_eq!(VERSION, 6, "a new VERSION needs new golden frames");
     let head = encode(&MemRequest::Write { cap: cap(), offset: 1 });
     let mut out = Vec::new();
     write_frame(
@@ -809,7 +819,7 @@ fn whole_frames() {
     )
     .unwrap();
     let want = golden(
-        "526d 05 01 0000 0000 | 0807060504030201 | 14000000 | 07000000 \
+        "526d 06 01 0000 0000 | 0807060504030201 | 14000000 | 07000000 \
          | 01 {CAP} 01 | 7061796c6f6164",
     );
     assert_eq!(hex(&out), hex(&want), "request frame");
@@ -824,6 +834,6 @@ fn whole_frames() {
     let head = encode(&RemoteError::NoSuchRegion { region: RegionId(3) });
     let mut out = Vec::new();
     write_frame(&mut out, FrameKind::Error, 0x0102_0304_0506_0708, &head, &[]).unwrap();
-    let want = unhex("526d 05 03 0000 0000 | 0807060504030201 | 02000000 | 00000000 | 01 03");
+    let want = unhex("526d 06 03 0000 0000 | 0807060504030201 | 02000000 | 00000000 | 01 03");
     assert_eq!(hex(&out), hex(&want), "error frame");
 }

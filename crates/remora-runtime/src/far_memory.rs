@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use remora_proto::FarBackend;
 
+use crate::detector::Detector;
 use crate::far_page_heap::FarPageHeap;
 use crate::region_table::RegionTable;
 use crate::size_classes::PAGE_SIZE;
@@ -22,6 +23,8 @@ pub struct FarMemory {
     pub(crate) traffic: Arc<Traffic>,
     /// How long to keep asking the manager when it has no free region.
     pub(crate) patience: Duration,
+    /// Suspected memory nodes and read latency (failure detection).
+    pub(crate) detector: Detector,
 }
 
 impl FarMemory {
@@ -33,6 +36,7 @@ impl FarMemory {
             pages: FarPageHeap::default(),
             traffic,
             patience,
+            detector: Detector::default(),
         }
     }
 

@@ -18,6 +18,7 @@
 //! Every structure is an instance; there are no globals.
 
 pub mod central_freelist;
+mod detector;
 mod error;
 pub mod eviction;
 mod far_memory;

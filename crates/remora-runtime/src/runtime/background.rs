@@ -50,6 +50,49 @@ pub(super) fn notice_loop(
     }
 }
 
+/// Puts each suspected memory node to the manager (see `crate::detector`):
+/// an alive verdict lifts the suspicion; a dead one arrives as a `NodeDead`
+/// notice too, which starts recovery.
+pub(super) fn confirm_loop(weak: &std::sync::Weak<Inner>) {
+    loop {
+        let node = {
+            let Some(inner) = weak.upgrade() else { return };
+            if inner.stop.load(StdOrdering::Acquire) {
+                return;
+            }
+            match inner.far.detector.suspects.next_to_confirm(Duration::from_millis(100)) {
+                Some(n) => n,
+                None => continue,
+            }
+        };
+        // The verdict may take the node's lease: no strong reference
+        // meanwhile, so a runtime dropped now is not kept alive by it.
+        let backend = match weak.upgrade() {
+            Some(inner) => Arc::clone(&inner.far.backend),
+            None => return,
+        };
+        let verdict = backend.confirm(node);
+        let Some(inner) = weak.upgrade() else { return };
+        let suspects = &inner.far.detector.suspects;
+        match verdict {
+            Ok(alive) => {
+                if alive {
+                    tracing::info!(
+                        "memory node {node} failed us, but the manager finds it alive: reading from it again"
+                    );
+                } else {
+                    tracing::warn!("the manager confirms memory node {node} dead");
+                }
+                suspects.ruled(node, alive);
+            }
+            Err(e) => {
+                tracing::debug!("asking the manager about {node}: {e}");
+                suspects.unasked(node);
+            }
+        }
+    }
+}
+
 /// How often an eviction thread drops kept far copies whose span went away.
 const KEPT_SWEEP_EVERY: Duration = Duration::from_millis(200);
 

@@ -20,7 +20,7 @@ mod swap_in;
 
 use remora_proto::ConnOptions;
 
-use self::background::{eviction_loop, notice_loop};
+use self::background::{confirm_loop, eviction_loop, notice_loop};
 use self::stats::Counters;
 pub use self::stats::Stats;
 
@@ -243,6 +243,15 @@ impl Runtime {
                     .name(format!("remora-filter-{i}"))
                     .spawn(move || filtering::filtering_loop(&weak, i, interval))
                     .map_err(|e| RuntimeError::LocalMemory(format!("cannot spawn filtering thread: {e}")))?,
+            );
+        }
+        {
+            let weak = Arc::downgrade(&inner);
+            threads.push(
+                thread::Builder::new()
+                    .name("remora-confirm".into())
+                    .spawn(move || confirm_loop(&weak))
+                    .map_err(|e| RuntimeError::LocalMemory(format!("cannot spawn confirm thread: {e}")))?,
             );
         }
         if let Some(events) = events {

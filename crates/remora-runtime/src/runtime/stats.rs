@@ -37,6 +37,14 @@ pub struct Stats {
     pub far_objects: u64,
     /// Swap-ins served by decoding from survivors.
     pub degraded_reads: u64,
+    /// Memory nodes suspected on this compute node's own evidence (a
+    /// connection error, or a read overdue); each is put to the manager.
+    pub suspicions: u64,
+    /// Of those, ones the manager found alive (its probe was answered).
+    pub suspicions_cleared: u64,
+    /// Reads given up as overdue (read around instead) before the call
+    /// timeout, by the bound derived from measured read latency.
+    pub overdue_reads: u64,
     /// Bytes rebuilt on replacement regions after memory-node failures.
     pub reconstructed_bytes: u64,
     /// Seconds spent rebuilding, summed over recoveries.
@@ -138,8 +146,12 @@ impl Inner {
         let rep = self.scheme.report();
         let c = &self.counters;
         let get = |a: &AtomicU64| a.load(StdOrdering::Relaxed);
+        let (suspicions, suspicions_cleared) = self.far.detector.suspects.counts();
         Stats {
             degraded_reads: rep.degraded_reads,
+            suspicions,
+            suspicions_cleared,
+            overdue_reads: self.far.detector.reads.overdue(),
             reconstructed_bytes: rep.reconstructed_bytes,
             reconstruct_seconds: rep.reconstruct_time.as_secs_f64(),
             recoveries: rep.recoveries,

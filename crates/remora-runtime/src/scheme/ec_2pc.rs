@@ -204,7 +204,7 @@ impl Shared {
     }
 
     /// Spanset, slot, and whether to read around the slot's node.
-    fn locate(&self, at: SpanAddr) -> Result<(u64, usize, bool), RuntimeError> {
+    fn locate(&self, far: &FarMemory, at: SpanAddr) -> Result<(u64, usize, bool), RuntimeError> {
         let (id, pos, group, doubt) = {
             let st = self.lock();
             let &(id, pos) = st
@@ -214,7 +214,7 @@ impl Shared {
             let ss = &st.sets[&id];
             (id, pos, ss.group, ss.doubt[pos])
         };
-        Ok((id, pos, doubt || self.c.place.unusable(group, pos)))
+        Ok((id, pos, doubt || self.c.place.unusable(far, group, pos)))
     }
 
     /// Reads slot `want` of spanset `id` by decoding k survivors into `out`
@@ -268,15 +268,7 @@ impl Shared {
         let len = out.len();
         let mut space = vec![0u8; cands.len() * len];
         let mut dests: Vec<&mut [u8]> = space.chunks_mut(len.max(1)).collect();
-        let got = shards::gather(
-            far,
-            &self.c.place.suspects,
-            cands,
-            &mut dests,
-            self.c.k,
-            None,
-            &mut |_, _| true,
-        );
+        let got = shards::gather(far, cands, &mut dests, self.c.k, None, &mut |_, _| true);
         if got.arrived.len() < self.c.k {
             let group = self.lock().sets.get(&id).map(|ss| ss.group);
             let cause = match group {
@@ -293,7 +285,7 @@ impl Shared {
     }
 
     fn degraded(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<(), RuntimeError> {
-        let (id, pos, _) = self.locate(at)?;
+        let (id, pos, _) = self.locate(far, at)?;
         self.decode(far, id, pos, dest)?;
         self.c.degraded.fetch_add(1, Ordering::Relaxed);
         Ok(())
@@ -458,7 +450,7 @@ impl Scheme for Ec2pc {
                     }
                 }
                 while let Some((id, slots)) = (!left.is_empty())
-                    .then(|| sh.claim(pages, left.len(), unwritten))
+                    .then(|| sh.claim(far, pages, left.len(), unwritten))
                     .flatten()
                 {
                     let (now, rest) = left.split_at(slots.len());
@@ -514,22 +506,22 @@ impl Scheme for Ec2pc {
     }
 
     fn swap_in(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<(), RuntimeError> {
-        let (_, _, around) = self.sh.locate(at)?;
+        let (_, _, around) = self.sh.locate(far, at)?;
         if around {
             return self.sh.degraded(far, at, dest);
         }
         let (r, c) = match far.regions.reader(at.region) {
             Ok(x) => x,
             Err(_) => {
-                self.sh.c.place.suspects.suspect(far.regions.get(at.region).grant.node);
+                far.detector.suspects.suspect(far.regions.get(at.region).grant.node);
                 return self.sh.degraded(far, at, dest);
             }
         };
-        match c.read(r.grant.cap, offset(at.page), dest) {
+        match shards::timed_read(far, &c, r.grant.cap, offset(at.page), dest) {
             Ok(()) => Ok(()),
             Err(e) if e.is_node_down() => {
                 tracing::debug!("swap-in from {} failed ({e}); degraded read", r.grant.addr);
-                self.sh.c.place.suspects.suspect(r.grant.node);
+                far.detector.suspects.suspect(r.grant.node);
                 self.sh.degraded(far, at, dest)
             }
             Err(e) => Err(e.into()),

@@ -184,7 +184,7 @@ impl Shared {
             ));
         }
         let g = self.c.place.group(loc.group);
-        let usable: Vec<bool> = (0..n).map(|p| !self.c.place.unusable(loc.group, p)).collect();
+        let usable: Vec<bool> = (0..n).map(|p| !self.c.place.unusable(far, loc.group, p)).collect();
         let cands: Vec<Shard> = (0..n)
             .filter(|&p| usable[p])
             .map(|p| Shard {
@@ -209,7 +209,7 @@ impl Shared {
             .collect();
         let mut bad = Vec::new();
         let late = if verify { None } else { self.late.as_ref() };
-        let got = shards::gather(far, &self.c.place.suspects, &cands, &mut dests, k, late, &mut |i, b| {
+        let got = shards::gather(far, &cands, &mut dests, k, late, &mut |i, b| {
             let ok = !verify || checksum(b) == loc.sums[cands[i].pos];
             if !ok {
                 bad.push(cands[i].pos);

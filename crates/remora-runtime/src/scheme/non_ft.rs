@@ -85,7 +85,7 @@ impl Scheme for NonFt {
             // Nothing stays half-placed: the caller keeps every span local,
             // and the next attempt avoids the node that failed for a while.
             if let Some(n) = node {
-                self.place.suspects.suspect(n);
+                far.detector.suspects.suspect(n);
             }
             for (at, pages) in placed {
                 far.pages.free(at.region, at.page, pages);

@@ -25,7 +25,6 @@
 //! [`Placement::rebind`] talk to the manager and must be called with no
 //! scheme lock held.
 
-use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -36,45 +35,11 @@ use crate::error::RuntimeError;
 use crate::far_memory::FarMemory;
 use crate::size_classes::PAGE_SIZE;
 
-/// How long a node that failed a request is avoided and read around.
-pub(crate) const SUSPECT_FOR: Duration = Duration::from_secs(3);
-
 /// Share of a group's pages in use below which it is left to empty.
 const DRAINING: f64 = 0.25;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Nodes that failed a request recently: avoided for new data and read
-/// around until the manager's verdict (or [`SUSPECT_FOR`]) settles it.
-#[derive(Debug, Default)]
-pub(crate) struct Suspects(Mutex<HashMap<NodeId, Instant>>);
-
-impl Suspects {
-    pub(crate) fn suspect(&self, node: NodeId) {
-        lock(&self.0).insert(node, Instant::now());
-    }
-
-    pub(crate) fn is_suspect(&self, node: NodeId) -> bool {
-        let mut s = lock(&self.0);
-        match s.get(&node) {
-            Some(t) if t.elapsed() < SUSPECT_FOR => true,
-            Some(_) => {
-                s.remove(&node);
-                false
-            }
-            None => false,
-        }
-    }
-
-    fn list(&self) -> Vec<NodeId> {
-        lock(&self.0)
-            .iter()
-            .filter(|(_, t)| t.elapsed() < SUSPECT_FOR)
-            .map(|(n, _)| *n)
-            .collect()
-    }
 }
 
 /// One stripe group: position `i` is region `regions[i]` on `nodes[i]`.
@@ -113,7 +78,6 @@ pub(crate) struct Placement {
     width: usize,
     scheme: &'static str,
     st: Mutex<State>,
-    pub(crate) suspects: Suspects,
     /// Held while a group is requested: threads that find every group full
     /// at once must not each take `width` regions.
     growing: Mutex<()>,
@@ -125,7 +89,6 @@ impl Placement {
             width,
             scheme,
             st: Mutex::new(State::default()),
-            suspects: Suspects::default(),
             growing: Mutex::new(()),
         }
     }
@@ -136,12 +99,12 @@ impl Placement {
     }
 
     /// Whether the node at (`g`, `pos`) should be read around.
-    pub(crate) fn unusable(&self, g: usize, pos: usize) -> bool {
+    pub(crate) fn unusable(&self, far: &FarMemory, g: usize, pos: usize) -> bool {
         let (failed, node) = {
             let st = lock(&self.st);
             (st.groups[g].failed[pos], st.groups[g].nodes[pos])
         };
-        failed || self.suspects.is_suspect(node)
+        failed || far.detector.suspects.is_suspect(node)
     }
 
     /// Takes one run of `pages[i]` far pages at each position `i` of one
@@ -194,7 +157,7 @@ impl Placement {
             if g.retired
                 || g.failed.iter().any(|&f| f)
                 || g.nodes.iter().any(|n| avoid.contains(n))
-                || (!suspects_too && g.nodes.iter().any(|n| self.suspects.is_suspect(*n)))
+                || (!suspects_too && g.nodes.iter().any(|n| far.detector.suspects.is_suspect(*n)))
             {
                 continue;
             }
@@ -311,7 +274,7 @@ impl Placement {
         }
         let mut avoid = avoid.to_vec();
         if avoid_suspects {
-            avoid.extend(self.suspects.list());
+            avoid.extend(far.detector.suspects.list());
         }
         let n = self.width as u32;
         let start = Instant::now();

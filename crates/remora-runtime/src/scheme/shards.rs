@@ -25,12 +25,12 @@ use std::time::Instant;
 
 use remora_proto::msg::{MemRequest, MemResponse};
 use remora_proto::rpc::Ticket;
-use remora_proto::{NodeId, Range, RpcError};
+use remora_proto::{Cap, NodeId, Range, RpcError};
 
 use remora_ec::Codec;
 
 use super::SchemeReport;
-use super::placement::{Placement, Suspects};
+use super::placement::Placement;
 use super::recovery::Recovery;
 use crate::error::{LossCause, RuntimeError};
 use crate::far_memory::FarMemory;
@@ -164,6 +164,32 @@ fn send(far: &FarMemory, s: &Shard) -> Result<(Ticket, Link), RuntimeError> {
     Ok((t, c))
 }
 
+/// Reads `dest.len()` bytes at `offset` through `link` for a scheme that
+/// can read around the node: the round trip feeds the failure detector's
+/// latency, and a read still unanswered past its overdue bound fails with
+/// [`RpcError::Timeout`] (the caller then suspects the node and reads
+/// around it) instead of waiting out the call timeout.
+pub(crate) fn timed_read(far: &FarMemory, link: &Link, cap: Cap, offset: u64, dest: &mut [u8]) -> Result<(), RpcError> {
+    let start = Instant::now();
+    let t = link.send_read(cap, offset, dest.len())?;
+    let cap_wait = link.call_timeout();
+    let bound = far.detector.reads.bound(cap_wait);
+    match link.wait(t, Some(dest), bound) {
+        Ok(MemResponse::Data) => {
+            far.detector.reads.record(start.elapsed());
+            Ok(())
+        }
+        Ok(other) => Err(RpcError::Unexpected(format!("{other:?}"))),
+        Err(e @ RpcError::Timeout { .. }) => {
+            if bound < cap_wait {
+                far.detector.reads.count_overdue();
+            }
+            Err(e)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// Whether a read's answer is the shard's bytes: data for a plain read, the
 /// member at the wanted generation for a member read.
 fn answered(s: &Shard, r: MemResponse) -> Result<(), RpcError> {
@@ -184,7 +210,6 @@ fn answered(s: &Shard, r: MemResponse) -> Result<(), RpcError> {
 /// Returns fewer than `need` only when the candidates ran out.
 pub(crate) fn gather(
     far: &FarMemory,
-    suspects: &Suspects,
     cands: &[Shard],
     dests: &mut [&mut [u8]],
     need: usize,
@@ -211,7 +236,7 @@ pub(crate) fn gather(
             match send(far, s) {
                 Ok((t, c)) => inflight.push((i, t, c)),
                 Err(e) => {
-                    suspects.suspect(s.node);
+                    far.detector.suspects.suspect(s.node);
                     got.failed += 1;
                     tracing::debug!("shard {} on {}: {e}", s.pos, s.node);
                 }
@@ -222,7 +247,7 @@ pub(crate) fn gather(
             Ok(()) => got.failed += 1,
             Err(e) => {
                 if e.is_node_down() {
-                    suspects.suspect(cands[i].node);
+                    far.detector.suspects.suspect(cands[i].node);
                 }
                 tracing::debug!("shard {} on {}: {e}", cands[i].pos, cands[i].node);
                 got.failed += 1;
@@ -230,11 +255,20 @@ pub(crate) fn gather(
         };
         match late {
             None => {
+                // With candidates to spare, a shard overdue is read around
+                // rather than waited out.
+                let spare = next < cands.len();
                 for (i, t, c) in inflight {
                     let d = &mut dests[i][..cands[i].len];
-                    let r = c
-                        .wait(t, Some(d), c.call_timeout())
-                        .and_then(|r| answered(&cands[i], r));
+                    let wait = if spare {
+                        far.detector.reads.bound(c.call_timeout())
+                    } else {
+                        c.call_timeout()
+                    };
+                    let r = c.wait(t, Some(d), wait).and_then(|r| answered(&cands[i], r));
+                    if spare && matches!(r, Err(RpcError::Timeout { .. })) && wait < c.call_timeout() {
+                        far.detector.reads.count_overdue();
+                    }
                     arrive(i, r, d, &mut got);
                 }
             }
@@ -339,7 +373,7 @@ pub(crate) fn place_and_write<'a>(
             Ok(()) => return Ok((group, pages)),
             Err((node, e)) => {
                 tracing::warn!("{scheme}: write to {node} failed ({e}); placing the stripe again");
-                place.suspects.suspect(node);
+                far.detector.suspects.suspect(node);
                 for (p, &page) in pages.iter().enumerate() {
                     place.free(far, group, p, page, sizes[p]);
                 }

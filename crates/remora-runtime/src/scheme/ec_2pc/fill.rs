@@ -21,10 +21,10 @@ use remora_proto::msg::{DeltaTarget, Member};
 use remora_proto::{NodeId, RemoteError, RpcError, TxnId, TxnOp};
 
 use super::{Shared, Slot, bytes, offset};
+use crate::detector::SUSPECT_FOR;
 use crate::error::RuntimeError;
 use crate::far_memory::FarMemory;
 use crate::scheme::SpanAddr;
-use crate::scheme::placement::SUSPECT_FOR;
 
 /// Commit attempts per participant before its outcome is left in doubt.
 const COMMIT_ATTEMPTS: usize = 3;
@@ -54,7 +54,7 @@ impl Shared {
     /// Picks a spanset of `pages`-page members with free slots (unwritten
     /// ones too if `unwritten`) for up to `want` spans, marks it busy;
     /// returns it and the slots (free ones first: unwritten ones need zeroing).
-    pub(super) fn claim(&self, pages: u32, want: usize, unwritten: bool) -> Option<(u64, Vec<usize>)> {
+    pub(super) fn claim(&self, far: &FarMemory, pages: u32, want: usize, unwritten: bool) -> Option<(u64, Vec<usize>)> {
         let n = self.c.n();
         let mut st = self.lock();
         st.cooling.retain(|_, t| t.elapsed() < SUSPECT_FOR);
@@ -74,7 +74,7 @@ impl Shared {
             }
             let ok = *usable
                 .entry(ss.group)
-                .or_insert_with(|| (0..n).all(|p| !self.c.place.unusable(ss.group, p)));
+                .or_insert_with(|| (0..n).all(|p| !self.c.place.unusable(far, ss.group, p)));
             if ok {
                 best = Some((id, free.min(want)));
             }
@@ -175,7 +175,7 @@ impl Shared {
                 }
                 ss.sealed |= f.stale || !aborted;
                 if let Some(node) = f.node {
-                    self.c.place.suspects.suspect(node);
+                    far.detector.suspects.suspect(node);
                 }
                 st.cooling.insert(group, Instant::now());
                 Err(f.err)
@@ -338,7 +338,7 @@ impl Shared {
                 Some(f) => {
                     tracing::warn!("{}: commit of txn {} on {}: {}", self.c.name, txn.0, nodes[p], f.err);
                     if let Some(node) = f.node {
-                        self.c.place.suspects.suspect(node);
+                        far.detector.suspects.suspect(node);
                     }
                     doubt.push(p);
                 }

@@ -242,7 +242,7 @@ impl Shared {
             }
             let ok = *usable
                 .entry(ss.group)
-                .or_insert_with(|| (0..self.c.n()).all(|p| !self.c.place.unusable(ss.group, p)));
+                .or_insert_with(|| (0..self.c.n()).all(|p| !self.c.place.unusable(far, ss.group, p)));
             if !ok {
                 continue;
             }
@@ -463,7 +463,7 @@ impl Shared {
             }
             if !done {
                 // Its member is rebuilt from the others, which committed.
-                self.c.place.suspects.suspect(r.grant.node);
+                far.detector.suspects.suspect(r.grant.node);
             }
         }
         Ok(())

@@ -50,15 +50,7 @@ impl Shared {
             .collect();
         let mut space = vec![0u8; cands.len() * row_bytes];
         let mut dests: Vec<&mut [u8]> = space.chunks_mut(row_bytes.max(1)).collect();
-        let got = shards::gather(
-            far,
-            &self.c.place.suspects,
-            &cands,
-            &mut dests,
-            self.c.k,
-            None,
-            &mut |_, _| true,
-        );
+        let got = shards::gather(far, &cands, &mut dests, self.c.k, None, &mut |_, _| true);
         if got.arrived.len() < self.c.k {
             return Err(RuntimeError::lost(
                 None::<SpanAddr>,

@@ -409,14 +409,14 @@ impl Scheme for EcBatch {
 
     fn swap_in(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<(), RuntimeError> {
         let sh = &*self.sh;
-        let (id, _, _, page, unusable) = sh.begin_read(at)?;
+        let (id, _, _, page, unusable) = sh.begin_read(far, at)?;
         let res = if unusable {
             Err(None)
         } else {
             match far.regions.reader(at.region) {
-                Ok((r, c)) => c.read(r.grant.cap, offset(page), dest).map_err(|e| Some((e, r))),
+                Ok((r, c)) => shards::timed_read(far, &c, r.grant.cap, offset(page), dest).map_err(|e| Some((e, r))),
                 Err(_) => {
-                    sh.c.place.suspects.suspect(far.regions.get(at.region).grant.node);
+                    far.detector.suspects.suspect(far.regions.get(at.region).grant.node);
                     Err(None)
                 }
             }
@@ -427,7 +427,7 @@ impl Scheme for EcBatch {
             Err(None) => sh.degraded(far, at, dest),
             Err(Some((e, r))) if e.is_node_down() => {
                 tracing::debug!("swap-in from {} failed ({e}); degraded read", r.grant.addr);
-                sh.c.place.suspects.suspect(r.grant.node);
+                far.detector.suspects.suspect(r.grant.node);
                 sh.degraded(far, at, dest)
             }
             Err(Some((e, _))) => Err(e.into()),

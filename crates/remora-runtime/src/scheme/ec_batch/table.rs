@@ -148,7 +148,11 @@ impl Shared {
 
     /// Counts a swap-in reading the span named `at`; returns its spanset,
     /// position, row pages, page, and whether to read around its node.
-    pub(super) fn begin_read(&self, at: SpanAddr) -> Result<(u64, usize, u32, u32, bool), RuntimeError> {
+    pub(super) fn begin_read(
+        &self,
+        far: &FarMemory,
+        at: SpanAddr,
+    ) -> Result<(u64, usize, u32, u32, bool), RuntimeError> {
         let (id, pos, group, row_pages, page) = {
             let mut st = self.lock();
             let &(id, pos) = st.by_span.get(&(at.region, at.page)).ok_or_else(|| self.no_span(at))?;
@@ -156,7 +160,7 @@ impl Shared {
             ss.readers += 1;
             (id, pos, ss.group, ss.row_pages, ss.members[pos].page)
         };
-        Ok((id, pos, row_pages, page, self.c.place.unusable(group, pos)))
+        Ok((id, pos, row_pages, page, self.c.place.unusable(far, group, pos)))
     }
 
     /// The read `begin_read` counted is over.

@@ -29,7 +29,7 @@ pub(crate) fn rebuild(
 ) -> Result<u64, RuntimeError> {
     let start = Instant::now();
     // Survivors first: a position that cannot be rebuilt takes no region.
-    let cands = survivors(place, lost)?;
+    let cands = survivors(far, place, lost)?;
     let grant = place.replacement(far, lost.group)?;
     let region = grant.cap.region;
     let res = rebuild_on(far, place, lost, &cands, grant, rows, start);
@@ -114,7 +114,7 @@ fn rebuild_on(
 /// cheapest decode), suspects last. A retry (a survivor died or was corrupt
 /// mid-rebuild) leaves out another one of them each time, while spares
 /// allow, so a bad survivor not yet declared dead is soon avoided.
-fn survivors(place: &Placement, lost: &Lost) -> Result<Vec<usize>, RuntimeError> {
+fn survivors(far: &FarMemory, place: &Placement, lost: &Lost) -> Result<Vec<usize>, RuntimeError> {
     let &Lost {
         k,
         m,
@@ -135,7 +135,7 @@ fn survivors(place: &Placement, lost: &Lost) -> Result<Vec<usize>, RuntimeError>
             },
         ));
     }
-    cands.sort_by_key(|&p| (place.suspects.is_suspect(grp.nodes[p]), p >= k));
+    cands.sort_by_key(|&p| (far.detector.suspects.is_suspect(grp.nodes[p]), p >= k));
     if attempt > 0 && cands.len() > k {
         cands.remove((attempt - 1) % cands.len());
     }
