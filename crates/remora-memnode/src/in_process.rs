@@ -673,6 +673,10 @@ impl MemTransport for Conn {
         self.broken.load(Ordering::Acquire) || self.gone()
     }
 
+    fn close(&self) {
+        self.broken.store(true, Ordering::Release);
+    }
+
     fn call_timeout(&self) -> Duration {
         Duration::from_secs(10)
     }
@@ -704,6 +708,23 @@ impl MemTransport for Conn {
     }
 
     fn wait(&self, t: Ticket, dest: Option<&mut [u8]>, timeout: Duration) -> Result<MemResponse, RpcError> {
+        self.wait_for(t, dest, timeout, false)
+    }
+
+    fn wait_keeping(&self, t: Ticket, dest: Option<&mut [u8]>, timeout: Duration) -> Result<MemResponse, RpcError> {
+        self.wait_for(t, dest, timeout, true)
+    }
+}
+
+impl Conn {
+    /// Waits for request `t`; with `keep`, a timeout leaves it in flight.
+    fn wait_for(
+        &self,
+        t: Ticket,
+        dest: Option<&mut [u8]>,
+        timeout: Duration,
+        keep: bool,
+    ) -> Result<MemResponse, RpcError> {
         let done = lock(&self.done)
             .remove(&t.raw())
             .ok_or_else(|| RpcError::Unexpected(format!("no request {} in flight", t.raw())))?;
@@ -712,6 +733,9 @@ impl MemTransport for Conn {
             let late = done.ready_at - now;
             if late > timeout {
                 std::thread::sleep(timeout);
+                if keep {
+                    lock(&self.done).insert(t.raw(), done);
+                }
                 return Err(RpcError::Timeout {
                     addr: self.node.addr.clone(),
                     after: timeout,

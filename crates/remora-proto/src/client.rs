@@ -85,6 +85,10 @@ impl MemTransport for MemNodeClient {
         self.conn.is_broken()
     }
 
+    fn close(&self) {
+        self.conn.close();
+    }
+
     fn call_timeout(&self) -> Duration {
         self.conn.options().call_timeout
     }
@@ -95,6 +99,11 @@ impl MemTransport for MemNodeClient {
 
     fn wait(&self, t: Ticket, dest: Option<&mut [u8]>, timeout: Duration) -> Result<MemResponse, RpcError> {
         let r = self.conn.wait(t, dest, timeout)?;
+        crate::msg::decode(&r.head).map_err(|e| RpcError::Unexpected(e.to_string()))
+    }
+
+    fn wait_keeping(&self, t: Ticket, dest: Option<&mut [u8]>, timeout: Duration) -> Result<MemResponse, RpcError> {
+        let r = self.conn.wait_keeping(t, dest, timeout)?;
         crate::msg::decode(&r.head).map_err(|e| RpcError::Unexpected(e.to_string()))
     }
 }

@@ -257,7 +257,24 @@ impl RpcConn {
     /// Waits for the reply to `ticket`. If `dest` is given, the reply payload
     /// must be exactly `dest.len()` bytes and lands there (the returned
     /// [`Reply::payload`] is then empty).
-    pub fn wait(&self, ticket: Ticket, mut dest: Option<&mut [u8]>, timeout: Duration) -> Result<Reply, RpcError> {
+    pub fn wait(&self, ticket: Ticket, dest: Option<&mut [u8]>, timeout: Duration) -> Result<Reply, RpcError> {
+        self.wait_for(ticket, dest, timeout, false)
+    }
+
+    /// As [`RpcConn::wait`], but a timeout leaves the request pending: a
+    /// later wait on the same ticket still gets its reply. For a caller
+    /// that stops waiting for a slow request but must learn its outcome.
+    pub fn wait_keeping(&self, ticket: Ticket, dest: Option<&mut [u8]>, timeout: Duration) -> Result<Reply, RpcError> {
+        self.wait_for(ticket, dest, timeout, true)
+    }
+
+    fn wait_for(
+        &self,
+        ticket: Ticket,
+        mut dest: Option<&mut [u8]>,
+        timeout: Duration,
+        keep: bool,
+    ) -> Result<Reply, RpcError> {
         let id = ticket.0;
         let deadline = Instant::now() + timeout;
         loop {
@@ -275,7 +292,9 @@ impl RpcConn {
             }
             let now = Instant::now();
             if now >= deadline {
-                st.pending.remove(&id);
+                if !keep {
+                    st.pending.remove(&id);
+                }
                 return Err(RpcError::Timeout {
                     addr: self.peer.clone(),
                     after: timeout,

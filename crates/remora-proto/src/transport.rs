@@ -45,6 +45,17 @@ pub trait MemTransport: Send + Sync + std::fmt::Debug {
     /// True once the connection failed for good: reconnect to go on.
     fn is_broken(&self) -> bool;
 
+    /// As [`MemTransport::wait`], but a timeout leaves the request in
+    /// flight, so a later wait on `t` still learns its outcome. A transport
+    /// that cannot keep it answers that later wait with an error.
+    fn wait_keeping(&self, t: Ticket, dest: Option<&mut [u8]>, timeout: Duration) -> Result<MemResponse, RpcError> {
+        self.wait(t, dest, timeout)
+    }
+
+    /// Breaks the connection: calls in flight on it fail at once (the node
+    /// was declared dead, so waiting out their timeouts would only stall).
+    fn close(&self) {}
+
     /// How long a typed call waits for its reply.
     fn call_timeout(&self) -> Duration;
 

@@ -16,6 +16,12 @@
 //! machine would look like a failure) nor more than the call timeout. An
 //! overdue read only costs a degraded read and a question to the manager,
 //! so a false alarm is cheap; recovery waits for the manager.
+//!
+//! **Overdue writes.** A stripe write overdue by the same rule (its own
+//! histogram) is placed again without that node. Its pages there stay
+//! allocated until the write's outcome is known (`scheme::shards`): the
+//! node may still carry it out, and a page reused meanwhile could be
+//! overwritten by it.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -208,11 +214,13 @@ impl Latency {
     }
 }
 
-/// The compute node's failure detector: suspects and read latency.
+/// The compute node's failure detector: suspects, and the latency of reads
+/// (swap-ins) and of stripe writes (eviction), each with its own bound.
 #[derive(Debug, Default)]
 pub(crate) struct Detector {
     pub(crate) suspects: Suspects,
     pub(crate) reads: Latency,
+    pub(crate) writes: Latency,
 }
 
 #[cfg(test)]

@@ -140,6 +140,22 @@ impl RegionTable {
         Ok(fresh)
     }
 
+    /// Breaks the shared connections to `addr` (a node declared dead):
+    /// requests waiting on them fail now instead of at their timeouts, so a
+    /// write stuck on a paused node is placed again at once.
+    pub(crate) fn sever(&self, addr: &str) {
+        let gone: Vec<Link> = {
+            let mut c = self.clients.lock().unwrap_or_else(|p| p.into_inner());
+            [Lane::Swap, Lane::Evict]
+                .into_iter()
+                .filter_map(|lane| c.remove(&(addr.to_string(), lane)))
+                .collect()
+        };
+        for link in gone {
+            link.close();
+        }
+    }
+
     /// A fresh connection to `addr`, not shared (a long rebuild request
     /// must not hold up the lanes).
     pub(crate) fn connect(&self, addr: &str) -> Result<Link, RuntimeError> {

@@ -57,6 +57,16 @@ impl MemTransport for Counted {
         self.inner.is_broken()
     }
 
+    fn close(&self) {
+        self.inner.close();
+    }
+
+    fn wait_keeping(&self, t: Ticket, dest: Option<&mut [u8]>, timeout: Duration) -> Result<MemResponse, RpcError> {
+        // Only writes are waited on this way: no bytes arrive to count.
+        debug_assert!(dest.is_none());
+        self.inner.wait_keeping(t, dest, timeout)
+    }
+
     fn call_timeout(&self) -> Duration {
         self.inner.call_timeout()
     }

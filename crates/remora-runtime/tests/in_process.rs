@@ -613,3 +613,46 @@ fn redundant_schemes_rebuild_kept_copies() {
         assert_eq!(st.checksum_repairs, 0, "{name}: a rebuilt copy was wrong: {st:?}");
     }
 }
+
+/// A node that answers writes 2 s late: the first stripe write to it is
+/// given up as overdue (the detector's write bound, far below 2 s) and the
+/// stripe placed again without it, so eviction does not wait it out. The
+/// pages the late write goes to stay allocated until it is answered, then
+/// go back: once every object is dropped, far memory drains to nothing.
+#[test]
+fn ec_batch_places_a_stripe_again_when_its_write_is_overdue() {
+    let _one_at_a_time = common::serial();
+    let c = cluster();
+    let rt = runtime(&c, "ec-batch", MIB);
+    // One stripe group's worth first, so a node of it can be made slow.
+    let first: Vec<RemBox<Obj>> = (0..1024u64).map(|i| rt.alloc(obj(i, 0)).unwrap()).collect();
+    rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
+    let slow = rt.regions()[0].1.node;
+    c.node(slow).unwrap().set_delay(Duration::from_secs(2));
+    let before = rt.stats();
+    let rest: Vec<RemBox<Obj>> = (1024..4096u64).map(|i| rt.alloc(obj(i, 0)).unwrap()).collect();
+    rt.wait_for_eviction(Duration::from_secs(30)).unwrap();
+    let st = rt.stats();
+    assert!(
+        st.overdue_writes > before.overdue_writes,
+        "no write was overdue: {st:?}"
+    );
+    assert!(st.suspicions > before.suspicions, "{st:?}");
+    c.node(slow).unwrap().set_delay(Duration::ZERO);
+    let objs: Vec<RemBox<Obj>> = first.into_iter().chain(rest).collect();
+    verify(&rt, &objs, |_| 0).unwrap();
+    drop(objs);
+    let start = Instant::now();
+    loop {
+        rt.give_back_empty_regions();
+        let st = rt.stats();
+        if st.remote_bytes_used == 0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "far pages still in use with every object gone: {st:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

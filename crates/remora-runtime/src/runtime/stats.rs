@@ -45,6 +45,9 @@ pub struct Stats {
     /// Reads given up as overdue (read around instead) before the call
     /// timeout, by the bound derived from measured read latency.
     pub overdue_reads: u64,
+    /// Stripe writes given up as overdue (the stripe placed again without
+    /// that node) before the call timeout.
+    pub overdue_writes: u64,
     /// Bytes rebuilt on replacement regions after memory-node failures.
     pub reconstructed_bytes: u64,
     /// Seconds spent rebuilding, summed over recoveries.
@@ -152,6 +155,7 @@ impl Inner {
             suspicions,
             suspicions_cleared,
             overdue_reads: self.far.detector.reads.overdue(),
+            overdue_writes: self.far.detector.writes.overdue(),
             reconstructed_bytes: rep.reconstructed_bytes,
             reconstruct_seconds: rep.reconstruct_time.as_secs_f64(),
             recoveries: rep.recoveries,

@@ -347,7 +347,7 @@ impl Shared {
             .chain(parity.iter().map(|v| Some(v.as_slice())))
             .collect();
         let sizes = vec![pages; k + m];
-        let (group, page) = shards::place_and_write(far, &self.c.place, self.c.name, &sizes, |at| {
+        let (group, page) = shards::place_and_write(far, &self.c, &sizes, |at| {
             shards
                 .iter()
                 .enumerate()
@@ -594,11 +594,11 @@ impl Scheme for Ec2pc {
     }
 
     fn stop(&self) {
-        self.sh.c.recovery.stop();
+        self.sh.c.stop();
     }
 
     fn give_back(&self, far: &FarMemory) -> u64 {
-        self.sh.c.place.give_back_empty(far)
+        self.sh.c.give_back(far)
     }
 
     fn report(&self) -> SchemeReport {

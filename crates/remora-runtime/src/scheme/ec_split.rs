@@ -295,7 +295,7 @@ impl Shared {
             .collect();
         let len = used.div_ceil(PAGE_SIZE) as u32;
         let sizes = vec![len; k + m];
-        let (group, pages) = shards::place_and_write(far, &self.c.place, NAME, &sizes, |pages| {
+        let (group, pages) = shards::place_and_write(far, &self.c, &sizes, |pages| {
             (0..k)
                 .map(|p| {
                     let pieces = (0..spans.len()).map(|j| (offset(pages[p]) + ats[j] as u64, data(j, p)));
@@ -564,14 +564,14 @@ impl Scheme for EcSplit {
     }
 
     fn stop(&self) {
-        self.sh.c.recovery.stop();
+        self.sh.c.stop();
         if let Some(w) = &self.sh.late {
             w.stop();
         }
     }
 
     fn give_back(&self, far: &FarMemory) -> u64 {
-        self.sh.c.place.give_back_empty(far)
+        self.sh.c.give_back(far)
     }
 
     fn report(&self) -> SchemeReport {

@@ -55,6 +55,8 @@ pub(crate) struct Stripes {
     pub(crate) batches: AtomicU64,
     pub(crate) partial_batches: AtomicU64,
     pub(crate) recovery: Recovery,
+    /// Writes given up as overdue, until their outcome is known.
+    pub(crate) settling: Settling,
 }
 
 impl Stripes {
@@ -70,7 +72,22 @@ impl Stripes {
             batches: AtomicU64::new(0),
             partial_batches: AtomicU64::new(0),
             recovery: Recovery::default(),
+            settling: Settling::default(),
         })
+    }
+
+    /// Frees the pages of overdue writes settled since, then gives empty
+    /// stripe groups back (see `Scheme::give_back`).
+    pub(crate) fn give_back(&self, far: &FarMemory) -> u64 {
+        self.settling.reap(far, &self.place);
+        self.place.give_back_empty(far)
+    }
+
+    /// Joins the background work every such scheme has: recoveries, and
+    /// waits for writes given up as overdue.
+    pub(crate) fn stop(&self) {
+        self.recovery.stop();
+        self.settling.stop();
     }
 
     /// A stripe of `spans` data spans was written: a partial one (fewer
@@ -309,17 +326,28 @@ pub(crate) fn gather(
 /// (one piece: a plain write; several: one vectored write).
 pub(crate) type PositionWrite<'a> = (usize, Vec<(u64, &'a [u8])>);
 
-/// Writes to the positions of group `group`, all in flight at once; on
-/// error returns the node that failed first.
+/// A stripe write that failed: the node that failed first, and the
+/// positions whose writes were overdue (their outcome still unknown).
+struct WriteFailure {
+    node: NodeId,
+    err: RuntimeError,
+    late: Vec<(usize, Link, Ticket)>,
+}
+
+/// Writes to the positions of group `group`, all in flight at once. A
+/// write unanswered past the detector's write bound is given up as
+/// overdue (left in flight, in [`WriteFailure::late`]).
 fn write_positions(
     far: &FarMemory,
     place: &Placement,
     group: usize,
     writes: &[PositionWrite<'_>],
-) -> Result<(), (NodeId, RuntimeError)> {
+) -> Result<(), WriteFailure> {
     let g = place.group(group);
     let mut inflight = Vec::with_capacity(writes.len());
     let mut first_err: Option<(NodeId, RuntimeError)> = None;
+    let mut late = Vec::new();
+    let sent_at = Instant::now();
     for (pos, pieces) in writes {
         let sent = far.regions.client(g.regions[*pos]).and_then(|(r, c)| {
             let cap = r.grant.cap;
@@ -348,11 +376,89 @@ fn write_positions(
         }
     }
     for (pos, c, t) in inflight {
-        if let Err(e) = c.wait_write(t) {
-            first_err.get_or_insert((g.nodes[pos], e.into()));
+        let full = c.call_timeout();
+        let bound = far.detector.writes.bound(full);
+        let left = bound.saturating_sub(sent_at.elapsed());
+        let id = t.raw();
+        match c.wait_keeping(t, None, left) {
+            Ok(MemResponse::Written) => far.detector.writes.record(sent_at.elapsed()),
+            Ok(other) => {
+                first_err.get_or_insert((g.nodes[pos], RpcError::Unexpected(format!("{other:?}")).into()));
+            }
+            Err(e @ RpcError::Timeout { .. }) if bound < full => {
+                far.detector.writes.count_overdue();
+                first_err.get_or_insert((g.nodes[pos], e.into()));
+                late.push((pos, c, Ticket::from_raw(id)));
+            }
+            Err(e) => {
+                first_err.get_or_insert((g.nodes[pos], e.into()));
+            }
         }
     }
-    first_err.map_or(Ok(()), Err)
+    first_err.map_or(Ok(()), |(node, err)| Err(WriteFailure { node, err, late }))
+}
+
+/// Pages of a given-up write, kept until its outcome is known.
+#[derive(Debug)]
+pub(crate) struct Unsettled {
+    group: usize,
+    pos: usize,
+    page: u32,
+    pages: u32,
+    /// The node answered (or can no longer act): the pages may be reused.
+    done: bool,
+}
+
+/// Writes given up as overdue, waited for in the background: the pages
+/// they would write stay allocated until the node has answered (or its
+/// connection broke: it is dead, or fenced by its lapsed lease, and
+/// serves no buffered write). One still unanswered at its call timeout
+/// keeps its pages for good, as the write might yet land.
+#[derive(Default)]
+pub(crate) struct Settling {
+    waiters: Waiters,
+    outcomes: Arc<Mutex<Vec<Unsettled>>>,
+    /// Pages kept for good.
+    pub(crate) leaked_pages: AtomicU64,
+}
+
+impl Settling {
+    fn watch(&self, link: Link, t: Ticket, mut u: Unsettled, left: std::time::Duration) {
+        let outcomes = Arc::clone(&self.outcomes);
+        let l = Arc::clone(&link);
+        self.waiters.submit(
+            &link,
+            Box::new(move || {
+                u.done = match l.wait(t, None, left) {
+                    Ok(_) | Err(RpcError::Remote(_) | RpcError::Broken { .. }) => true,
+                    Err(e) => {
+                        tracing::warn!(
+                            "a write given up as overdue is still unanswered ({e}): keeping its {} pages",
+                            u.pages
+                        );
+                        false
+                    }
+                };
+                lock(&outcomes).push(u);
+            }),
+        );
+    }
+
+    /// Frees the pages of writes settled since the last call.
+    fn reap(&self, far: &FarMemory, place: &Placement) {
+        let settled = std::mem::take(&mut *lock(&self.outcomes));
+        for u in settled {
+            if u.done {
+                place.free(far, u.group, u.pos, u.page, u.pages);
+            } else {
+                self.leaked_pages.fetch_add(u64::from(u.pages), Ordering::Relaxed);
+            }
+        }
+    }
+
+    pub(crate) fn stop(&self) {
+        self.waiters.stop();
+    }
 }
 
 /// Places runs of `sizes[p]` pages at each position of one group and
@@ -361,25 +467,39 @@ fn write_positions(
 /// without it. Returns the group and the runs' first pages.
 pub(crate) fn place_and_write<'a>(
     far: &FarMemory,
-    place: &Placement,
-    scheme: &str,
+    c: &Stripes,
     sizes: &[u32],
     writes: impl Fn(&[u32]) -> Vec<PositionWrite<'a>>,
 ) -> Result<(usize, Vec<u32>), RuntimeError> {
+    let place = &c.place;
+    c.settling.reap(far, place);
     let mut exclude: Vec<NodeId> = Vec::new();
     loop {
         let (group, pages) = place.place(far, sizes, &exclude)?;
         match write_positions(far, place, group, &writes(&pages)) {
             Ok(()) => return Ok((group, pages)),
-            Err((node, e)) => {
-                tracing::warn!("{scheme}: write to {node} failed ({e}); placing the stripe again");
+            Err(WriteFailure { node, err, late }) => {
+                tracing::warn!("{}: write to {node} failed ({err}); placing the stripe again", c.name);
                 far.detector.suspects.suspect(node);
                 for (p, &page) in pages.iter().enumerate() {
-                    place.free(far, group, p, page, sizes[p]);
+                    if !late.iter().any(|(lp, _, _)| *lp == p) {
+                        place.free(far, group, p, page, sizes[p]);
+                    }
+                }
+                for (p, link, t) in late {
+                    let left = link.call_timeout();
+                    let u = Unsettled {
+                        group,
+                        pos: p,
+                        page: pages[p],
+                        pages: sizes[p],
+                        done: false,
+                    };
+                    c.settling.watch(link, t, u, left);
                 }
                 exclude.push(node);
                 if exclude.len() >= WRITE_ATTEMPTS {
-                    return Err(e);
+                    return Err(err);
                 }
             }
         }

@@ -298,7 +298,7 @@ impl Shared {
             .iter()
             .map(|s| s.map_or(0, |s| (s.len() / PAGE_SIZE) as u32))
             .collect();
-        let (group, pages) = shards::place_and_write(far, &self.c.place, self.c.name, &sizes, |pages| {
+        let (group, pages) = shards::place_and_write(far, &self.c, &sizes, |pages| {
             shards
                 .iter()
                 .enumerate()
@@ -549,7 +549,7 @@ impl Scheme for EcBatch {
         for h in self.threads.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
             let _ = h.join();
         }
-        self.sh.c.recovery.stop();
+        self.sh.c.stop();
     }
 
     fn remote_bytes_used(&self, far: &FarMemory) -> u64 {
@@ -557,7 +557,7 @@ impl Scheme for EcBatch {
     }
 
     fn give_back(&self, far: &FarMemory) -> u64 {
-        self.sh.c.place.give_back_empty(far)
+        self.sh.c.give_back(far)
     }
 
     fn report(&self) -> SchemeReport {
