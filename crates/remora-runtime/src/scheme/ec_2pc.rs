@@ -38,7 +38,7 @@ use remora_proto::{NodeId, RebuildRow};
 use super::recovery::{self, Lost};
 use super::shards::{self, Shard, Stripes};
 use super::{Scheme, SchemeReport, SpanAddr};
-use crate::error::{LossCause, RuntimeError};
+use crate::error::RuntimeError;
 use crate::far_memory::FarMemory;
 use crate::size_classes::PAGE_SIZE;
 
@@ -223,7 +223,7 @@ impl Shared {
     fn decode(&self, far: &FarMemory, id: u64, want: usize, out: &mut [u8]) -> Result<(), RuntimeError> {
         let (k, n) = (self.c.k, self.c.n());
         let lost = || RuntimeError::lost_because(None::<SpanAddr>, format!("{}: no spanset {id}", self.c.name));
-        let cands = {
+        let (group, cands) = {
             let mut st = self.lock();
             while st.sets.get(&id).ok_or_else(lost)?.busy {
                 st = self.wait(st);
@@ -245,9 +245,9 @@ impl Shared {
                     generation: None,
                 })
                 .collect();
-            cands
+            (ss.group, cands)
         };
-        let res = self.decode_from(far, id, want, &cands, out);
+        let res = self.c.decode_from(far, group, id, &cands, want, out);
         let mut st = self.lock();
         if let Some(ss) = st.sets.get_mut(&id) {
             ss.readers -= 1;
@@ -255,33 +255,6 @@ impl Shared {
         drop(st);
         self.idle.notify_all();
         res
-    }
-
-    fn decode_from(
-        &self,
-        far: &FarMemory,
-        id: u64,
-        want: usize,
-        cands: &[Shard],
-        out: &mut [u8],
-    ) -> Result<(), RuntimeError> {
-        let len = out.len();
-        let mut space = vec![0u8; cands.len() * len];
-        let mut dests: Vec<&mut [u8]> = space.chunks_mut(len.max(1)).collect();
-        let got = shards::gather(far, cands, &mut dests, self.c.k, None, &mut |_, _| true);
-        if got.arrived.len() < self.c.k {
-            let group = self.lock().sets.get(&id).map(|ss| ss.group);
-            let cause = match group {
-                Some(g) => self.c.too_few(g, got.arrived.len()),
-                None => LossCause::Other(format!("{}: spanset {id} vanished", self.c.name)),
-            };
-            return Err(RuntimeError::lost(None::<SpanAddr>, cause));
-        }
-        let present: Vec<(usize, &[u8])> = got.arrived.iter().map(|&i| (cands[i].pos, &*dests[i])).collect();
-        self.c
-            .codec
-            .decode_data(&present, want, out)
-            .map_err(|e| RuntimeError::lost_because(None::<SpanAddr>, format!("decode of spanset {id}: {e}")))
     }
 
     fn degraded(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<(), RuntimeError> {

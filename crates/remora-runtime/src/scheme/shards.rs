@@ -29,9 +29,9 @@ use remora_proto::{Cap, NodeId, Range, RpcError};
 
 use remora_ec::Codec;
 
-use super::SchemeReport;
 use super::placement::Placement;
 use super::recovery::Recovery;
+use super::{SchemeReport, SpanAddr};
 use crate::error::{LossCause, RuntimeError};
 use crate::far_memory::FarMemory;
 use crate::region_table::Link;
@@ -74,6 +74,34 @@ impl Stripes {
             recovery: Recovery::default(),
             settling: Settling::default(),
         })
+    }
+
+    /// Decodes member `want` of spanset `id` in `group` into `out` from the
+    /// first k of `cands` (in order of preference) to arrive: a degraded
+    /// read. Fewer than k is a typed loss naming why.
+    pub(crate) fn decode_from(
+        &self,
+        far: &FarMemory,
+        group: usize,
+        id: u64,
+        cands: &[Shard],
+        want: usize,
+        out: &mut [u8],
+    ) -> Result<(), RuntimeError> {
+        let len = out.len();
+        let mut space = vec![0u8; cands.len() * len];
+        let mut dests: Vec<&mut [u8]> = space.chunks_mut(len.max(1)).collect();
+        let got = gather(far, cands, &mut dests, self.k, None, &mut |_, _| true);
+        if got.arrived.len() < self.k {
+            return Err(RuntimeError::lost(
+                None::<SpanAddr>,
+                self.too_few(group, got.arrived.len()),
+            ));
+        }
+        let present: Vec<(usize, &[u8])> = got.arrived.iter().map(|&i| (cands[i].pos, &*dests[i])).collect();
+        self.codec
+            .decode_data(&present, want, out)
+            .map_err(|e| RuntimeError::lost_because(None::<SpanAddr>, format!("decode of spanset {id}: {e}")))
     }
 
     /// Frees the pages of overdue writes settled since, then gives empty

@@ -11,7 +11,7 @@ use crate::error::RuntimeError;
 use crate::far_memory::FarMemory;
 use crate::scheme::SpanAddr;
 use crate::scheme::recovery::{self, Lost};
-use crate::scheme::shards::{self, Shard};
+use crate::scheme::shards::Shard;
 
 impl Shared {
     /// Reads the member at `want` of spanset `id` by decoding k survivors
@@ -32,8 +32,7 @@ impl Shared {
             (ss.group, ss.row_pages, at, virt, gens)
         };
         let g = self.c.place.group(group);
-        let row_bytes = bytes(row_pages);
-        debug_assert_eq!(out.len(), row_bytes);
+        debug_assert_eq!(out.len(), bytes(row_pages));
         // Candidates: virtual members cost nothing, then data, then parity.
         let mut cands: Vec<usize> = (0..self.c.n()).filter(|&p| p != want && !g.failed[p]).collect();
         cands.sort_by_key(|&p| (!virt[p], p >= self.c.k));
@@ -48,20 +47,7 @@ impl Shared {
                 generation: Some(gens[p]),
             })
             .collect();
-        let mut space = vec![0u8; cands.len() * row_bytes];
-        let mut dests: Vec<&mut [u8]> = space.chunks_mut(row_bytes.max(1)).collect();
-        let got = shards::gather(far, &cands, &mut dests, self.c.k, None, &mut |_, _| true);
-        if got.arrived.len() < self.c.k {
-            return Err(RuntimeError::lost(
-                None::<SpanAddr>,
-                self.c.too_few(group, got.arrived.len()),
-            ));
-        }
-        let present: Vec<(usize, &[u8])> = got.arrived.iter().map(|&i| (cands[i].pos, &*dests[i])).collect();
-        self.c
-            .codec
-            .decode_data(&present, want, out)
-            .map_err(|e| RuntimeError::lost_because(None::<SpanAddr>, format!("decode of spanset {id}: {e}")))
+        self.c.decode_from(far, group, id, &cands, want, out)
     }
 
     /// Spanset, data position and row pages of the span named `at`.
