@@ -411,8 +411,11 @@ fn micro_redundant_schemes_survive_a_kill_mid_run() {
             .map(|k| r[*k].as_u64().unwrap())
             .sum::<u64>();
         assert_eq!(r["network_bytes"].as_u64().unwrap(), sum, "{r}");
+        // The node's data is read around (degraded) or already rebuilt:
+        // found dead by the first request to fail, it may be rebuilt
+        // before the workload threads, starved on a loaded machine, meet it.
         assert!(
-            r["degraded_reads"].as_u64().unwrap() > 0,
+            r["degraded_reads"].as_u64().unwrap() > 0 || r["reconstructed_bytes"].as_u64().unwrap_or(0) > 0,
             "uniform accesses over 3/4 far data must meet the dead node: {r}"
         );
     }

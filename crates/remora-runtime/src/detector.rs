@@ -22,6 +22,14 @@
 //! allocated until the write's outcome is known (`scheme::shards`): the
 //! node may still carry it out, and a page reused meanwhile could be
 //! overwritten by it.
+//!
+//! **Overdue transaction steps.** A compaction or an ec-2pc write holds its
+//! spanset busy, and degraded reads of that spanset wait for it; so its
+//! prepares, commits and aborts wait no longer than their own bound either.
+//! An overdue prepare aborts the transaction; an overdue commit or abort
+//! stays queued on the connection (the node carries it out if it comes
+//! back) and its node is suspected, as the paper's cancelling of a
+//! compaction that involves a failed node.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -221,6 +229,8 @@ pub(crate) struct Detector {
     pub(crate) suspects: Suspects,
     pub(crate) reads: Latency,
     pub(crate) writes: Latency,
+    /// Transaction steps (prepare, commit, abort) of compaction and ec-2pc.
+    pub(crate) txns: Latency,
 }
 
 #[cfg(test)]

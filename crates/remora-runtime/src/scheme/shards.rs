@@ -235,6 +235,44 @@ pub(crate) fn timed_read(far: &FarMemory, link: &Link, cap: Cap, offset: u64, de
     }
 }
 
+/// Waits for phase one of a transaction for no longer than the detector's
+/// transaction bound (see `crate::detector`): an overdue participant fails
+/// with [`RpcError::Timeout`], a transport error.
+pub(crate) fn wait_prepared(far: &FarMemory, link: &Link, t: Ticket, delta: Option<&mut [u8]>) -> Result<(), RpcError> {
+    let start = Instant::now();
+    let full = link.call_timeout();
+    let bound = far.detector.txns.bound(full);
+    match link.wait(t, delta, bound) {
+        Ok(MemResponse::Prepared) => {
+            far.detector.txns.record(start.elapsed());
+            Ok(())
+        }
+        Ok(other) => Err(RpcError::Unexpected(format!("{other:?}"))),
+        Err(e) => Err(overdue(far, e, bound < full)),
+    }
+}
+
+/// Sends phase two (`Commit` or `Abort`) and waits for it no longer than
+/// the transaction bound. An overdue one stays queued on the connection.
+pub(crate) fn decide(far: &FarMemory, link: &Link, req: &MemRequest) -> Result<(), RpcError> {
+    let full = link.call_timeout();
+    let bound = far.detector.txns.bound(full);
+    let t = link.send(req, &[])?;
+    match (req, link.wait(t, None, bound)) {
+        (MemRequest::Commit { .. }, Ok(MemResponse::Committed))
+        | (MemRequest::Abort { .. }, Ok(MemResponse::Aborted)) => Ok(()),
+        (_, Ok(other)) => Err(RpcError::Unexpected(format!("{other:?}"))),
+        (_, Err(e)) => Err(overdue(far, e, bound < full)),
+    }
+}
+
+fn overdue(far: &FarMemory, e: RpcError, early: bool) -> RpcError {
+    if early && matches!(e, RpcError::Timeout { .. }) {
+        far.detector.txns.count_overdue();
+    }
+    e
+}
+
 /// Whether a read's answer is the shard's bytes: data for a plain read, the
 /// member at the wanted generation for a member read.
 fn answered(s: &Shard, r: MemResponse) -> Result<(), RpcError> {

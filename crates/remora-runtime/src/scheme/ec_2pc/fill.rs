@@ -17,14 +17,14 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use remora_proto::msg::{DeltaTarget, Member};
+use remora_proto::msg::{DeltaTarget, MemRequest, Member};
 use remora_proto::{NodeId, RemoteError, RpcError, TxnId, TxnOp};
 
 use super::{Shared, Slot, bytes, offset};
 use crate::detector::SUSPECT_FOR;
 use crate::error::RuntimeError;
 use crate::far_memory::FarMemory;
-use crate::scheme::SpanAddr;
+use crate::scheme::{SpanAddr, shards};
 
 /// Commit attempts per participant before its outcome is left in doubt.
 const COMMIT_ATTEMPTS: usize = 3;
@@ -284,7 +284,7 @@ impl Shared {
             }
         }
         for (pos, t, c) in sent {
-            if let Err(e) = c.wait_prepare(t, None) {
+            if let Err(e) = shards::wait_prepared(far, &c, t, None) {
                 first.get_or_insert(failure(e, nodes[pos]));
             }
         }
@@ -306,10 +306,9 @@ impl Shared {
         for (n, &p) in participants.iter().enumerate() {
             let mut last = None;
             for _ in 0..COMMIT_ATTEMPTS {
-                let r = far
-                    .regions
-                    .client(regions[p])
-                    .and_then(|(r, c)| c.commit(r.grant.cap, txn).map_err(RuntimeError::from));
+                let r = far.regions.client(regions[p]).and_then(|(r, c)| {
+                    shards::decide(far, &c, &MemRequest::Commit { cap: r.grant.cap, txn }).map_err(RuntimeError::from)
+                });
                 match r {
                     Ok(()) => {
                         last = None;
@@ -317,7 +316,8 @@ impl Shared {
                     }
                     // A refusal is final; a lost reply or connection is
                     // retried (a repeated commit is answered again).
-                    Err(RuntimeError::Rpc(e)) if !e.is_node_down() => {
+                    // Overdue: the commit stays queued there; no second one.
+                    Err(RuntimeError::Rpc(e)) if !e.is_node_down() || matches!(e, RpcError::Timeout { .. }) => {
                         last = Some(failure(e, nodes[p]));
                         break;
                     }
@@ -352,10 +352,9 @@ impl Shared {
     fn abort(&self, far: &FarMemory, txn: TxnId, regions: &[u16], participants: &[usize]) -> bool {
         let mut all = true;
         for &p in participants {
-            let r = far
-                .regions
-                .client(regions[p])
-                .and_then(|(r, c)| c.abort(r.grant.cap, txn).map_err(RuntimeError::from));
+            let r = far.regions.client(regions[p]).and_then(|(r, c)| {
+                shards::decide(far, &c, &MemRequest::Abort { cap: r.grant.cap, txn }).map_err(RuntimeError::from)
+            });
             if let Err(e) = r {
                 tracing::debug!("{}: abort of txn {}: {e}", self.c.name, txn.0);
                 all = false;

@@ -34,15 +34,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use remora_proto::msg::{DeltaTarget, Member as TxnMember};
-use remora_proto::{TxnId, TxnOp};
+use remora_proto::msg::{DeltaTarget, MemRequest, Member as TxnMember};
+use remora_proto::{RpcError, TxnId, TxnOp};
 
 use super::adaptive::{Adaptive, Gate, Policy};
 use super::{Shared, Spanset, State, bytes, offset};
 use crate::error::RuntimeError;
 use crate::far_memory::FarMemory;
 use crate::region_table::{FarRegion, Link};
-use crate::scheme::SchemeReport;
+use crate::scheme::{SchemeReport, shards};
 use crate::size_classes::PAGE_SIZE;
 
 /// Who computes the parity deltas of a fold.
@@ -175,6 +175,13 @@ pub(super) fn run(sh: &Arc<Shared>, far: &Arc<FarMemory>, stop: &AtomicBool) {
         // gather before the next one.
         let few = folds.len() < BATCH / 4;
         for f in folds {
+            // Picked with the rest of the batch; a node of its group may
+            // have failed a fold since. Its spansets stay busy while it
+            // waits, and their degraded reads wait for them.
+            if (0..sh.c.n()).any(|p| sh.c.place.unusable(far, f.group, p)) {
+                sh.finish_fold(far, &f, false);
+                continue;
+            }
             let start = Instant::now();
             let mode = gate.enter();
             let committed = match sh.execute(far, &f, *mode) {
@@ -362,6 +369,17 @@ impl Shared {
         let g = self.c.place.group(f.group);
         let txn = TxnId(self.compaction.next_txn.fetch_add(1, Ordering::Relaxed) + 1);
         let link = |pos: usize| far.regions.client(g.regions[pos]);
+        // A participant that fails or is overdue is suspected, so the
+        // batch's other folds in its group are skipped.
+        let blame = |pos: usize| {
+            let node = g.nodes[pos];
+            move |e: RpcError| {
+                if e.is_node_down() {
+                    far.detector.suspects.suspect(node);
+                }
+                e
+            }
+        };
         let data: Vec<(Arc<FarRegion>, Link)> = f.moves.iter().map(|&p| link(p)).collect::<Result<_, _>>()?;
         let parity: Vec<(Arc<FarRegion>, Link)> = (k..k + m).map(link).collect::<Result<_, _>>()?;
         let member = |r: &FarRegion, page: u32, generation: u64| TxnMember {
@@ -410,7 +428,7 @@ impl Shared {
             for (i, t) in tickets.into_iter().enumerate() {
                 let (_, c) = &data[i];
                 if mode == Mode::Local {
-                    c.wait_prepare(t, Some(&mut delta))?;
+                    shards::wait_prepared(far, c, t, Some(&mut delta)).map_err(blame(f.moves[i]))?;
                     for (j, d) in deltas.iter_mut().enumerate() {
                         self.c
                             .codec
@@ -418,7 +436,7 @@ impl Shared {
                             .map_err(|e| RuntimeError::Config(e.to_string()))?;
                     }
                 } else {
-                    c.wait_prepare(t, None)?;
+                    shards::wait_prepared(far, c, t, None).map_err(blame(f.moves[i]))?;
                 }
             }
             if mode == Mode::Local {
@@ -430,7 +448,7 @@ impl Shared {
                     tickets.push(c.send_prepare(txn, op, &deltas[j])?);
                 }
                 for (j, t) in tickets.into_iter().enumerate() {
-                    parity[j].1.wait_prepare(t, None)?;
+                    shards::wait_prepared(far, &parity[j].1, t, None).map_err(blame(k + j))?;
                 }
             }
             Ok(())
@@ -438,7 +456,7 @@ impl Shared {
         let everyone = data.iter().chain(parity.iter());
         if let Err(e) = prepared {
             for (r, c) in everyone {
-                let _ = c.abort(r.grant.cap, txn);
+                let _ = shards::decide(far, c, &MemRequest::Abort { cap: r.grant.cap, txn });
             }
             return Err(e);
         }
@@ -446,7 +464,7 @@ impl Shared {
         for (r, c) in everyone {
             let mut done = false;
             for attempt in 0..COMMIT_ATTEMPTS {
-                match c.commit(r.grant.cap, txn) {
+                match shards::decide(far, c, &MemRequest::Commit { cap: r.grant.cap, txn }) {
                     Ok(()) => {
                         done = true;
                         break;
@@ -457,6 +475,9 @@ impl Shared {
                             self.c.name,
                             r.grant.addr
                         );
+                        if matches!(e, RpcError::Timeout { .. }) {
+                            break; // overdue: the commit stays queued there
+                        }
                         std::thread::sleep(Duration::from_millis(20 << attempt));
                     }
                 }
