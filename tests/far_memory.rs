@@ -62,6 +62,7 @@ fn verify(rt: &Runtime, objs: &[(u64, RemBox<Obj>)]) {
 fn gives_back(name: &str) {
     let c = cluster(7, 256 << 20, REGION);
     let mut cfg = RuntimeConfig::new(c.manager_addr(), 2 << 20);
+    cfg.conn = c.conn_options();
     cfg.scheme = scheme::make(name, &scheme::SchemeOptions::default()).unwrap();
     cfg.name = format!("give-back-{name}");
     let rt = Runtime::connect(cfg).unwrap();

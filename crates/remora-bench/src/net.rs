@@ -54,9 +54,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, anyhow, bail};
 use remora_cluster::{ClusterConfig, LocalCluster};
 use remora_proto::rpc::Ticket;
-use remora_proto::{
-    ByteSize, Cap, ComputeSession, ConnOptions, MemNodeClient, MemTransport, RegionGrant, parse_duration,
-};
+use remora_proto::{ByteSize, Cap, ComputeSession, MemNodeClient, MemTransport, RegionGrant, parse_duration};
 use serde_json::{Value, json};
 
 use self::pattern::{Image, Offsets};
@@ -193,6 +191,7 @@ pub fn run(args: &NetArgs) -> anyhow::Result<()> {
                 region_size: region,
                 admin_key: None,
                 manager_patience: Duration::from_secs(10),
+                cluster_key: Some(cluster.cluster_key()),
             })
             .context("starting an in-process memory node")?,
         ),
@@ -232,7 +231,7 @@ pub fn run(args: &NetArgs) -> anyhow::Result<()> {
     }
     let connect = || -> anyhow::Result<Remora> {
         Ok(Remora {
-            client: MemNodeClient::connect(&grant.addr, ConnOptions::default())
+            client: MemNodeClient::connect(&grant.addr, cluster.conn_options())
                 .with_context(|| format!("connecting to the memory node at {}", grant.addr))?,
             cap: grant.cap,
         })
@@ -386,7 +385,7 @@ fn check_args(args: &NetArgs) -> anyhow::Result<()> {
 /// Registers as compute node `name` and takes one region; the session
 /// must outlive the region's use.
 fn one_region(cluster: &LocalCluster, name: &str) -> anyhow::Result<(ComputeSession, RegionGrant)> {
-    let session = ComputeSession::open(cluster.manager_addr(), name, ConnOptions::default())
+    let session = ComputeSession::open(cluster.manager_addr(), name, cluster.conn_options())
         .context("registering with the manager")?;
     let grant = session
         .alloc(1, false, &[])?
