@@ -10,7 +10,6 @@
 //! client -> server   CHALLENGE  tag "Rm\xA7C" | nonce_c (32)                 36 bytes
 //! server -> client   ANSWER     tag "Rm\xA7A" | nonce_s (32) | mac_s (32)    68 bytes
 //! client -> server   PROOF      tag "Rm\xA7P" | mac_c (32)                   36 bytes
-//! server -> client   WELCOME    tag "Rm\xA7W"                                 4 bytes
 //!
 //! mac_s = HMAC-SHA256(key, "remora-auth-v1 server" | nonce_c | nonce_s)
 //! mac_c = HMAC-SHA256(key, "remora-auth-v1 client" | nonce_c | nonce_s)
@@ -19,12 +18,16 @@
 //! Both nonces are fresh random values, so bytes recorded from one handshake
 //! prove nothing on another connection (the other side's nonce differs), and
 //! the direction labels stop a proof from being reflected back to its
-//! sender. MACs are compared in constant time. A server that finds a wrong
-//! proof closes the connection without a WELCOME; it never answers a request
-//! first. Byte 2 of every tag (0xA7) is no protocol version, so a tag is never
-//! mistaken for a frame header.
+//! sender. MACs are compared in constant time. The client checks the
+//! server's proof before it sends its own, and a valid server proof means
+//! both ends hold the same key, so the client's proof will pass: the client
+//! sends its first request right behind it, without waiting for a verdict.
+//! A server that finds a wrong proof (a replay, or bytes changed on the way)
+//! closes the connection without serving the requests behind it. Byte 2 of
+//! every tag (0xA7) is no protocol version, so a tag is never mistaken for a
+//! frame header.
 //!
-//! The handshake costs two round trips at connection setup and nothing per
+//! The handshake costs one round trip at connection setup and nothing per
 //! request. With no key on either side (`--insecure-no-auth`) nothing is
 //! exchanged and the connection behaves as before.
 
@@ -53,8 +56,6 @@ pub const TAG_CHALLENGE: [u8; TAG_LEN] = *b"Rm\xA7C";
 pub const TAG_ANSWER: [u8; TAG_LEN] = *b"Rm\xA7A";
 /// Tag of the client's proof.
 pub const TAG_PROOF: [u8; TAG_LEN] = *b"Rm\xA7P";
-/// Tag of the server's acceptance.
-pub const TAG_WELCOME: [u8; TAG_LEN] = *b"Rm\xA7W";
 
 /// Length of [`Challenge`] on the wire.
 pub const CHALLENGE_LEN: usize = TAG_LEN + NONCE_LEN;
@@ -219,10 +220,6 @@ pub enum AuthError {
     /// bytes from another handshake.
     #[error("the peer's proof of the cluster key is wrong (another key, or a replayed handshake)")]
     BadProof,
-    /// The server closed the connection instead of accepting our proof: it
-    /// holds another key.
-    #[error("the server refused our proof of the cluster key: it holds another key")]
-    Refused,
     /// The peer closed the connection in the middle of the handshake.
     #[error(
         "closed during the cluster-key handshake (the peer runs without a cluster key, \
@@ -357,8 +354,9 @@ fn read_msg(s: &mut impl Read, buf: &mut [u8]) -> Result<(), AuthError> {
     })
 }
 
-/// The connecting side of the handshake: proves the key and checks that the
-/// server holds it too. The caller bounds the time (socket timeouts).
+/// The connecting side of the handshake: checks that the server holds the
+/// key and proves it holds it too; requests may follow at once. The caller
+/// bounds the time (socket timeouts).
 pub fn client_handshake(s: &mut (impl Read + Write), key: &ClusterKey) -> Result<(), AuthError> {
     let nc = nonce();
     s.write_all(&Challenge { nonce: nc }.encode())?;
@@ -372,12 +370,7 @@ pub fn client_handshake(s: &mut (impl Read + Write), key: &ClusterKey) -> Result
         mac: key.prove(CLIENT_LABEL, &nc, &answer.nonce),
     };
     s.write_all(&proof.encode())?;
-    let mut w = [0u8; TAG_LEN];
-    match read_msg(s, &mut w) {
-        Ok(()) => check_tag(&w, TAG_WELCOME, "welcome"),
-        Err(AuthError::Closed) => Err(AuthError::Refused),
-        Err(e) => Err(e),
-    }
+    Ok(())
 }
 
 /// The accepting side of the handshake: checks the client's proof of the
@@ -403,7 +396,6 @@ pub fn server_handshake(s: &mut (impl Read + Write), key: &ClusterKey) -> Result
     if !key.verify(CLIENT_LABEL, &challenge.nonce, &ns, &proof.mac) {
         return Err(AuthError::BadProof);
     }
-    s.write_all(&TAG_WELCOME)?;
     Ok(())
 }
 

@@ -192,7 +192,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl RpcConn {
     /// Connects to `addr`, exchanges hellos with it (one round trip) and, with
-    /// `opts.cluster_key`, proves the key both ways (two more), within
+    /// `opts.cluster_key`, proves the key both ways (one more), within
     /// `opts.connect_timeout`; a peer of another protocol version is refused
     /// with [`RpcError::VersionMismatch`], one without the key with
     /// [`RpcError::Auth`].
@@ -207,6 +207,9 @@ impl RpcConn {
             .next()
             .ok_or_else(|| fail("address resolves to nothing".into()))?;
         let mut sock = TcpStream::connect_timeout(&sa, opts.connect_timeout).map_err(|e| fail(e.to_string()))?;
+        // The key proof's last message and the first request go out back to
+        // back: Nagle's algorithm would hold the request for an ACK.
+        sock.set_nodelay(true).map_err(|e| fail(e.to_string()))?;
         exchange_hello(&mut sock, addr, opts.connect_timeout)?;
         if let Some(key) = &opts.cluster_key {
             client_handshake(&mut sock, key).map_err(|e| auth_failed(addr, opts.connect_timeout, e))?;

@@ -152,8 +152,7 @@ fn same_key_is_accepted_on_both_sides() {
     c.unwrap();
     s.unwrap();
     assert_eq!(cw.len(), CHALLENGE_LEN + PROOF_LEN);
-    assert_eq!(sw.len(), ANSWER_LEN + TAG_LEN);
-    assert_eq!(&sw[ANSWER_LEN..], &TAG_WELCOME);
+    assert_eq!(sw.len(), ANSWER_LEN, "one round trip");
 }
 
 #[test]
@@ -163,18 +162,18 @@ fn wrong_key_fails_on_both_sides_and_sends_no_client_proof() {
     assert!(matches!(c, Err(AuthError::BadProof)), "{c:?}");
     assert!(matches!(s, Err(AuthError::Closed)), "{s:?}");
     assert_eq!(cw.len(), CHALLENGE_LEN, "no proof sent to a server with another key");
-    assert_eq!(sw.len(), ANSWER_LEN, "no welcome");
+    assert_eq!(sw.len(), ANSWER_LEN);
 }
 
 #[test]
-fn a_client_with_a_wrong_proof_gets_no_welcome() {
+fn a_client_with_a_wrong_proof_is_refused() {
     let k = ClusterKey::generate();
     let nc = [7u8; NONCE_LEN];
     let mut input = Challenge { nonce: nc }.encode().to_vec();
     input.extend_from_slice(&Proof { mac: [0u8; MAC_LEN] }.encode());
     let mut peer = Scripted::new(input);
     assert!(matches!(server_handshake(&mut peer, &k), Err(AuthError::BadProof)));
-    assert_eq!(peer.sent.len(), ANSWER_LEN, "an answer, no welcome");
+    assert_eq!(peer.sent.len(), ANSWER_LEN, "an answer and nothing else");
     // The server's own proof, reflected back as the client's, is refused too.
     let answer = Answer::decode(&peer.sent).unwrap();
     let mut input = Challenge { nonce: nc }.encode().to_vec();
@@ -195,7 +194,7 @@ fn replayed_handshakes_are_refused_both_ways() {
         server_handshake(&mut server_side, &k),
         Err(AuthError::BadProof)
     ));
-    assert_eq!(server_side.sent.len(), ANSWER_LEN, "no welcome");
+    assert_eq!(server_side.sent.len(), ANSWER_LEN);
     // A recorded server, replayed to a client: its proof covers the old client nonce.
     let mut client_side = Scripted::new(server_bytes);
     assert!(matches!(
@@ -233,7 +232,7 @@ fn messages_round_trip_and_tags_are_no_frame_headers() {
     assert_eq!(Proof::decode(&p.encode()).unwrap(), p);
     assert!(matches!(Answer::decode(&c.encode()), Err(AuthError::BadTag { .. })));
     assert!(Challenge::decode(&c.encode()[..CHALLENGE_LEN - 1]).is_err());
-    for tag in [TAG_CHALLENGE, TAG_ANSWER, TAG_PROOF, TAG_WELCOME] {
+    for tag in [TAG_CHALLENGE, TAG_ANSWER, TAG_PROOF] {
         assert_ne!(tag[2], crate::frame::VERSION);
         let mut h = [0u8; crate::frame::HEADER_LEN];
         h[..TAG_LEN].copy_from_slice(&tag);
@@ -255,7 +254,7 @@ proptest! {
         let k = ClusterKey::generate();
         let mut peer = Scripted::new(bytes);
         prop_assert!(server_handshake(&mut peer, &k).is_err());
-        prop_assert!(!peer.sent.ends_with(&TAG_WELCOME));
+        prop_assert!(peer.sent.is_empty() || peer.sent.len() == ANSWER_LEN);
     }
 
     #[test]
