@@ -25,6 +25,9 @@
 //!    WRITE phase the whole region is read back and checked against the newly
 //!    written pattern, on both sides.
 //!
+//! 3. **Connection setup** with and without the cluster-key proof
+//!    (`connect`), `--connects` times each.
+//!
 //! A wrong byte anywhere ends the run with an error instead of numbers.
 //! Latency is measured closed-loop on purpose: with one request outstanding
 //! it *is* the round-trip time the goal compares against.
@@ -40,6 +43,7 @@
 //! move either server across the process boundary to measure what that
 //! boundary alone costs.
 
+mod connect;
 pub mod lanes;
 mod pattern;
 pub(crate) mod pin;
@@ -119,6 +123,10 @@ pub struct NetArgs {
     /// Skip the throughput phases.
     #[arg(long)]
     pub no_throughput: bool,
+    /// Connections to make with and without the cluster key, to time the key
+    /// proof's cost at setup (0 skips it).
+    #[arg(long, default_value_t = 400)]
+    pub connects: u64,
     /// Also write all results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -290,6 +298,15 @@ pub fn run(args: &NetArgs) -> anyhow::Result<()> {
             &mut verified,
         )?);
     }
+    let connect_cost = if args.connects > 0 {
+        progress(format_args!(
+            "timing {} connection setups with and without the cluster key",
+            args.connects
+        ));
+        Some(connect::measure(args.connects)?)
+    } else {
+        None
+    };
     let elapsed = started.elapsed();
     drop((raw, rem, server, session, in_process, cluster));
 
@@ -304,8 +321,15 @@ pub fn run(args: &NetArgs) -> anyhow::Result<()> {
         elapsed,
     };
     report.print();
+    if let Some(c) = &connect_cost {
+        c.print();
+    }
     if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(&report.to_json())?;
+        let mut v = report.to_json();
+        if let (Some(c), Value::Object(m)) = (&connect_cost, &mut v) {
+            m.insert("connect".into(), c.to_json());
+        }
+        let text = serde_json::to_string_pretty(&v)?;
         std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
         progress(format_args!("results written to {}", path.display()));
     }
