@@ -74,8 +74,9 @@ pub enum RpcError {
         /// The version the peer announced.
         theirs: u8,
     },
-    /// The peer did not prove the cluster key, or refused our proof
-    /// ([`crate::auth`]).
+    /// The peer's proof of the cluster key is wrong or malformed
+    /// ([`crate::auth`]). A handshake cut short by a timeout or a close is
+    /// [`RpcError::Connect`] instead, like a hello cut short.
     #[error("{addr}: {reason}")]
     Auth {
         /// Peer.
@@ -498,16 +499,25 @@ fn exchange_hello(sock: &mut TcpStream, addr: &str, timeout: Duration) -> Result
     }
 }
 
+/// A wrong proof is final; a handshake cut short is a transport failure
+/// (the peer may be overloaded or restarting), which callers retry.
 fn auth_failed(addr: &str, timeout: Duration, e: AuthError) -> RpcError {
-    let reason = match e {
+    let addr = addr.to_string();
+    match e {
         AuthError::Io(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
-            format!("no answer in the cluster-key handshake within {timeout:?}")
+            RpcError::Connect {
+                addr,
+                reason: format!("no answer in the cluster-key handshake within {timeout:?}"),
+            }
         }
-        e => e.to_string(),
-    };
-    RpcError::Auth {
-        addr: addr.to_string(),
-        reason,
+        e @ (AuthError::Io(_) | AuthError::Closed) => RpcError::Connect {
+            addr,
+            reason: e.to_string(),
+        },
+        e => RpcError::Auth {
+            addr,
+            reason: e.to_string(),
+        },
     }
 }
 
