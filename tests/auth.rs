@@ -117,6 +117,31 @@ fn daemons_refuse_to_start_without_a_key_and_keygen_makes_one() {
     let again = remora(&["keygen", "--out", key.to_str().unwrap()]);
     assert!(!again.status.success(), "keygen overwrote a key");
     assert_eq!(ClusterKey::read_file(&key).unwrap().to_hex(), k.to_hex());
+
+    // A key file others can read still starts the daemon, with a warning.
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut mgr = Command::new(BIN)
+        .args([
+            "manager",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data.to_str().unwrap(),
+        ])
+        .args(["--exit-with-parent", "--cluster-key-file", key.to_str().unwrap()])
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(mgr.stdout.take().unwrap()), &mut ready).unwrap();
+    assert!(ready.contains("listening on"), "{ready}");
+    drop(mgr.stdin.take());
+    let out = mgr.wait_with_output().unwrap();
+    let err = stderr(&out);
+    assert!(err.contains(&k.id()) && err.contains("chmod 600"), "{err}");
 }
 
 #[test]
