@@ -23,7 +23,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut cfg = ClusterConfig::this_program()?;
     (cfg.memnodes, cfg.capacity, cfg.region_size) = (4, 512 << 20, 64 << 20);
     let cluster = LocalCluster::start(cfg)?;
-    let rt = Runtime::connect(RuntimeConfig::new(cluster.manager_addr(), 256 << 20))?;
+    let mut rcfg = RuntimeConfig::new(cluster.manager_addr(), 256 << 20);
+    rcfg.conn = cluster.conn_options(); // proves the cluster's key
+    let rt = Runtime::connect(rcfg)?;
 
     let n = (1u64 << 30) / 4096;
     let objects = (0..n).map(|i| rt.alloc(chunk(i))).collect::<Result<Vec<_>, _>>()?;

@@ -3,9 +3,11 @@
 
 #![forbid(unsafe_code)]
 
+use std::path::{Path, PathBuf};
+
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use remora_proto::{ByteSize, ConnOptions, ManagerConn};
+use remora_proto::{ByteSize, ClusterKey, ConnOptions, ManagerConn, RemoteError, RpcError};
 
 #[derive(Parser)]
 #[command(
@@ -35,6 +37,8 @@ enum Cmd {
         /// The memory node's data address, as shown by `remora status`.
         #[arg(long)]
         node: String,
+        #[command(flatten)]
+        key: KeyArg,
     },
     /// Show the manager's view of the cluster.
     Status {
@@ -44,6 +48,15 @@ enum Cmd {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        key: KeyArg,
+    },
+    /// Write a fresh random cluster key (64 hex digits, file mode 0600) for
+    /// `--cluster-key-file` of every daemon and client of one cluster.
+    Keygen {
+        /// The file to create (an existing file is never overwritten).
+        #[arg(long)]
+        out: PathBuf,
     },
     /// Benchmarks (`remora bench net`, ...).
     Bench {
@@ -55,6 +68,15 @@ enum Cmd {
     /// A nemesis run: a workload with writes while a seeded schedule kills, pauses and
     /// partitions memory nodes; every object verified at the end.
     Chaos(remora_apps::chaos::ChaosArgs),
+}
+
+/// The cluster key an admin command proves to the manager.
+#[derive(clap::Args)]
+struct KeyArg {
+    /// File holding the cluster key (as given to the manager); without one, only a
+    /// manager run with --insecure-no-auth answers.
+    #[arg(long, env = "REMORA_CLUSTER_KEY_FILE", value_name = "FILE")]
+    cluster_key_file: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -77,8 +99,9 @@ fn main() {
     let res = match cli.cmd {
         Cmd::Manager(a) => remora_manager::daemon::run(a).map_err(Into::into),
         Cmd::Memnode(a) => remora_memnode::daemon::run(a).map_err(Into::into),
-        Cmd::Drain { manager, node } => drain(&manager, &node),
-        Cmd::Status { manager, json } => status(&manager, json),
+        Cmd::Drain { manager, node, key } => drain(&manager, &node, &key),
+        Cmd::Status { manager, json, key } => status(&manager, json, &key),
+        Cmd::Keygen { out } => keygen(&out),
         Cmd::Bench { which } => match which {
             BenchCmd::Net(a) => remora_bench::net::run(&a),
             BenchCmd::Lanes(a) => remora_bench::net::lanes::run(&a),
@@ -95,20 +118,54 @@ fn main() {
     }
 }
 
-fn manager_conn(addr: &str) -> Result<ManagerConn> {
-    ManagerConn::connect(addr, ConnOptions::default()).with_context(|| format!("cannot reach the manager at {addr}"))
+fn manager_conn(addr: &str, key: &KeyArg) -> Result<ManagerConn> {
+    let cluster_key = key.cluster_key_file.as_deref().map(ClusterKey::read_file).transpose()?;
+    let opts = ConnOptions {
+        cluster_key,
+        ..ConnOptions::default()
+    };
+    ManagerConn::connect(addr, opts).with_context(|| format!("cannot reach the manager at {addr}"))
 }
 
-fn drain(manager: &str, node: &str) -> Result<()> {
-    manager_conn(manager)?
+/// Names the likely cause when a manager that requires the cluster key
+/// refused a command sent without one.
+fn key_hint(e: RpcError, key: &KeyArg) -> anyhow::Error {
+    let refused = matches!(e, RpcError::Remote(RemoteError::Unauthorized));
+    let e = anyhow::Error::new(e);
+    if refused && key.cluster_key_file.is_none() {
+        return e.context(
+            "the manager requires the cluster key: pass --cluster-key-file FILE (or REMORA_CLUSTER_KEY_FILE)",
+        );
+    }
+    e
+}
+
+fn keygen(out: &Path) -> Result<()> {
+    let key = ClusterKey::generate();
+    key.write_new(out)?;
+    println!(
+        "wrote cluster key {} to {}; give every daemon and client of the cluster --cluster-key-file {}",
+        key.id(),
+        out.display(),
+        out.display()
+    );
+    Ok(())
+}
+
+fn drain(manager: &str, node: &str, key: &KeyArg) -> Result<()> {
+    manager_conn(manager, key)?
         .drain(node)
+        .map_err(|e| key_hint(e, key))
         .with_context(|| format!("draining {node}"))?;
     println!("memory node {node} is draining; its owners have been told");
     Ok(())
 }
 
-fn status(manager: &str, json: bool) -> Result<()> {
-    let s = manager_conn(manager)?.status().context("asking for status")?;
+fn status(manager: &str, json: bool, key: &KeyArg) -> Result<()> {
+    let s = manager_conn(manager, key)?
+        .status()
+        .map_err(|e| key_hint(e, key))
+        .context("asking for status")?;
     if json {
         let v = serde_json::json!({
             "memory_nodes": s.memory_nodes.iter().map(|m| serde_json::json!({

@@ -87,6 +87,7 @@ fn churn_until(rt: &Runtime, objs: &mut Objects, what: &str, done: impl Fn(&Stat
 fn ec_batch_switches_to_local_compaction_while_a_memory_node_is_busy() {
     let c = cluster(7, 64 << 20, 8 << 20);
     let mut cfg = RuntimeConfig::new(c.manager_addr(), 2 << 20);
+    cfg.conn = c.conn_options();
     let opts = scheme::SchemeOptions {
         // Fold whenever there is a fold: each round makes few holes.
         compaction_trigger: 0.0,

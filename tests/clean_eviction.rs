@@ -43,6 +43,7 @@ fn check(o: &Obj, id: u64, version: u64) {
 
 fn runtime(c: &remora_cluster::LocalCluster, scheme: &str, budget: usize) -> Runtime {
     let mut cfg = RuntimeConfig::new(c.manager_addr(), budget);
+    cfg.conn = c.conn_options();
     cfg.name = format!("clean-{scheme}");
     cfg.scheme = remora_runtime::scheme::by_name(scheme).expect("known scheme");
     Runtime::connect(cfg).expect("runtime connects")

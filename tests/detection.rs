@@ -23,6 +23,7 @@ fn setup() -> (LocalCluster, Runtime, Vec<RemBox<Obj>>) {
     // Six nodes for RS(4,2), then a spare to rebuild on.
     let mut c = cluster_with_timeout(6, 64 << 20, 8 << 20, HEARTBEAT_TIMEOUT);
     let mut cfg = RuntimeConfig::new(c.manager_addr(), 2 << 20);
+    cfg.conn = c.conn_options();
     cfg.scheme = scheme::by_name("ec-batch").unwrap();
     cfg.patience = Duration::from_secs(30);
     cfg.name = "detection-test".into();

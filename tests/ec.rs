@@ -17,6 +17,7 @@ fn ec_runtime(c: &remora_cluster::LocalCluster, budget: usize, patience: Duratio
 
 fn scheme_runtime(c: &remora_cluster::LocalCluster, name: &str, budget: usize, patience: Duration) -> Runtime {
     let mut cfg = RuntimeConfig::new(c.manager_addr(), budget);
+    cfg.conn = c.conn_options();
     // Compacting schemes fold whenever a fold exists, so compaction runs
     // hard through the failures these tests inject.
     let opts = scheme::SchemeOptions {
@@ -236,6 +237,7 @@ fn unreachable_node(name: &str) {
     use remora_proto::Fault;
     let c = cluster(6, 64 << 20, 8 << 20);
     let mut cfg = RuntimeConfig::new(c.manager_addr(), 2 << 20);
+    cfg.conn = c.conn_options();
     cfg.scheme = scheme::by_name(name).unwrap();
     cfg.conn.call_timeout = Duration::from_millis(300);
     let rt = Runtime::connect(cfg).unwrap();
@@ -412,6 +414,7 @@ fn swap_out_waits_for_k_plus_m_nodes() {
 fn concurrent_evictions_share_a_new_stripe_group() {
     let c = cluster(7, 32 << 20, 16 << 20);
     let mut cfg = RuntimeConfig::new(c.manager_addr(), 2 << 20);
+    cfg.conn = c.conn_options();
     cfg.scheme = scheme::by_name("ec-batch").unwrap();
     cfg.patience = Duration::from_secs(3);
     cfg.eviction_threads = 6;

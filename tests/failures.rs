@@ -18,6 +18,7 @@ use remora_runtime::{LossCause, RemBox, Runtime, RuntimeConfig, RuntimeError, St
 
 fn ec_runtime(c: &remora_cluster::LocalCluster) -> Runtime {
     let mut cfg = RuntimeConfig::new(c.manager_addr(), 2 << 20);
+    cfg.conn = c.conn_options();
     cfg.scheme = scheme::by_name("ec-batch").unwrap();
     cfg.patience = Duration::from_secs(20);
     cfg.name = "failures-test".into();

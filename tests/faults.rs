@@ -23,7 +23,7 @@ fn region_on_node0(c: &remora_cluster::LocalCluster, s: &ComputeSession) -> (Reg
         .into_iter()
         .find(|g| g.addr == c.memnodes()[0].addr)
         .unwrap();
-    let cl = MemNodeClient::connect(&g.addr, quick_opts()).unwrap();
+    let cl = MemNodeClient::connect(&g.addr, quick_opts(c)).unwrap();
     (g, cl)
 }
 
@@ -64,7 +64,7 @@ fn paused_node_is_fenced_when_it_comes_back() {
     );
     // The stale region is gone: the old capability opens nothing, so the
     // fenced node can never serve stale data.
-    let fresh = MemNodeClient::connect(&g.addr, quick_opts()).unwrap();
+    let fresh = MemNodeClient::connect(&g.addr, quick_opts(&c)).unwrap();
     match fresh.read(g.cap, 0, &mut buf) {
         Err(RpcError::Remote(RemoteError::NoSuchRegion { .. })) => {}
         other => panic!("fenced node served a stale region: {other:?}"),
@@ -188,7 +188,7 @@ fn delayed_replies_are_correct() {
     let c = cluster(1, 128 * MIB, 64 * MIB);
     let s = session(&c, "d");
     let g = s.alloc(1, false, &[]).unwrap().remove(0);
-    let cl = MemNodeClient::connect(&g.addr, quick_opts()).unwrap();
+    let cl = MemNodeClient::connect(&g.addr, quick_opts(&c)).unwrap();
     let data = pattern(9, 0, 16384);
     cl.write(g.cap, 0, &data).unwrap();
     c.fault(0, Fault::Delay { micros: 300_000 }).unwrap();
@@ -210,7 +210,7 @@ fn dropped_replies_time_out() {
     let c = cluster(1, 128 * MIB, 64 * MIB);
     let s = session(&c, "r");
     let g = s.alloc(1, false, &[]).unwrap().remove(0);
-    let cl = MemNodeClient::connect(&g.addr, quick_opts()).unwrap();
+    let cl = MemNodeClient::connect(&g.addr, quick_opts(&c)).unwrap();
     let data = pattern(11, 0, 8192);
     cl.write(g.cap, 0, &data).unwrap();
     c.fault(0, Fault::DropReplies).unwrap();
@@ -227,7 +227,7 @@ fn dropped_connections_break_only_the_transport() {
     let c = cluster(1, 128 * MIB, 64 * MIB);
     let s = session(&c, "x");
     let g = s.alloc(1, false, &[]).unwrap().remove(0);
-    let cl = MemNodeClient::connect(&g.addr, quick_opts()).unwrap();
+    let cl = MemNodeClient::connect(&g.addr, quick_opts(&c)).unwrap();
     let data = pattern(13, 0, 8192);
     cl.write(g.cap, 0, &data).unwrap();
     c.fault(0, Fault::DropConnections).unwrap();
@@ -237,7 +237,7 @@ fn dropped_connections_break_only_the_transport() {
         other => panic!("read on a dropped connection: {other:?}"),
     }
     assert!(cl.conn().is_broken());
-    let again = MemNodeClient::connect(&g.addr, quick_opts()).unwrap();
+    let again = MemNodeClient::connect(&g.addr, quick_opts(&c)).unwrap();
     again.read(g.cap, 0, &mut buf).unwrap();
     assert_bytes_eq(&buf, &data, "after reconnect");
 }
@@ -248,7 +248,7 @@ fn corruption_flips_the_named_range() {
     let c = cluster(1, 128 * MIB, 64 * MIB);
     let s = session(&c, "c");
     let g = s.alloc(1, false, &[]).unwrap().remove(0);
-    let cl = MemNodeClient::connect(&g.addr, quick_opts()).unwrap();
+    let cl = MemNodeClient::connect(&g.addr, quick_opts(&c)).unwrap();
     let data = pattern(17, 0, 8192);
     cl.write(g.cap, 0, &data).unwrap();
     c.fault(
@@ -314,7 +314,7 @@ fn busy_node_reports_its_cpu_use() {
     let s = session(&c, "busy");
     let g = s.alloc(1, false, &[]).unwrap().remove(0);
     let data = pattern(9, 0, 8192);
-    let dc = MemNodeClient::connect(&g.addr, quick_opts()).unwrap();
+    let dc = MemNodeClient::connect(&g.addr, quick_opts(&c)).unwrap();
     dc.write(g.cap, 0, &data).unwrap();
     let mut back = vec![0u8; data.len()];
     dc.read(g.cap, 0, &mut back).unwrap();

@@ -60,6 +60,7 @@ impl Obj {
 
 fn runtime(c: &remora_cluster::LocalCluster, name: &str, budget: usize, filtering: usize) -> Runtime {
     let mut cfg = RuntimeConfig::new(c.manager_addr(), budget);
+    cfg.conn = c.conn_options();
     cfg.name = name.into();
     cfg.filtering_threads = filtering;
     Runtime::connect(cfg).expect("runtime connects")
@@ -317,6 +318,7 @@ fn stress_filtering_with_eviction_and_frees() {
     let budget = 2 * MIB;
     let c = cluster(2, 256 << 20, 16 << 20);
     let mut cfg = RuntimeConfig::new(c.manager_addr(), budget);
+    cfg.conn = c.conn_options();
     cfg.name = "filtering-stress".into();
     // Two filtering threads with short pauses: many rounds, so moves race
     // accesses, frees, evictions and each other as often as possible.

@@ -33,7 +33,7 @@ fn one_gib_round_trip_across_three_nodes() {
     let clients: Vec<MemNodeClient> = c
         .memnodes()
         .iter()
-        .map(|m| MemNodeClient::connect(&m.addr, Default::default()).unwrap())
+        .map(|m| MemNodeClient::connect(&m.addr, c.conn_options()).unwrap())
         .collect();
     let client_for = |addr: &str| clients.iter().find(|cl| cl.conn().peer() == addr).unwrap();
     const CHUNK: usize = 4 << 20;
@@ -134,7 +134,8 @@ fn killed_memory_node_is_declared_dead_and_owner_notified() {
         "detected after {waited:?} with a 1 s timeout"
     );
     let out = Command::new(env!("CARGO_BIN_EXE_remora"))
-        .args(["status", "--manager", c.manager_addr(), "--json"])
+        .args(["status", "--manager", c.manager_addr(), "--json", "--cluster-key-file"])
+        .arg(c.key_file())
         .output()
         .unwrap();
     assert!(out.status.success());
@@ -157,6 +158,7 @@ fn killed_memory_node_is_declared_dead_and_owner_notified() {
     assert_eq!(comp["regions"], 2, "the dead node's region left the owner");
     let table = Command::new(env!("CARGO_BIN_EXE_remora"))
         .args(["status", "--manager", c.manager_addr()])
+        .env("REMORA_CLUSTER_KEY_FILE", c.key_file())
         .output()
         .unwrap();
     let text = String::from_utf8(table.stdout).unwrap();
@@ -192,7 +194,7 @@ fn silent_compute_node_loses_its_regions() {
     let regions = s.alloc(2, true, &[]).unwrap();
     let data = pattern(7, 0, 64 * 1024);
     for g in &regions {
-        let cl = MemNodeClient::connect(&g.addr, Default::default()).unwrap();
+        let cl = MemNodeClient::connect(&g.addr, c.conn_options()).unwrap();
         cl.write(g.cap, 0, &data).unwrap();
         let mut back = vec![0u8; data.len()];
         cl.read(g.cap, 0, &mut back).unwrap();
@@ -213,7 +215,7 @@ fn silent_compute_node_loses_its_regions() {
         .unwrap();
     assert_eq!(st.compute_nodes.len(), 1);
     for g in &regions {
-        let cl = MemNodeClient::connect(&g.addr, Default::default()).unwrap();
+        let cl = MemNodeClient::connect(&g.addr, c.conn_options()).unwrap();
         let mut back = vec![0u8; 16];
         match cl.read(g.cap, 0, &mut back) {
             Err(RpcError::Remote(RemoteError::BadCapability { region })) => assert_eq!(region, g.cap.region),
@@ -224,7 +226,7 @@ fn silent_compute_node_loses_its_regions() {
     let s2 = session(&c, "next");
     let again = s2.alloc(4, false, &[]).unwrap();
     for g in &again {
-        let cl = MemNodeClient::connect(&g.addr, Default::default()).unwrap();
+        let cl = MemNodeClient::connect(&g.addr, c.conn_options()).unwrap();
         let mut back = vec![0xFFu8; data.len()];
         cl.read(g.cap, 0, &mut back).unwrap();
         assert!(
@@ -243,7 +245,7 @@ fn capabilities_are_enforced() {
     let b = session(&c, "b");
     let ga = a.alloc(1, false, &[]).unwrap().remove(0);
     let gb = b.alloc(1, false, &[]).unwrap().remove(0);
-    let cl = MemNodeClient::connect(&ga.addr, Default::default()).unwrap();
+    let cl = MemNodeClient::connect(&ga.addr, c.conn_options()).unwrap();
     let data = pattern(1, 0, 8192);
     cl.write(ga.cap, 0, &data).unwrap();
     let refused = |r: Result<(), RpcError>, what: &str| match r {
@@ -319,14 +321,16 @@ fn expect_closed(mut s: TcpStream, what: &str) {
     }
 }
 
-/// Connects and exchanges hellos by hand, as `RpcConn::connect` does.
-fn raw_after_hello(target: &str) -> TcpStream {
+/// Connects, exchanges hellos and proves the cluster's key by hand, as
+/// `RpcConn::connect` does.
+fn raw_after_hello(c: &remora_cluster::LocalCluster, target: &str) -> TcpStream {
     let mut raw = TcpStream::connect(target).unwrap();
     raw.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     raw.write_all(&hello()).unwrap();
     let mut reply = [0u8; HEADER_LEN];
     raw.read_exact(&mut reply).unwrap();
     assert_eq!(reply, hello(), "{target} answers the hello with its own");
+    remora_proto::auth::client_handshake(&mut raw, &c.cluster_key()).unwrap();
     raw
 }
 
@@ -337,7 +341,7 @@ fn malformed_frames_close_only_their_connection() {
     let c = cluster(1, 128 * MIB, 64 * MIB);
     let s = session(&c, "good");
     let g = s.alloc(1, false, &[]).unwrap().remove(0);
-    let good = MemNodeClient::connect(&g.addr, Default::default()).unwrap();
+    let good = MemNodeClient::connect(&g.addr, c.conn_options()).unwrap();
     let data = pattern(3, 0, 16384);
     good.write(g.cap, 0, &data).unwrap();
     // (what, sent after a good hello, bytes)
@@ -400,7 +404,7 @@ fn malformed_frames_close_only_their_connection() {
     for target in [g.addr.as_str(), c.manager_addr()] {
         for (what, after_hello, bytes) in &bad_frames {
             let mut raw = if *after_hello {
-                raw_after_hello(target)
+                raw_after_hello(&c, target)
             } else {
                 TcpStream::connect(target).unwrap()
             };
@@ -411,7 +415,7 @@ fn malformed_frames_close_only_their_connection() {
         let mut raw = TcpStream::connect(target).unwrap();
         raw.write_all(&[b'R', b'm', VERSION]).unwrap();
         drop(raw);
-        let mut raw = raw_after_hello(target);
+        let mut raw = raw_after_hello(&c, target);
         raw.write_all(&[b'R', b'm', VERSION]).unwrap();
         drop(raw);
     }
@@ -431,7 +435,7 @@ fn other_protocol_versions_are_refused_at_connect() {
     let c = cluster(1, 128 * MIB, 64 * MIB);
     let s = session(&c, "good");
     let g = s.alloc(1, false, &[]).unwrap().remove(0);
-    let good = MemNodeClient::connect(&g.addr, Default::default()).unwrap();
+    let good = MemNodeClient::connect(&g.addr, c.conn_options()).unwrap();
     let data = pattern(4, 0, 4096);
     good.write(g.cap, 0, &data).unwrap();
     let mut newer = hello();
@@ -477,7 +481,7 @@ fn other_protocol_versions_are_refused_at_connect() {
     let mut back = vec![0u8; data.len()];
     good.read(g.cap, 0, &mut back).unwrap();
     assert_bytes_eq(&back, &data, "good client after refused versions");
-    let fresh = MemNodeClient::connect(&g.addr, Default::default()).unwrap();
+    let fresh = MemNodeClient::connect(&g.addr, c.conn_options()).unwrap();
     fresh.read(g.cap, 0, &mut back).unwrap();
     assert_bytes_eq(&back, &data, "new client after refused versions");
     assert_eq!(c.status().unwrap().memory_nodes.len(), 1);
@@ -494,7 +498,7 @@ fn manager_restart_keeps_assignments() {
     let before = s.my_regions().unwrap();
     assert_eq!(before.len(), 3);
     for g in &first {
-        let cl = MemNodeClient::connect(&g.addr, Default::default()).unwrap();
+        let cl = MemNodeClient::connect(&g.addr, c.conn_options()).unwrap();
         cl.write(g.cap, MIB, &pattern(g.cap.region.0, MIB, 4096)).unwrap();
     }
     let status_before = c.status().unwrap();
@@ -531,7 +535,7 @@ fn manager_restart_keeps_assignments() {
         "memory nodes kept heartbeating"
     );
     for g in &after {
-        let cl = MemNodeClient::connect(&g.addr, Default::default()).unwrap();
+        let cl = MemNodeClient::connect(&g.addr, c.conn_options()).unwrap();
         let mut back = vec![0u8; 4096];
         cl.read(g.cap, MIB, &mut back).unwrap();
         assert_bytes_eq(&back, &pattern(g.cap.region.0, MIB, 4096), "data after manager restart");
@@ -565,7 +569,15 @@ fn drain_marks_node_and_sigterm_leaves_after_release() {
     let regions = s.alloc(3, true, &[]).unwrap();
     let n0 = c.memnodes()[0].addr.clone();
     let out = Command::new(env!("CARGO_BIN_EXE_remora"))
-        .args(["drain", "--manager", c.manager_addr(), "--node", &n0])
+        .args([
+            "drain",
+            "--manager",
+            c.manager_addr(),
+            "--node",
+            &n0,
+            "--cluster-key-file",
+        ])
+        .arg(c.key_file())
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -576,7 +588,7 @@ fn drain_marks_node_and_sigterm_leaves_after_release() {
         matches!(&e.kind, EventKind::NodeDraining { addr, regions, .. } if *addr == n0 && *regions == vec![mine.cap.region])
     );
     // A draining node still serves reads of existing data but gets no new allocations.
-    let cl = MemNodeClient::connect(&n0, Default::default()).unwrap();
+    let cl = MemNodeClient::connect(&n0, c.conn_options()).unwrap();
     cl.write(mine.cap, 0, b"still here").unwrap();
     let more = s.alloc(2, false, &[]).unwrap();
     assert!(more.iter().all(|g| g.addr != n0));
@@ -587,6 +599,7 @@ fn drain_marks_node_and_sigterm_leaves_after_release() {
     // Unknown nodes are a clear error.
     let out = Command::new(env!("CARGO_BIN_EXE_remora"))
         .args(["drain", "--manager", c.manager_addr(), "--node", "127.0.0.1:1"])
+        .env("REMORA_CLUSTER_KEY_FILE", c.key_file())
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -691,7 +704,14 @@ fn bad_flags_and_busy_ports_are_explained() {
     let port = busy.local_addr().unwrap().to_string();
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(bin)
-        .args(["manager", "--listen", &port, "--data-dir", dir.path().to_str().unwrap()])
+        .args([
+            "manager",
+            "--listen",
+            &port,
+            "--data-dir",
+            dir.path().to_str().unwrap(),
+            "--insecure-no-auth",
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -706,6 +726,7 @@ fn bad_flags_and_busy_ports_are_explained() {
             "127.0.0.1:0",
             "--capacity",
             "1MiB",
+            "--insecure-no-auth",
         ])
         .output()
         .unwrap();

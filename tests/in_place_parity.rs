@@ -360,7 +360,7 @@ fn real_memory_nodes_fold_remotely_and_refuse_stale_deltas() {
     let grants = s.alloc((K + M) as u32, true, &[]).unwrap();
     let links: Vec<Arc<dyn MemTransport>> = grants
         .iter()
-        .map(|g| Arc::new(MemNodeClient::connect(&g.addr, common::quick_opts()).unwrap()) as Arc<dyn MemTransport>)
+        .map(|g| Arc::new(MemNodeClient::connect(&g.addr, common::quick_opts(&c)).unwrap()) as Arc<dyn MemTransport>)
         .collect();
     let g = Group::new(links, grants);
     g.prepare_remote(TxnId(1), 0).unwrap();

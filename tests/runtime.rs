@@ -36,6 +36,7 @@ fn check(p: &Page, id: u64, version: u64) {
 
 fn runtime(c: &remora_cluster::LocalCluster, budget: usize) -> Runtime {
     let mut cfg = RuntimeConfig::new(c.manager_addr(), budget);
+    cfg.conn = c.conn_options();
     cfg.name = "test".into();
     Runtime::connect(cfg).expect("runtime connects")
 }

@@ -135,6 +135,7 @@ impl AnyBox {
 
 fn runtime(c: &remora_cluster::LocalCluster, name: &str, budget: usize) -> Runtime {
     let mut cfg = RuntimeConfig::new(c.manager_addr(), budget);
+    cfg.conn = c.conn_options();
     cfg.name = name.into();
     Runtime::connect(cfg).expect("runtime connects")
 }

@@ -33,19 +33,20 @@ pub fn cluster_with_timeout(memnodes: usize, capacity: u64, region_size: u64, ti
     LocalCluster::start(cfg).expect("cluster starts")
 }
 
-/// Connection options with a short call timeout, so a test against a
-/// misbehaving node fails fast instead of hanging.
-pub fn quick_opts() -> ConnOptions {
+/// Connection options of cluster `c` with a short call timeout, so a test
+/// against a misbehaving node fails fast instead of hanging.
+pub fn quick_opts(c: &LocalCluster) -> ConnOptions {
     ConnOptions {
         connect_timeout: Duration::from_secs(1),
         call_timeout: Duration::from_secs(2),
         stall_limit: Duration::from_secs(5),
+        ..c.conn_options()
     }
 }
 
 /// Opens a compute session on the cluster's manager.
 pub fn session(c: &LocalCluster, name: &str) -> ComputeSession {
-    ComputeSession::open(c.manager_addr(), name, ConnOptions::default()).expect("session opens")
+    ComputeSession::open(c.manager_addr(), name, c.conn_options()).expect("session opens")
 }
 
 /// Fills `buf` with bytes that depend on `seed` and on each byte's position,
@@ -83,6 +84,7 @@ pub fn assert_bytes_eq(got: &[u8], want: &[u8], what: &str) {
 /// decisions want them made promptly).
 pub fn fast_filtering_runtime(c: &LocalCluster, name: &str, budget: usize) -> remora_runtime::Runtime {
     let mut cfg = remora_runtime::RuntimeConfig::new(c.manager_addr(), budget);
+    cfg.conn = c.conn_options();
     cfg.name = name.into();
     cfg.filtering_threads = 1;
     cfg.filter_interval = Duration::from_millis(1);

@@ -175,6 +175,7 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
         })?;
     }
     let mut rcfg = RuntimeConfig::new(cluster.manager_addr(), budget);
+    rcfg.conn = cluster.conn_options();
     rcfg.name = "remora-chaos".into();
     rcfg.scheme = scheme::make(&args.scheme, &opts).context("building the scheme")?;
     let rt = Runtime::connect(rcfg).context("connecting the runtime")?;

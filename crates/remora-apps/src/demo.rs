@@ -87,6 +87,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     let cluster = LocalCluster::start(cfg).context("starting the cluster")?;
     let events = cluster.events();
     let mut rcfg = RuntimeConfig::new(cluster.manager_addr(), budget);
+    rcfg.conn = cluster.conn_options();
     rcfg.name = "remora-demo".into();
     rcfg.scheme = scheme::by_name("ec-batch").expect("built-in scheme");
     let rt = Runtime::connect(rcfg).context("connecting the runtime")?;

@@ -375,6 +375,7 @@ fn run_scheme<const W: usize>(
     scheme: &str,
 ) -> anyhow::Result<Record> {
     let mut cfg = RuntimeConfig::new(cluster.manager_addr(), usize::try_from(plan.fill_budget)?);
+    cfg.conn = cluster.conn_options();
     cfg.name = format!("bench-drain-{scheme}");
     cfg.scheme = remora_runtime::scheme::by_name(scheme).ok_or_else(|| anyhow!("unknown scheme {scheme:?}"))?;
     if let Some(t) = args.eviction_threads {

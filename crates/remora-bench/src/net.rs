@@ -25,6 +25,9 @@
 //!    WRITE phase the whole region is read back and checked against the newly
 //!    written pattern, on both sides.
 //!
+//! 3. **Connection setup** with and without the cluster-key proof
+//!    (`connect`), `--connects` times each.
+//!
 //! A wrong byte anywhere ends the run with an error instead of numbers.
 //! Latency is measured closed-loop on purpose: with one request outstanding
 //! it *is* the round-trip time the goal compares against.
@@ -40,6 +43,7 @@
 //! move either server across the process boundary to measure what that
 //! boundary alone costs.
 
+mod connect;
 pub mod lanes;
 mod pattern;
 pub(crate) mod pin;
@@ -54,9 +58,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, anyhow, bail};
 use remora_cluster::{ClusterConfig, LocalCluster};
 use remora_proto::rpc::Ticket;
-use remora_proto::{
-    ByteSize, Cap, ComputeSession, ConnOptions, MemNodeClient, MemTransport, RegionGrant, parse_duration,
-};
+use remora_proto::{ByteSize, Cap, ComputeSession, MemNodeClient, MemTransport, RegionGrant, parse_duration};
 use serde_json::{Value, json};
 
 use self::pattern::{Image, Offsets};
@@ -121,6 +123,10 @@ pub struct NetArgs {
     /// Skip the throughput phases.
     #[arg(long)]
     pub no_throughput: bool,
+    /// Connections to make with and without the cluster key, to time the key
+    /// proof's cost at setup (0 skips it).
+    #[arg(long, default_value_t = 400)]
+    pub connects: u64,
     /// Also write all results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -193,6 +199,7 @@ pub fn run(args: &NetArgs) -> anyhow::Result<()> {
                 region_size: region,
                 admin_key: None,
                 manager_patience: Duration::from_secs(10),
+                cluster_key: Some(cluster.cluster_key()),
             })
             .context("starting an in-process memory node")?,
         ),
@@ -232,7 +239,7 @@ pub fn run(args: &NetArgs) -> anyhow::Result<()> {
     }
     let connect = || -> anyhow::Result<Remora> {
         Ok(Remora {
-            client: MemNodeClient::connect(&grant.addr, ConnOptions::default())
+            client: MemNodeClient::connect(&grant.addr, cluster.conn_options())
                 .with_context(|| format!("connecting to the memory node at {}", grant.addr))?,
             cap: grant.cap,
         })
@@ -291,6 +298,15 @@ pub fn run(args: &NetArgs) -> anyhow::Result<()> {
             &mut verified,
         )?);
     }
+    let connect_cost = if args.connects > 0 {
+        progress(format_args!(
+            "timing {} connection setups with and without the cluster key",
+            args.connects
+        ));
+        Some(connect::measure(args.connects)?)
+    } else {
+        None
+    };
     let elapsed = started.elapsed();
     drop((raw, rem, server, session, in_process, cluster));
 
@@ -305,8 +321,15 @@ pub fn run(args: &NetArgs) -> anyhow::Result<()> {
         elapsed,
     };
     report.print();
+    if let Some(c) = &connect_cost {
+        c.print();
+    }
     if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(&report.to_json())?;
+        let mut v = report.to_json();
+        if let (Some(c), Value::Object(m)) = (&connect_cost, &mut v) {
+            m.insert("connect".into(), c.to_json());
+        }
+        let text = serde_json::to_string_pretty(&v)?;
         std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
         progress(format_args!("results written to {}", path.display()));
     }
@@ -386,7 +409,7 @@ fn check_args(args: &NetArgs) -> anyhow::Result<()> {
 /// Registers as compute node `name` and takes one region; the session
 /// must outlive the region's use.
 fn one_region(cluster: &LocalCluster, name: &str) -> anyhow::Result<(ComputeSession, RegionGrant)> {
-    let session = ComputeSession::open(cluster.manager_addr(), name, ConnOptions::default())
+    let session = ComputeSession::open(cluster.manager_addr(), name, cluster.conn_options())
         .context("registering with the manager")?;
     let grant = session
         .alloc(1, false, &[])?

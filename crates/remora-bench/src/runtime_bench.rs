@@ -42,7 +42,7 @@ use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use remora_cluster::{ClusterConfig, LocalCluster};
-use remora_proto::{ByteSize, ComputeSession, ConnOptions, MemNodeClient, MemTransport};
+use remora_proto::{ByteSize, ComputeSession, MemNodeClient, MemTransport};
 use remora_runtime::size_classes::PAGE_SIZE;
 use remora_runtime::{RemBox, Runtime, RuntimeConfig};
 use serde_json::{Value, json};
@@ -336,14 +336,14 @@ pub fn run(args: &RuntimeArgs) -> anyhow::Result<()> {
     };
     let mut swaps = Vec::new();
     if !args.no_swap {
-        let session = ComputeSession::open(cluster.manager_addr(), "bench-runtime-raw", ConnOptions::default())
+        let session = ComputeSession::open(cluster.manager_addr(), "bench-runtime-raw", cluster.conn_options())
             .context("registering the raw-READ session")?;
         let grant = session
             .alloc(1, false, &[])?
             .into_iter()
             .next()
             .ok_or_else(|| anyhow!("the manager granted no region"))?;
-        let client = MemNodeClient::connect(&grant.addr, ConnOptions::default())
+        let client = MemNodeClient::connect(&grant.addr, cluster.conn_options())
             .with_context(|| format!("connecting to {}", grant.addr))?;
         let raw = RawRead {
             client,
@@ -461,6 +461,7 @@ fn local_hits(args: &RuntimeArgs, cluster: &LocalCluster) -> anyhow::Result<Vec<
     // 16-byte slots for u64 objects; twice that, so nothing is ever evicted.
     let budget = usize::try_from(most.saturating_mul(32))? + (64 << 20);
     let mut cfg = RuntimeConfig::new(cluster.manager_addr(), budget);
+    cfg.conn = cluster.conn_options();
     cfg.name = "bench-runtime-local".into();
     let rt = Runtime::connect(cfg).context("connecting the runtime")?;
     let mut rows = Vec::new();
@@ -573,6 +574,7 @@ fn swap_ins<const W: usize>(args: &RuntimeArgs, cluster: &LocalCluster, raw: &Ra
         args.samples
     ));
     let mut cfg = RuntimeConfig::new(cluster.manager_addr(), big);
+    cfg.conn = cluster.conn_options();
     cfg.name = "bench-runtime-swap".into();
     let rt = Runtime::connect(cfg).context("connecting the runtime")?;
     let mut objs = Vec::with_capacity(n as usize);

@@ -8,6 +8,10 @@
 //! process and exits when it closes, so nothing outlives a parent that was
 //! killed outright or interrupted with Ctrl-C.
 //!
+//! Each cluster makes its own cluster key (a file in its directory, given
+//! to every child): [`LocalCluster::conn_options`] carries it for clients of
+//! the cluster, which no other process can join.
+//!
 //! The children are normally the `remora` binary. A program that cannot rely
 //! on that binary being built (an example, say) can run the daemons itself:
 //! call [`serve_if_child`] first thing in `main` and start the cluster with
@@ -22,9 +26,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use remora_proto::auth::KeyFileError;
 use remora_proto::msg::PeerTraffic;
 use remora_proto::{
-    AdminKey, ClusterStatus, ConnOptions, Fault, ManagerConn, MemNodeClient, NodeState, RpcError, Token,
+    AdminKey, ClusterKey, ClusterStatus, ConnOptions, Fault, ManagerConn, MemNodeClient, NodeState, RpcError, Token,
 };
 
 /// Why the cluster could not be started or changed.
@@ -60,6 +65,9 @@ pub enum ClusterError {
     /// Filesystem trouble with the cluster's directory.
     #[error("cluster directory: {0}")]
     Dir(std::io::Error),
+    /// The cluster's key could not be written.
+    #[error(transparent)]
+    Key(#[from] KeyFileError),
 }
 
 /// Parameters of a local cluster.
@@ -184,6 +192,8 @@ pub struct MemNodeInfo {
 pub struct LocalCluster {
     cfg: ClusterConfig,
     dir: tempfile::TempDir,
+    key: ClusterKey,
+    key_file: PathBuf,
     manager_addr: String,
     manager_slot: usize,
     memnodes: Vec<MemNodeInfo>,
@@ -205,6 +215,9 @@ impl LocalCluster {
             .prefix("remora-cluster-")
             .tempdir()
             .map_err(ClusterError::Dir)?;
+        let key = ClusterKey::generate();
+        let key_file = dir.path().join("cluster.key");
+        key.write_new(&key_file)?;
         let children = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, rx) = mpsc::channel();
@@ -221,6 +234,8 @@ impl LocalCluster {
         let mut me = Self {
             cfg,
             dir,
+            key,
+            key_file,
             manager_addr: String::new(),
             manager_slot: 0,
             memnodes: Vec::new(),
@@ -255,6 +270,26 @@ impl LocalCluster {
         self.dir.path()
     }
 
+    /// The cluster's key, which every daemon of the cluster requires.
+    pub fn cluster_key(&self) -> ClusterKey {
+        self.key
+    }
+
+    /// The file holding the cluster's key (for `--cluster-key-file`).
+    pub fn key_file(&self) -> &Path {
+        &self.key_file
+    }
+
+    /// Default connection options with the cluster's key: what a client
+    /// (a runtime's `RuntimeConfig::conn`, an admin connection) of this
+    /// cluster needs.
+    pub fn conn_options(&self) -> ConnOptions {
+        ConnOptions {
+            cluster_key: Some(self.key),
+            ..ConnOptions::default()
+        }
+    }
+
     /// Takes the receiver of child events (once).
     pub fn events(&self) -> Option<Receiver<ClusterEvent>> {
         lock(&self.events).take()
@@ -262,7 +297,7 @@ impl LocalCluster {
 
     /// A fresh connection to the manager.
     pub fn manager(&self) -> Result<ManagerConn, ClusterError> {
-        Ok(ManagerConn::connect(&self.manager_addr, ConnOptions::default())?)
+        Ok(ManagerConn::connect(&self.manager_addr, self.conn_options())?)
     }
 
     /// The manager's view of the cluster.
@@ -355,6 +390,8 @@ impl LocalCluster {
         }
         let mut child = cmd
             .args(args)
+            .arg("--cluster-key-file")
+            .arg(&self.key_file)
             .arg("--exit-with-parent")
             .env("RUST_LOG", &self.cfg.log_level)
             .env("NO_COLOR", "1")
@@ -509,7 +546,7 @@ impl LocalCluster {
     /// A data-path client for memory node `i`.
     pub fn memnode_client(&self, i: usize) -> Result<MemNodeClient, ClusterError> {
         let m = self.memnodes.get(i).ok_or(ClusterError::NoSuchNode(i))?;
-        Ok(MemNodeClient::connect(&m.addr, ConnOptions::default())?)
+        Ok(MemNodeClient::connect(&m.addr, self.conn_options())?)
     }
 
     /// Injects a fault into memory node `i` (needs a binary built with the

@@ -4,6 +4,8 @@
 //! clean shutdown, a launcher can tie a daemon's life to its own through
 //! stdin (`--exit-with-parent`), and the daemon prints one ready line on
 //! stdout once it listens, from which launchers learn the bound address.
+//! Every daemon also takes the cluster key the same way ([`AuthArgs`]) and
+//! refuses to start without one unless told `--insecure-no-auth`.
 //!
 //! The daemons' main loops live in their own crates (`remora_manager::daemon`,
 //! `remora_memnode::daemon`); this crate only holds the process plumbing.
@@ -11,8 +13,12 @@
 #![forbid(unsafe_code)]
 
 use std::io::{IsTerminal, Read, Write};
+use std::path::PathBuf;
 use std::sync::mpsc;
 use std::thread;
+
+use remora_proto::ClusterKey;
+use remora_proto::auth::KeyFileError;
 
 /// Signal handlers could not be installed.
 #[derive(Debug, thiserror::Error)]
@@ -74,4 +80,74 @@ pub fn wake_channel(exit_with_parent: bool) -> Result<mpsc::Receiver<Wake>, Sign
 pub fn announce(line: &str) {
     println!("{line}");
     let _ = std::io::stdout().flush();
+}
+
+/// The cluster-key flags of every daemon.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AuthArgs {
+    /// File holding the cluster key (`remora keygen --out FILE` makes one); every
+    /// connection to this daemon must prove it, and the daemon proves it to its peers.
+    #[arg(long, env = "REMORA_CLUSTER_KEY_FILE", value_name = "FILE")]
+    pub cluster_key_file: Option<PathBuf>,
+    /// Run without a cluster key: anyone who can reach the port may join, drain
+    /// nodes and read the cluster's status. Only for a trusted network.
+    #[arg(long)]
+    pub insecure_no_auth: bool,
+}
+
+/// Why a daemon has no usable cluster key.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthConfigError {
+    /// Neither a key nor `--insecure-no-auth` was given.
+    #[error(
+        "no cluster key: make one with `remora keygen --out FILE` and give every daemon and client \
+         --cluster-key-file FILE (or REMORA_CLUSTER_KEY_FILE=FILE), or pass --insecure-no-auth \
+         to let anyone who can reach this port join"
+    )]
+    NoKey,
+    /// Both a key and `--insecure-no-auth` were given.
+    #[error("both a cluster key file and --insecure-no-auth given: choose one")]
+    Both,
+    /// The key file is unreadable or holds no key.
+    #[error(transparent)]
+    KeyFile(#[from] KeyFileError),
+}
+
+impl AuthArgs {
+    /// The key this daemon requires, `None` under `--insecure-no-auth`;
+    /// says in the log which it is.
+    pub fn key(&self) -> Result<Option<ClusterKey>, AuthConfigError> {
+        match (&self.cluster_key_file, self.insecure_no_auth) {
+            (Some(_), true) => Err(AuthConfigError::Both),
+            (None, false) => Err(AuthConfigError::NoKey),
+            (None, true) => {
+                tracing::warn!(
+                    "running without a cluster key (--insecure-no-auth): anyone who can reach this port may join"
+                );
+                Ok(None)
+            }
+            (Some(path), false) => {
+                let key = ClusterKey::read_file(path)?;
+                tracing::info!("cluster key {} from {}", key.id(), path.display());
+                warn_if_readable_by_others(path);
+                Ok(Some(key))
+            }
+        }
+    }
+}
+
+/// Anyone who can read the key file can join the cluster: say so, as ssh
+/// does of a private key, but start anyway (the operator may have reasons).
+fn warn_if_readable_by_others(path: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(m) = std::fs::metadata(path) {
+        let mode = m.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            tracing::warn!(
+                "cluster key file {} has mode {mode:o}: users other than its owner can read it and join \
+                 the cluster (chmod 600 it)",
+                path.display()
+            );
+        }
+    }
 }

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use remora_daemon::{SignalsError, Wake, announce, wake_channel};
+use remora_daemon::{AuthArgs, AuthConfigError, SignalsError, Wake, announce, wake_channel};
 use remora_proto::parse_duration;
 
 use crate::{Config, Manager, ManagerError};
@@ -14,6 +14,9 @@ pub enum DaemonError {
     /// Signal handlers could not be installed.
     #[error(transparent)]
     Signals(#[from] SignalsError),
+    /// No usable cluster key.
+    #[error(transparent)]
+    Auth(#[from] AuthConfigError),
     /// The manager failed to start.
     #[error("starting the manager: {0}")]
     Manager(#[from] ManagerError),
@@ -31,6 +34,9 @@ pub struct ManagerArgs {
     /// Declare a node dead after this long without a heartbeat.
     #[arg(long, default_value = "3s", value_parser = parse_duration)]
     pub heartbeat_timeout: Duration,
+    /// The cluster key.
+    #[command(flatten)]
+    pub auth: AuthArgs,
     /// Exit when standard input closes (used by launchers so that no daemon outlives them).
     #[arg(long, hide = true)]
     pub exit_with_parent: bool,
@@ -38,11 +44,13 @@ pub struct ManagerArgs {
 
 /// Runs the manager until SIGTERM/SIGINT (or the parent lifeline closes).
 pub fn run(a: ManagerArgs) -> Result<(), DaemonError> {
+    let cluster_key = a.auth.key()?;
     let wake = wake_channel(a.exit_with_parent)?;
     let mgr = Manager::start(Config {
         listen: a.listen.clone(),
         data_dir: a.data_dir.clone(),
         heartbeat_timeout: a.heartbeat_timeout,
+        cluster_key,
     })?;
     tracing::info!(
         "manager listening on {} (data in {}, heartbeat timeout {:?})",

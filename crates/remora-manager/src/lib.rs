@@ -30,8 +30,8 @@ use remora_proto::msg::{
 };
 use remora_proto::server::{ConnGuard, Listener, Responder};
 use remora_proto::{
-    Cap, ComputeId, ConnOptions, MemNodeClient, NodeId, NodeState, RegionGrant, RegionId, RemoteError, Rights, Session,
-    Token,
+    Cap, ClusterKey, ComputeId, ConnOptions, MemNodeClient, NodeId, NodeState, RegionGrant, RegionId, RemoteError,
+    Rights, Session, Token,
 };
 
 use store::{Batch, ComputeRec, Meta, NodeRec, RegionRec, Store};
@@ -46,6 +46,9 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// A node silent for this long is declared dead.
     pub heartbeat_timeout: Duration,
+    /// Every connection must prove this key, and the manager proves it to
+    /// memory nodes in turn; `None` serves anyone (`--insecure-no-auth`).
+    pub cluster_key: Option<ClusterKey>,
 }
 
 /// Why the manager could not start.
@@ -98,6 +101,7 @@ struct Shared {
     incarnation: u64,
     stop: AtomicBool,
     admin_conns: Mutex<HashMap<NodeId, MemNodeClient>>,
+    cluster_key: Option<ClusterKey>,
 }
 
 /// A running manager.
@@ -180,15 +184,16 @@ impl Manager {
             incarnation: meta.incarnation,
             stop: AtomicBool::new(false),
             admin_conns: Mutex::new(HashMap::new()),
+            cluster_key: cfg.cluster_key,
         });
         let s2 = Arc::clone(&shared);
-        let listener =
-            Listener::start(sock, "manager", move |stream, guard| serve(&s2, stream, guard)).map_err(|source| {
-                ManagerError::Listen {
-                    addr: cfg.listen.clone(),
-                    source,
-                }
-            })?;
+        let listener = Listener::start(sock, "manager", cfg.cluster_key, move |stream, guard| {
+            serve(&s2, stream, guard)
+        })
+        .map_err(|source| ManagerError::Listen {
+            addr: cfg.listen.clone(),
+            source,
+        })?;
         let s3 = Arc::clone(&shared);
         let monitor = thread::Builder::new()
             .name("manager-monitor".into())
@@ -704,6 +709,7 @@ fn admin_call(
         connect_timeout: Duration::from_millis(500),
         call_timeout: Duration::from_secs(1),
         stall_limit: Duration::from_secs(2),
+        cluster_key: shared.cluster_key,
     };
     let client = {
         let mut conns = lock(&shared.admin_conns);

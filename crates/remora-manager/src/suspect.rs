@@ -22,7 +22,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use remora_proto::msg::{LEASE_INTERVALS, MgrResponse};
-use remora_proto::{ConnOptions, MemNodeClient, MemTransport, NodeId, NodeState, RemoteError, Session};
+use remora_proto::{ClusterKey, ConnOptions, MemNodeClient, MemTransport, NodeId, NodeState, RemoteError, Session};
 
 use super::{Shared, check_session, heartbeat_interval, lock, node_gone};
 
@@ -43,7 +43,7 @@ enum Probe {
     Silent,
 }
 
-fn probe(addr: &str) -> Probe {
+fn probe(addr: &str, key: Option<ClusterKey>) -> Probe {
     let Some(sa): Option<SocketAddr> = addr.to_socket_addrs().ok().and_then(|mut a| a.next()) else {
         return Probe::Silent;
     };
@@ -56,6 +56,7 @@ fn probe(addr: &str) -> Probe {
         connect_timeout: PROBE_TIMEOUT,
         call_timeout: PROBE_TIMEOUT,
         stall_limit: PROBE_TIMEOUT,
+        cluster_key: key,
     };
     match MemNodeClient::connect(addr, opts).and_then(|c| c.ping()) {
         Ok(()) => Probe::Answered,
@@ -79,7 +80,7 @@ pub(super) fn rule(shared: &Shared, session: Session, node: NodeId) -> Result<Mg
     };
     let mut silent = 0;
     loop {
-        let found = probe(&addr);
+        let found = probe(&addr, shared.cluster_key);
         let mut st = lock(&shared.state);
         let n = st.nodes.get(&node).ok_or(RemoteError::Unknown)?;
         if n.rec.state == NodeState::Dead {

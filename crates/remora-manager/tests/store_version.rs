@@ -14,6 +14,7 @@ fn config(dir: &Path) -> Config {
         listen: "127.0.0.1:0".into(),
         data_dir: dir.to_path_buf(),
         heartbeat_timeout: Duration::from_secs(5),
+        cluster_key: None,
     }
 }
 

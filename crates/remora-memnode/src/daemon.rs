@@ -5,7 +5,7 @@
 use std::sync::mpsc;
 use std::time::Duration;
 
-use remora_daemon::{SignalsError, Wake, announce, wake_channel};
+use remora_daemon::{AuthArgs, AuthConfigError, SignalsError, Wake, announce, wake_channel};
 use remora_proto::{ByteSize, Token};
 
 use crate::{Config, MemNode, MemNodeError};
@@ -19,6 +19,9 @@ pub enum DaemonError {
     /// `--admin-key` is not 32 hex digits.
     #[error("--admin-key must be 32 hex digits")]
     BadAdminKey,
+    /// No usable cluster key.
+    #[error(transparent)]
+    Auth(#[from] AuthConfigError),
     /// The memory node failed to start.
     #[error("starting the memory node: {0}")]
     MemNode(#[from] MemNodeError),
@@ -45,6 +48,9 @@ pub struct MemnodeArgs {
     /// Admin key shared with the manager (32 hex digits; random by default).
     #[arg(long, hide = true)]
     pub admin_key: Option<String>,
+    /// The cluster key.
+    #[command(flatten)]
+    pub auth: AuthArgs,
     /// Exit when standard input closes (used by launchers).
     #[arg(long, hide = true)]
     pub exit_with_parent: bool,
@@ -57,6 +63,7 @@ pub fn run(a: MemnodeArgs) -> Result<(), DaemonError> {
         Some(h) => Some(Token::from_hex(h).ok_or(DaemonError::BadAdminKey)?),
         None => None,
     };
+    let cluster_key = a.auth.key()?;
     let wake = wake_channel(a.exit_with_parent)?;
     let node = MemNode::start(Config {
         manager: a.manager.clone(),
@@ -66,6 +73,7 @@ pub fn run(a: MemnodeArgs) -> Result<(), DaemonError> {
         region_size: a.region_size.0,
         admin_key,
         manager_patience: Duration::from_secs(10),
+        cluster_key,
     })?;
     announce(&format!(
         "remora memnode {} listening on {}",

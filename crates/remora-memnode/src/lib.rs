@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use remora_proto::msg::{MgrRequest, MgrResponse};
 use remora_proto::server::Listener;
-use remora_proto::{AdminKey, ConnOptions, ManagerConn, NodeId, NodeState, RemoteError, RpcError, Token};
+use remora_proto::{AdminKey, ClusterKey, ConnOptions, ManagerConn, NodeId, NodeState, RemoteError, RpcError, Token};
 
 use crate::fault::Faults;
 use crate::region::RegionTable;
@@ -55,6 +55,9 @@ pub struct Config {
     pub admin_key: Option<AdminKey>,
     /// How long to keep trying to reach the manager at startup.
     pub manager_patience: Duration,
+    /// The key every connection to this node must prove, and that this node
+    /// proves to the manager and to peers; `None`: `--insecure-no-auth`.
+    pub cluster_key: Option<ClusterKey>,
 }
 
 /// Why the daemon could not start or stop cleanly.
@@ -97,6 +100,8 @@ pub(crate) struct Shared {
     draining: AtomicBool,
     stop: AtomicBool,
     pub(crate) conns: Mutex<Option<Arc<remora_proto::server::Conns>>>,
+    /// Proved on connections to peers and the manager.
+    pub(crate) cluster_key: Option<ClusterKey>,
     /// Connections to peers, for offloaded reconstruction.
     pub(crate) peers: Mutex<std::collections::HashMap<String, Arc<dyn remora_proto::MemTransport>>>,
 }
@@ -153,13 +158,16 @@ impl MemNode {
             stop: AtomicBool::new(false),
             conns: Mutex::new(None),
             peers: Mutex::new(std::collections::HashMap::new()),
+            cluster_key: cfg.cluster_key,
         });
         let s2 = Arc::clone(&shared);
-        let listener = Listener::start(sock, "memnode", move |stream, guard| serve::handle(&s2, stream, guard))
-            .map_err(|source| MemNodeError::Listen {
-                addr: cfg.listen.clone(),
-                source,
-            })?;
+        let listener = Listener::start(sock, "memnode", cfg.cluster_key, move |stream, guard| {
+            serve::handle(&s2, stream, guard)
+        })
+        .map_err(|source| MemNodeError::Listen {
+            addr: cfg.listen.clone(),
+            source,
+        })?;
         *shared.conns.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(listener.conns()));
 
         let mgr_err = |source| MemNodeError::Manager {
@@ -168,7 +176,13 @@ impl MemNode {
         };
         let start = Instant::now();
         let mgr = loop {
-            match ManagerConn::connect(&cfg.manager, ConnOptions::default()) {
+            match ManagerConn::connect(
+                &cfg.manager,
+                ConnOptions {
+                    cluster_key: cfg.cluster_key,
+                    ..ConnOptions::default()
+                },
+            ) {
                 Ok(m) => break Arc::new(m),
                 // A manager of another protocol version will not change its mind.
                 Err(e) if e.is_transport() && start.elapsed() < cfg.manager_patience => {

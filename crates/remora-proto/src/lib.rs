@@ -9,6 +9,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod cap;
 pub mod checksum;
 pub mod client;
@@ -19,6 +20,7 @@ pub mod server;
 pub mod size;
 pub mod transport;
 
+pub use auth::{AuthError, ClusterKey};
 pub use cap::{AdminKey, Cap, ComputeId, NodeId, RegionId, Rights, Session, Token};
 pub use client::{ComputeSession, ManagerConn, MemNodeClient, SessionEvent};
 pub use msg::{

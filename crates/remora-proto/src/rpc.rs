@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::auth::{AuthError, ClusterKey, client_handshake};
 use crate::frame::{
     FrameError, FrameKind, FrameReader, HEADER_LEN, ReadError, VERSION, check_hello, hello, write_frame,
 };
@@ -73,6 +74,16 @@ pub enum RpcError {
         /// The version the peer announced.
         theirs: u8,
     },
+    /// The peer's proof of the cluster key is wrong or malformed
+    /// ([`crate::auth`]). A handshake cut short by a timeout or a close is
+    /// [`RpcError::Connect`] instead, like a hello cut short.
+    #[error("{addr}: {reason}")]
+    Auth {
+        /// Peer.
+        addr: String,
+        /// Why.
+        reason: String,
+    },
 }
 
 impl RpcError {
@@ -90,7 +101,7 @@ impl RpcError {
     }
 }
 
-/// Tunables of a connection.
+/// Tunables of a connection, and the cluster key it proves.
 #[derive(Debug, Clone, Copy)]
 pub struct ConnOptions {
     /// Connect timeout.
@@ -100,6 +111,9 @@ pub struct ConnOptions {
     /// A peer that stalls inside a frame (or a blocked write) for longer than
     /// this breaks the connection.
     pub stall_limit: Duration,
+    /// The cluster key proved at connect time ([`crate::auth`]); `None`
+    /// talks only to servers run with `--insecure-no-auth`.
+    pub cluster_key: Option<ClusterKey>,
 }
 
 impl Default for ConnOptions {
@@ -108,6 +122,7 @@ impl Default for ConnOptions {
             connect_timeout: Duration::from_secs(2),
             call_timeout: Duration::from_secs(10),
             stall_limit: Duration::from_secs(10),
+            cluster_key: None,
         }
     }
 }
@@ -177,9 +192,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl RpcConn {
-    /// Connects to `addr` and exchanges hellos with it (one round trip within
-    /// `opts.connect_timeout`); a peer of another protocol version is refused
-    /// with [`RpcError::VersionMismatch`].
+    /// Connects to `addr`, exchanges hellos with it (one round trip) and, with
+    /// `opts.cluster_key`, proves the key both ways (one more), within
+    /// `opts.connect_timeout`; a peer of another protocol version is refused
+    /// with [`RpcError::VersionMismatch`], one without the key with
+    /// [`RpcError::Auth`].
     pub fn connect(addr: &str, opts: ConnOptions) -> Result<Arc<Self>, RpcError> {
         let fail = |reason: String| RpcError::Connect {
             addr: addr.to_string(),
@@ -191,7 +208,13 @@ impl RpcConn {
             .next()
             .ok_or_else(|| fail("address resolves to nothing".into()))?;
         let mut sock = TcpStream::connect_timeout(&sa, opts.connect_timeout).map_err(|e| fail(e.to_string()))?;
+        // The key proof's last message and the first request go out back to
+        // back: Nagle's algorithm would hold the request for an ACK.
+        sock.set_nodelay(true).map_err(|e| fail(e.to_string()))?;
         exchange_hello(&mut sock, addr, opts.connect_timeout)?;
+        if let Some(key) = &opts.cluster_key {
+            client_handshake(&mut sock, key).map_err(|e| auth_failed(addr, opts.connect_timeout, e))?;
+        }
         Self::from_stream(sock, addr.to_string(), opts).map_err(|e| fail(e.to_string()))
     }
 
@@ -492,6 +515,28 @@ fn exchange_hello(sock: &mut TcpStream, addr: &str, timeout: Duration) -> Result
             theirs,
         }),
         Err(e) => Err(fail(format!("bad protocol hello: {e}"))),
+    }
+}
+
+/// A wrong proof is final; a handshake cut short is a transport failure
+/// (the peer may be overloaded or restarting), which callers retry.
+fn auth_failed(addr: &str, timeout: Duration, e: AuthError) -> RpcError {
+    let addr = addr.to_string();
+    match e {
+        AuthError::Io(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+            RpcError::Connect {
+                addr,
+                reason: format!("no answer in the cluster-key handshake within {timeout:?}"),
+            }
+        }
+        e @ (AuthError::Io(_) | AuthError::Closed) => RpcError::Connect {
+            addr,
+            reason: e.to_string(),
+        },
+        e => RpcError::Auth {
+            addr,
+            reason: e.to_string(),
+        },
     }
 }
 

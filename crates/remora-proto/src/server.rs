@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::frame::{FrameError, FrameKind, HEADER_LEN, VERSION, check_hello, hello, write_frame};
+use crate::auth::{AuthError, ClusterKey, TAG_LEN, server_handshake};
+use crate::frame::{FrameError, FrameHeader, FrameKind, HEADER_LEN, VERSION, check_hello, hello, write_frame};
 use crate::msg::{RemoteError, encode};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -52,6 +53,9 @@ pub enum HelloError {
     /// A socket error, an incomplete hello or none within the time limit.
     #[error("protocol hello failed: {0}")]
     Io(#[from] io::Error),
+    /// The peer did not prove the cluster key ([`crate::auth`]).
+    #[error(transparent)]
+    Auth(#[from] AuthError),
 }
 
 /// The accepting side of the hello (see [`crate::frame`]): reads the peer's
@@ -85,10 +89,11 @@ pub fn answer_hello(s: &mut (impl Read + Write)) -> Result<(), HelloError> {
     }
 }
 
-/// [`answer_hello`] on an accepted socket, with a time limit. On a version
-/// mismatch the socket is closed gracefully, so that the peer reads our hello
-/// before it sees the connection end.
-fn accept_hello(sock: &TcpStream) -> Result<(), HelloError> {
+/// [`answer_hello`] on an accepted socket, then the proof of the cluster key
+/// if the server has one, all within one time limit. On a version mismatch
+/// the socket is closed gracefully, so that the peer reads our hello before
+/// it sees the connection end.
+fn accept_hello(sock: &TcpStream, key: Option<&ClusterKey>) -> Result<(), HelloError> {
     let (read_timeout, write_timeout) = (sock.read_timeout()?, sock.write_timeout()?);
     sock.set_read_timeout(Some(HELLO_TIMEOUT))?;
     sock.set_write_timeout(Some(HELLO_TIMEOUT))?;
@@ -98,9 +103,37 @@ fn accept_hello(sock: &TcpStream) -> Result<(), HelloError> {
         return res;
     }
     res?;
+    if let Some(key) = key {
+        if let Err(e) = server_handshake(&mut &*sock, key) {
+            if let AuthError::NoChallenge { got } = &e {
+                refuse_request(sock, *got);
+            }
+            // What the peer already sent stays unread: close gracefully, so
+            // that no reset destroys the refusal on its way.
+            linger(sock);
+            return Err(e.into());
+        }
+    }
     sock.set_read_timeout(read_timeout)?;
     sock.set_write_timeout(write_timeout)?;
     Ok(())
+}
+
+/// A client without the key sent a request where the key challenge belongs:
+/// answer that request with [`RemoteError::Unauthorized`] (and nothing
+/// else), so that it fails with a reason rather than a broken connection.
+fn refuse_request(sock: &TcpStream, start: [u8; TAG_LEN]) {
+    let mut h = [0u8; HEADER_LEN];
+    h[..TAG_LEN].copy_from_slice(&start);
+    if (&*sock).read_exact(&mut h[TAG_LEN..]).is_err() {
+        return;
+    }
+    if let Ok(hdr) = FrameHeader::decode(&h) {
+        if hdr.kind == FrameKind::Request {
+            let head = encode(&RemoteError::Unauthorized);
+            let _ = write_frame(&mut &*sock, FrameKind::Error, hdr.id, &head, &[]);
+        }
+    }
 }
 
 /// Closing a socket with unread input resets it, and a reset can destroy
@@ -227,23 +260,29 @@ pub struct Listener {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
     conns: Arc<Conns>,
+    refused: Arc<AtomicU64>,
     thread: Option<thread::JoinHandle<()>>,
 }
 
 impl Listener {
     /// Starts accepting on `listener`, calling `handle(stream, guard)` on a
     /// new thread for each connection once it has exchanged hellos
-    /// ([`answer_hello`]). A connection of another protocol version, or one
-    /// that does not start with a hello, is logged and closed unhandled.
-    pub fn start<F>(listener: TcpListener, name: &str, handle: F) -> io::Result<Self>
+    /// ([`answer_hello`]) and, with a `key`, once the peer has proved it
+    /// holds that key ([`crate::auth`]). A connection of another protocol
+    /// version, one that does not start with a hello, or one without the
+    /// proof is logged and closed unhandled. `key: None` serves anyone who
+    /// can connect (`--insecure-no-auth`).
+    pub fn start<F>(listener: TcpListener, name: &str, key: Option<ClusterKey>, handle: F) -> io::Result<Self>
     where
         F: Fn(TcpStream, ConnGuard) + Send + Sync + 'static,
     {
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
         let conns = Arc::new(Conns::default());
+        let refused = Arc::new(AtomicU64::new(0));
         let handle = Arc::new(handle);
         let (stop2, conns2, name2) = (Arc::clone(&stop), Arc::clone(&conns), name.to_string());
+        let refused2 = Arc::clone(&refused);
         let thread = thread::Builder::new().name(format!("{name}-accept")).spawn(move || {
             for s in listener.incoming() {
                 if stop2.load(Ordering::Acquire) {
@@ -266,10 +305,15 @@ impl Listener {
                 };
                 let h = Arc::clone(&handle);
                 let server = name2.clone();
+                let refused = Arc::clone(&refused2);
                 let spawned = thread::Builder::new().name(format!("{name2}-conn")).spawn(move || {
                     let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
-                    match accept_hello(&s) {
+                    match accept_hello(&s, key.as_ref()) {
                         Ok(()) => h(s, guard),
+                        Err(HelloError::Auth(e)) => {
+                            refused.fetch_add(1, Ordering::Relaxed);
+                            tracing::warn!("{server}: refusing connection from {peer}: {e}")
+                        }
                         Err(e @ HelloError::Closed) => tracing::debug!("{server}: connection from {peer}: {e}"),
                         Err(e @ HelloError::VersionMismatch { .. }) => {
                             tracing::warn!("{server}: refusing connection from {peer}: {e}")
@@ -286,6 +330,7 @@ impl Listener {
             addr,
             stop,
             conns,
+            refused,
             thread: Some(thread),
         })
     }
@@ -293,6 +338,11 @@ impl Listener {
     /// The bound address.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Connections closed unserved because they did not prove the cluster key.
+    pub fn auth_refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
     }
 
     /// The open connections.

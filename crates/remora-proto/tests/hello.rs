@@ -32,7 +32,7 @@ fn ping_server(sock: TcpStream, _guard: ConnGuard) {
 
 fn start_ping_server() -> Listener {
     let sock = TcpListener::bind("127.0.0.1:0").unwrap();
-    Listener::start(sock, "ping", ping_server).unwrap()
+    Listener::start(sock, "ping", None, ping_server).unwrap()
 }
 
 fn opts() -> ConnOptions {
@@ -40,6 +40,7 @@ fn opts() -> ConnOptions {
         connect_timeout: Duration::from_secs(5),
         call_timeout: Duration::from_secs(5),
         stall_limit: Duration::from_secs(5),
+        cluster_key: None,
     }
 }
 

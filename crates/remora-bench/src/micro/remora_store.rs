@@ -147,6 +147,7 @@ pub(super) fn run_scheme<const W: usize>(
     scheme: &str,
 ) -> anyhow::Result<Vec<Record>> {
     let mut cfg = RuntimeConfig::new(cluster.manager_addr(), usize::try_from(plan.budget)?);
+    cfg.conn = cluster.conn_options();
     cfg.name = format!("bench-micro-{scheme}");
     let (name, compaction) = super::schemes::split_label(scheme);
     let opts = remora_runtime::scheme::SchemeOptions {

@@ -33,7 +33,7 @@ use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use rand_distr::{Distribution, Exp};
 use remora_cluster::{ClusterConfig, LocalCluster};
-use remora_proto::{ByteSize, Cap, ConnOptions, MemNodeClient, MemTransport, parse_duration};
+use remora_proto::{ByteSize, Cap, MemNodeClient, MemTransport, parse_duration};
 use serde_json::{Value, json};
 
 use super::pattern::{Image, Offsets};
@@ -106,7 +106,7 @@ pub fn run(args: &LanesArgs) -> anyhow::Result<()> {
     let (_session, grant) = super::one_region(&cluster, "bench-lanes")?;
     let connect = || -> anyhow::Result<Arc<MemNodeClient>> {
         Ok(Arc::new(
-            MemNodeClient::connect(&grant.addr, ConnOptions::default())
+            MemNodeClient::connect(&grant.addr, cluster.conn_options())
                 .with_context(|| format!("connecting to the memory node at {}", grant.addr))?,
         ))
     };
