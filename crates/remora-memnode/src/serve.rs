@@ -250,19 +250,24 @@ impl<'a> Conn<'a> {
                 region,
                 owner,
                 token,
+                epoch,
             } => {
-                let r = self.admin(admin).and_then(|()| self.shared.regions.get(region));
+                let r = self
+                    .admin(admin)
+                    .and_then(|()| self.shared.regions.grant(region, owner, token, epoch));
                 match r {
-                    Ok(r) => {
-                        r.grant(owner, token);
-                        tracing::debug!("granted {region} to {owner}");
+                    Ok(()) => {
+                        tracing::debug!("granted {region} to {owner} in epoch {epoch}");
                         reply_ok(out, id, MemResponse::Done)
                     }
                     Err(e) => reply_err(out, id, &e),
                 }
             }
-            MemRequest::Revoke { admin, region } => {
-                let r = self.admin(admin).and_then(|()| self.shared.regions.revoke(region));
+            MemRequest::Stats => reply_ok(out, id, MemResponse::Stats(self.shared.regions.stats())),
+            MemRequest::Revoke { admin, region, epoch } => {
+                let r = self
+                    .admin(admin)
+                    .and_then(|()| self.shared.regions.revoke(region, epoch));
                 match r {
                     Ok(owner) => {
                         match owner {

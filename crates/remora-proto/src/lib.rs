@@ -19,11 +19,11 @@ pub mod server;
 pub mod size;
 pub mod transport;
 
-pub use cap::{AdminKey, Cap, ComputeId, NodeId, RegionId, Rights, Session, Token};
+pub use cap::{AdminKey, Cap, ComputeId, Epoch, NodeId, RegionId, Rights, Session, Token};
 pub use client::{ComputeSession, ManagerConn, MemNodeClient, SessionEvent};
 pub use msg::{
-    ClusterStatus, DeltaTarget, Event, EventKind, Fault, Member, NodeLoad, NodeState, Range, RebuildRow, RebuildSource,
-    RegionGrant, RemoteError, TxnId, TxnOp,
+    ClusterStatus, DeltaTarget, Event, EventKind, Fault, MemNodeStats, Member, NodeLoad, NodeState, Range, RebuildRow,
+    RebuildSource, RegionGrant, RemoteError, TxnId, TxnOp,
 };
 pub use rpc::{ConnOptions, RpcConn, RpcError};
 pub use size::{ByteSize, parse_duration};
