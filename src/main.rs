@@ -55,6 +55,9 @@ enum Cmd {
     /// A nemesis run: a workload with writes while a seeded schedule kills, pauses and
     /// partitions memory nodes; every object verified at the end.
     Chaos(remora_apps::chaos::ChaosArgs),
+    /// Test support: a compute node running a write workload until killed.
+    #[command(hide = true)]
+    ComputeWorker(remora_apps::compute_worker::WorkerArgs),
 }
 
 #[derive(Subcommand)]
@@ -88,6 +91,7 @@ fn main() {
         },
         Cmd::Demo(a) => remora_apps::demo::run(&a),
         Cmd::Chaos(a) => remora_apps::chaos::run(&a),
+        Cmd::ComputeWorker(a) => remora_apps::compute_worker::run(&a),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

@@ -292,6 +292,7 @@ impl RegionTable {
             regions: self.len() as u64,
             granted: self.granted_count() as u64,
             staged_txns: self.txns.staged() as u64,
+            unanswered_writes: 0,
         }
     }
 

@@ -113,6 +113,9 @@ impl<'a> Conn<'a> {
         } else {
             true
         };
+        if !send_reply && matches!(req, MemRequest::Write { .. } | MemRequest::WriteV { .. }) {
+            self.shared.faults.unanswered_write();
+        }
         let out = if send_reply { Some(self.out) } else { None };
         // Checked after any injected pause: a node that was stopped comes
         // back with its lease lapsed and must not answer from data the
@@ -263,7 +266,13 @@ impl<'a> Conn<'a> {
                     Err(e) => reply_err(out, id, &e),
                 }
             }
-            MemRequest::Stats => reply_ok(out, id, MemResponse::Stats(self.shared.regions.stats())),
+            MemRequest::Stats => {
+                let stats = remora_proto::MemNodeStats {
+                    unanswered_writes: self.shared.faults.unanswered_writes(),
+                    ..self.shared.regions.stats()
+                };
+                reply_ok(out, id, MemResponse::Stats(stats))
+            }
             MemRequest::Revoke { admin, region, epoch } => {
                 let r = self
                     .admin(admin)

@@ -363,6 +363,10 @@ pub struct MemNodeStats {
     /// Transactions with changes staged here (prepared, neither committed,
     /// aborted nor dropped by a revoke).
     pub staged_txns: u64,
+    /// Writes (plain or vectored) executed with their reply dropped by fault
+    /// injection (`Fault::DropReplies`), since the node started: their
+    /// senders never learn they happened. Always 0 without fault injection.
+    pub unanswered_writes: u64,
 }
 
 /// Liveness state of a memory node as the manager sees it.
