@@ -9,7 +9,9 @@
 //! capability it held, and a delta a peer would still push for it, is
 //! refused as stale; and a new compute node given the same regions reads
 //! zeros and then exactly its own writes, through the raw data path and
-//! through a runtime of the same scheme.
+//! through a runtime of the same scheme. A last test delays every memory
+//! node so that a parity delta one of them pushes during a fold arrives
+//! only after the revoke: the parity node refuses it (and counts it).
 
 mod common;
 
@@ -431,4 +433,70 @@ fn compute_node_killed_during_a_remote_compaction() {
 #[test]
 fn compute_node_killed_during_an_ec_2pc_fill() {
     die_during(Step::Fill);
+}
+
+/// A parity delta still on its way between memory nodes when its compute
+/// node dies. Every memory node answers 8 s late: a data node that staged a
+/// fold's move pushes its delta to the parity node, where the delta waits;
+/// meanwhile the worker is killed and the manager revokes its regions. The
+/// delta then arrives with the old epoch and is refused, staging nothing.
+#[test]
+fn late_peer_delta_of_a_dead_compute_node_is_refused() {
+    const DELAY: Duration = Duration::from_secs(8);
+    let c = common::cluster(NODES, 24 * MIB, 2 * MIB);
+    let mut w = Worker::spawn(&c, "ec-batch-remote", 1);
+    w.wait(PATIENCE, "filled and compacting", |w| {
+        w.filled && w.stat("compactions") > 0
+    });
+    for i in 0..NODES {
+        c.fault(
+            i,
+            Fault::Delay {
+                micros: DELAY.as_micros() as u64,
+            },
+        )
+        .unwrap();
+    }
+    // The first member staged is a data node's move (its delta is pushed
+    // only once it is staged, and then waits out the parity node's delay).
+    let deadline = Instant::now() + PATIENCE;
+    while staged(&c).iter().sum::<u64>() == 0 {
+        assert!(Instant::now() < deadline, "no fold ever staged a move");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let staged_at = Instant::now();
+    w.child.kill().unwrap();
+    w.child.wait().unwrap();
+    w.drain();
+    assert!(w.wrong.is_empty(), "the worker read wrong bytes: {:?}", w.wrong);
+    c.wait_until(PATIENCE, "the worker declared dead and its regions freed", |st| {
+        st.compute_nodes
+            .iter()
+            .all(|n| n.state == ComputeState::Dead && n.regions == 0)
+            && st.memory_nodes.iter().all(|m| m.regions_free == m.regions_total)
+    })
+    .unwrap();
+    let freed_after = staged_at.elapsed();
+    assert!(
+        freed_after < DELAY,
+        "the regions were freed only {freed_after:?} after the move was staged: the delta may have come first"
+    );
+    let stats = |i: usize| c.memnode_client(i).unwrap().stats().unwrap();
+    // The delta arrives a delay after it was sent, whatever the machine's
+    // speed; give it that and then some.
+    let deadline = Instant::now() + DELAY + PATIENCE;
+    while (0..NODES).map(|i| stats(i).stale_deltas_refused).sum::<u64>() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "no late delta arrived (regions freed {freed_after:?} after the move was staged): {:?}",
+            (0..NODES).map(stats).collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(staged(&c), vec![0; NODES], "a late delta or move staged something");
+    for i in 0..NODES {
+        c.fault(i, Fault::Resume).unwrap();
+    }
+    let held: Vec<Held> = w.held.values().cloned().collect();
+    new_owner_sees_only_its_writes(&c, &held);
 }

@@ -285,4 +285,8 @@ fn real_late_peer_delta_with_the_old_epoch_is_refused() {
         },
         |i| stats[i].stats().unwrap().staged_txns,
     );
+    // The parity node counted both late deltas as stale deltas.
+    let parity = stats[2].stats().unwrap();
+    assert_eq!(parity.stale_deltas_refused, 2, "{parity:?}");
+    assert_eq!(parity.stale_refused, 2, "{parity:?}");
 }

@@ -13,6 +13,7 @@
 //! token, including while the region sits unowned between two owners.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use remora_proto::{Cap, ComputeId, Epoch, RegionId, RemoteError, Rights, Token, TxnId};
@@ -53,6 +54,10 @@ pub(crate) struct Region {
     pub(crate) id: RegionId,
     pub(crate) size: u64,
     inner: RwLock<RegionInner>,
+    /// Requests refused for naming another epoch, and of those the parity
+    /// deltas pushed by peers (apply-delta capabilities), for `Stats`.
+    stale: AtomicU64,
+    stale_deltas: AtomicU64,
 }
 
 impl Region {
@@ -61,6 +66,8 @@ impl Region {
             id,
             size,
             inner: RwLock::new(RegionInner::default()),
+            stale: AtomicU64::new(0),
+            stale_deltas: AtomicU64::new(0),
         }
     }
 
@@ -167,6 +174,10 @@ impl RegionInner {
         if cap.epoch == self.epoch {
             Ok(())
         } else {
+            region.stale.fetch_add(1, Ordering::Relaxed);
+            if cap.rights == Rights::ApplyDelta {
+                region.stale_deltas.fetch_add(1, Ordering::Relaxed);
+            }
             Err(RemoteError::StaleEpoch {
                 region: region.id,
                 presented: cap.epoch,
@@ -293,7 +304,18 @@ impl RegionTable {
             granted: self.granted_count() as u64,
             staged_txns: self.txns.staged() as u64,
             unanswered_writes: 0,
+            stale_refused: self.sum(|r| r.stale.load(Ordering::Relaxed)),
+            stale_deltas_refused: self.sum(|r| r.stale_deltas.load(Ordering::Relaxed)),
         }
+    }
+
+    fn sum(&self, f: impl Fn(&Region) -> u64) -> u64 {
+        self.by_id
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .map(|r| f(r))
+            .sum()
     }
 
     pub(crate) fn granted_count(&self) -> usize {
@@ -348,6 +370,10 @@ mod tests {
             assert_eq!(g.check_apply(&r, &other.apply_delta(), 0, 8), Err(stale(epoch, 3)));
             assert_eq!(g.check_apply(&r, &other, 0, 8), Err(stale(epoch, 3)));
         }
+        drop(g);
+        assert_eq!(r.stale.load(Ordering::Relaxed), 8, "refusals counted");
+        assert_eq!(r.stale_deltas.load(Ordering::Relaxed), 2, "refused deltas counted");
+        let g = r.read();
         // A delegate whose epoch is edited no longer matches its derivation.
         let moved = Cap {
             epoch: 3,

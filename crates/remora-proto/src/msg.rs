@@ -367,6 +367,12 @@ pub struct MemNodeStats {
     /// injection (`Fault::DropReplies`), since the node started: their
     /// senders never learn they happened. Always 0 without fault injection.
     pub unanswered_writes: u64,
+    /// Requests refused because their capability named another epoch than
+    /// the region's (`RemoteError::StaleEpoch`), since the node registered.
+    pub stale_refused: u64,
+    /// Of those, parity deltas pushed by a peer memory node (apply-delta
+    /// capabilities): late deltas of an owner that lost the region.
+    pub stale_deltas_refused: u64,
 }
 
 /// Liveness state of a memory node as the manager sees it.
