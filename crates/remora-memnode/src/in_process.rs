@@ -475,7 +475,13 @@ impl Node {
                 self.peer.served_read(cap.rights, u64::from(*len));
                 Ok((MemResponse::Member { generation }, bytes))
             }
-            MemRequest::Stats => Ok((MemResponse::Stats(self.regions.stats()), Vec::new())),
+            MemRequest::Stats => {
+                let stats = remora_proto::MemNodeStats {
+                    deltas_in_flight: self.peer.deltas_in_flight(),
+                    ..self.regions.stats()
+                };
+                Ok((MemResponse::Stats(stats), Vec::new()))
+            }
             MemRequest::Grant { .. } | MemRequest::Revoke { .. } | MemRequest::Fault { .. } => Err(
                 RemoteError::Unsupported("admin requests: an in-process cluster grants through its own API".into()),
             ),

@@ -304,6 +304,7 @@ impl RegionTable {
             granted: self.granted_count() as u64,
             staged_txns: self.txns.staged() as u64,
             unanswered_writes: 0,
+            deltas_in_flight: 0,
             stale_refused: self.sum(|r| r.stale.load(Ordering::Relaxed)),
             stale_deltas_refused: self.sum(|r| r.stale_deltas.load(Ordering::Relaxed)),
         }

@@ -269,6 +269,7 @@ impl<'a> Conn<'a> {
             MemRequest::Stats => {
                 let stats = remora_proto::MemNodeStats {
                     unanswered_writes: self.shared.faults.unanswered_writes(),
+                    deltas_in_flight: self.shared.peer.deltas_in_flight(),
                     ..self.shared.regions.stats()
                 };
                 reply_ok(out, id, MemResponse::Stats(stats))

@@ -183,6 +183,7 @@ where
         }
         // Any code: scale is plain GF(2^8) multiplication.
         let codec = Codec::new(1, 1).map_err(|e| RemoteError::Internal(e.to_string()))?;
+        let _in_flight = self.counters.deltas_sent(targets.len() as u64);
         let mut sent = Vec::with_capacity(targets.len());
         for t in targets {
             if t.member.len as usize != delta.len() {

@@ -367,6 +367,9 @@ pub struct MemNodeStats {
     /// injection (`Fault::DropReplies`), since the node started: their
     /// senders never learn they happened. Always 0 without fault injection.
     pub unanswered_writes: u64,
+    /// Parity deltas this node has pushed to peers (remote compaction,
+    /// ec-2pc) and not yet heard back about.
+    pub deltas_in_flight: u64,
     /// Requests refused because their capability named another epoch than
     /// the region's (`RemoteError::StaleEpoch`), since the node registered.
     pub stale_refused: u64,
