@@ -2,7 +2,7 @@
 //! compute node's capability after its region was reassigned, and a parity
 //! delta a peer memory node still pushes for it. Both are refused with
 //! `StaleEpoch`, on real processes and on the in-process node, and the new
-//! owner sees only its own bytes.
+//! owner sees only its own bytes. The manager's epochs survive its restart.
 
 mod common;
 
@@ -289,4 +289,38 @@ fn real_late_peer_delta_with_the_old_epoch_is_refused() {
     let parity = stats[2].stats().unwrap();
     assert_eq!(parity.stale_deltas_refused, 2, "{parity:?}");
     assert_eq!(parity.stale_refused, 2, "{parity:?}");
+}
+
+/// Epochs are stored: after a manager restart the next grant of a region
+/// still moves past every epoch issued before (its grant and its revoke),
+/// and the memory node accepts it.
+#[test]
+fn epochs_survive_a_manager_restart() {
+    let mut c = common::cluster(1, 8 * MIB, 8 * MIB);
+    let a = common::session(&c, "a");
+    let ga = a.alloc(1, false, &[]).unwrap().remove(0);
+    a.free(ga.cap.region).unwrap();
+    c.restart_manager().unwrap();
+    let b = common::session(&c, "b");
+    let gb = b.alloc(1, false, &[]).unwrap().remove(0);
+    assert_eq!(gb.cap.region, ga.cap.region);
+    // Granted (e), revoked (e+1), granted again: past both.
+    assert!(
+        gb.cap.epoch >= ga.cap.epoch + 2,
+        "epoch {} after {} and its revoke",
+        gb.cap.epoch,
+        ga.cap.epoch
+    );
+    let cl = MemNodeClient::connect(&gb.addr, common::quick_opts()).unwrap();
+    let mine = pattern(0xB, 0, 4096);
+    cl.write(gb.cap, 0, &mine).unwrap();
+    let mut buf = vec![0u8; 4096];
+    cl.read(gb.cap, 0, &mut buf).unwrap();
+    assert_bytes_eq(&buf, &mine, "B after the restart");
+    stale(
+        cl.read(ga.cap, 0, &mut buf),
+        ga.cap.region,
+        ga.cap.epoch,
+        "A after the restart",
+    );
 }
