@@ -68,6 +68,9 @@ enum Cmd {
     /// A nemesis run: a workload with writes while a seeded schedule kills, pauses and
     /// partitions memory nodes; every object verified at the end.
     Chaos(remora_apps::chaos::ChaosArgs),
+    /// Test support: a compute node running a write workload until killed.
+    #[command(hide = true)]
+    ComputeWorker(remora_apps::compute_worker::WorkerArgs),
 }
 
 /// The cluster key an admin command proves to the manager.
@@ -111,6 +114,7 @@ fn main() {
         },
         Cmd::Demo(a) => remora_apps::demo::run(&a),
         Cmd::Chaos(a) => remora_apps::chaos::run(&a),
+        Cmd::ComputeWorker(a) => remora_apps::compute_worker::run(&a),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

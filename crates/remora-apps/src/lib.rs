@@ -5,6 +5,7 @@
 //! the same promise under a seeded schedule of kills, pauses and partitions.
 
 pub mod chaos;
+pub mod compute_worker;
 pub mod demo;
 mod plot;
 mod workload;

@@ -450,18 +450,22 @@ fn handle(shared: &Shared, req: MgrRequest) -> Result<MgrResponse, RemoteError> 
             exclude,
         } => alloc(shared, session, count, distinct, exclude),
         MgrRequest::Free { session, region } => {
-            let node = {
-                let st = lock(&shared.state);
+            let (node, epoch) = {
+                let mut st = lock(&shared.state);
                 check_session(&st, &session)?;
-                let r = st.regions.get(&region).ok_or(RemoteError::NoSuchRegion { region })?;
+                let r = st
+                    .regions
+                    .get_mut(&region)
+                    .ok_or(RemoteError::NoSuchRegion { region })?;
                 if r.owner.map(|(c, _)| c) != Some(session.id) {
                     return Err(RemoteError::BadCapability { region });
                 }
-                r.node
+                r.epoch += 1;
+                (r.node, r.epoch)
             };
             // Revoke while the region is still owned, so it cannot be handed
             // to someone else before the old contents and token are gone.
-            revoke(shared, node, region);
+            revoke(shared, node, region, epoch);
             let mut st = lock(&shared.state);
             if let Some(r) = st.regions.get_mut(&region) {
                 if r.owner.map(|(c, _)| c) == Some(session.id) {
@@ -500,6 +504,7 @@ fn grant_of(st: &State, id: RegionId, r: &RegionRec) -> Option<RegionGrant> {
             region: id,
             rights: Rights::ReadWrite,
             token,
+            epoch: r.epoch,
         },
         node: r.node,
         addr: n.rec.addr.clone(),
@@ -556,6 +561,7 @@ fn register_node(
         node,
         size: region_size,
         owner: None,
+        epoch: 0,
     };
     for r in &regions {
         b.region(*r, &rrec);
@@ -633,22 +639,44 @@ fn alloc(
     // Reserve under the lock, grant on the memory nodes without it (a slow
     // node must not stall heartbeats), then commit.
     for _attempt in 0..3 {
-        let picked: Vec<(RegionId, NodeId, Token)> = {
+        let (picked, ahead): (Vec<(RegionId, NodeId, Token, u64)>, Batch) = {
             let mut st = lock(&shared.state);
             check_session(&st, &session)?;
             let ids = pick(&st, count, distinct, &exclude)?;
-            ids.into_iter()
+            let mut ahead = Batch::default();
+            let picked = ids
+                .into_iter()
                 .map(|id| {
                     let token = Token::random();
                     let r = st.regions.get_mut(&id).expect("picked from the table");
+                    r.epoch += 1;
+                    // Stored before the grant leaves: a manager restarted
+                    // after it must not issue the same epoch again.
+                    ahead.region(
+                        id,
+                        &RegionRec {
+                            owner: None,
+                            ..r.clone()
+                        },
+                    );
                     r.owner = Some((session.id, token));
-                    (id, r.node, token)
+                    (id, r.node, token, r.epoch)
                 })
-                .collect()
+                .collect();
+            (picked, ahead)
         };
+        if let Err(e) = shared.store.commit(&ahead) {
+            let mut st = lock(&shared.state);
+            for (id, _, _, _) in &picked {
+                if let Some(r) = st.regions.get_mut(id) {
+                    r.owner = None;
+                }
+            }
+            return Err(internal(e));
+        }
         let mut failed = Vec::new();
-        for (id, node, token) in &picked {
-            if let Err(e) = admin_call(shared, *node, |c, k| c.grant(k, *id, session.id, *token)) {
+        for (id, node, token, epoch) in &picked {
+            if let Err(e) = admin_call(shared, *node, |c, k| c.grant(k, *id, session.id, *token, *epoch)) {
                 tracing::warn!("grant of {id} on {node} failed: {e}");
                 failed.push(*node);
             }
@@ -656,11 +684,11 @@ fn alloc(
         let mut st = lock(&shared.state);
         if failed.is_empty() {
             let mut b = Batch::default();
-            for (id, _, _) in &picked {
+            for (id, _, _, _) in &picked {
                 b.region(*id, &st.regions[id]);
             }
             if let Err(e) = shared.store.commit(&b) {
-                for (id, _, _) in &picked {
+                for (id, _, _, _) in &picked {
                     if let Some(r) = st.regions.get_mut(id) {
                         r.owner = None;
                     }
@@ -675,11 +703,11 @@ fn alloc(
             return Ok(MgrResponse::Regions(
                 picked
                     .iter()
-                    .filter_map(|(id, _, _)| grant_of(&st, *id, &st.regions[id]))
+                    .filter_map(|(id, _, _, _)| grant_of(&st, *id, &st.regions[id]))
                     .collect(),
             ));
         }
-        for (id, _, _) in &picked {
+        for (id, _, _, _) in &picked {
             if let Some(r) = st.regions.get_mut(id) {
                 r.owner = None;
             }
@@ -725,8 +753,8 @@ fn admin_call(
     f(&client, key)
 }
 
-fn revoke(shared: &Shared, node: NodeId, region: RegionId) {
-    if let Err(e) = admin_call(shared, node, |c, k| c.revoke(k, region)) {
+fn revoke(shared: &Shared, node: NodeId, region: RegionId, epoch: u64) {
+    if let Err(e) = admin_call(shared, node, |c, k| c.revoke(k, region, epoch)) {
         tracing::warn!("revoking {region} on {node} failed: {e}");
     }
 }
@@ -768,7 +796,9 @@ fn node_gone(shared: &Shared, st: &mut State, id: NodeId) -> Result<(), StoreErr
     b.node(id, &rec);
     for r in &rec.regions {
         if let Some(reg) = st.regions.get_mut(r) {
-            reg.owner = None;
+            if reg.owner.take().is_some() {
+                reg.epoch += 1;
+            }
             b.region(*r, reg);
         }
     }
@@ -896,10 +926,11 @@ fn monitor(shared: &Shared) {
 /// node first, then return to the pool. Also finishes a reap that a manager
 /// crash interrupted, since the dead state is stored before the regions move.
 fn reap(shared: &Shared) {
-    let todo: Vec<(RegionId, NodeId, ComputeId, bool)> = {
-        let st = lock(&shared.state);
+    let todo: Vec<(RegionId, NodeId, ComputeId, bool, u64)> = {
+        let mut st = lock(&shared.state);
+        let st = &mut *st;
         st.regions
-            .iter()
+            .iter_mut()
             .filter_map(|(id, r)| {
                 let (owner, _) = r.owner?;
                 let dead = st
@@ -907,21 +938,28 @@ fn reap(shared: &Shared) {
                     .get(&owner)
                     .is_none_or(|c| c.rec.state == ComputeState::Dead);
                 let node_live = st.nodes.get(&r.node).is_some_and(|n| n.rec.state != NodeState::Dead);
-                dead.then_some((*id, r.node, owner, node_live))
+                if !dead {
+                    return None;
+                }
+                // The revoke is a reassignment: from here on the dead
+                // node's capabilities, and deltas its peers still push for
+                // it, are refused as stale.
+                r.epoch += 1;
+                Some((*id, r.node, owner, node_live, r.epoch))
             })
             .collect()
     };
     if todo.is_empty() {
         return;
     }
-    for (region, node, _, live) in &todo {
+    for (region, node, _, live, epoch) in &todo {
         if *live {
-            revoke(shared, *node, *region);
+            revoke(shared, *node, *region, *epoch);
         }
     }
     let mut st = lock(&shared.state);
     let mut b = Batch::default();
-    for (region, _, owner, _) in &todo {
+    for (region, _, owner, _, _) in &todo {
         if let Some(r) = st.regions.get_mut(region) {
             if r.owner.map(|(o, _)| o) == Some(*owner) {
                 r.owner = None;

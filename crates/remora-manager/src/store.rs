@@ -14,6 +14,16 @@
 //! into wrong values or not at all. Records embed `remora_proto` types
 //! (states, tokens, ids), so a change to their encoding is a schema change
 //! too; the tests below pin the bytes of each record.
+//!
+//! **Versions and migrations.**
+//! - 1: the first versioned layout.
+//! - 2: a region record ends with its epoch (`RegionRec::epoch`, a postcard
+//!   varint). A version-1 store is migrated when opened, in one write
+//!   transaction with the new version stamp: each region record gets epoch
+//!   0 appended, which is what a region that never changed owner under
+//!   epochs has. A crash during the migration leaves version 1 and the old
+//!   records (redb commits atomically), so the next start migrates again.
+//!   Only version 1 is migrated; any other version is refused as above.
 
 use std::path::{Path, PathBuf};
 
@@ -30,7 +40,7 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// The layout of the tables and of the records in them. Any change to
 /// either needs a new number, and the manager then refuses stores written
 /// with the old one.
-pub const SCHEMA_VERSION: u64 = 1;
+pub const SCHEMA_VERSION: u64 = 2;
 const SCHEMA_KEY: &str = "schema_version";
 
 /// A store failure: the manager cannot promise durability, so it refuses the
@@ -88,6 +98,42 @@ pub(crate) struct RegionRec {
     pub(crate) size: u64,
     /// Owner and its capability token, if allocated.
     pub(crate) owner: Option<(ComputeId, Token)>,
+    /// The epoch of the region's current assignment, bumped on every change
+    /// of owner (see `remora_proto::cap`). Stored before a grant is sent, so
+    /// no restart issues one epoch twice. Last, for the migration from 1.
+    pub(crate) epoch: u64,
+}
+
+/// A region record of schema version 1 (no epoch), read only to migrate.
+#[derive(Debug, Deserialize)]
+struct RegionRecV1 {
+    node: NodeId,
+    size: u64,
+    owner: Option<(ComputeId, Token)>,
+}
+
+/// Rewrites version-1 region records to version 2 inside `w` (see the module docs).
+fn migrate_v1(w: &redb::WriteTransaction) -> Result<(), StoreError> {
+    let mut t = w.open_table(REGIONS).map_err(se)?;
+    let mut all = Vec::new();
+    for e in t.iter().map_err(se)? {
+        let (k, v) = e.map_err(se)?;
+        let old: RegionRecV1 = postcard::from_bytes(v.value()).map_err(se)?;
+        all.push((
+            k.value(),
+            RegionRec {
+                node: old.node,
+                size: old.size,
+                owner: old.owner,
+                epoch: 0,
+            },
+        ));
+    }
+    for (k, r) in &all {
+        t.insert(*k, postcard::to_allocvec(r).map_err(se)?.as_slice())
+            .map_err(se)?;
+    }
+    Ok(())
 }
 
 /// A compute node as stored.
@@ -165,6 +211,12 @@ impl Store {
             let found = meta.get(SCHEMA_KEY).map_err(se)?.map(|v| v.value());
             match found {
                 Some(SCHEMA_VERSION) => {}
+                Some(1) => {
+                    drop(regions);
+                    migrate_v1(&w)?;
+                    meta.insert(SCHEMA_KEY, SCHEMA_VERSION).map_err(se)?;
+                    tracing::info!("manager store {}: migrated from schema version 1 to 2", path.display());
+                }
                 // Returning drops the transaction uncommitted: the store is left as it was.
                 Some(found) => {
                     return Err(StoreError::SchemaMismatch {
@@ -359,6 +411,45 @@ mod tests {
         assert_eq!(stored_version(dir.path()), Some(SCHEMA_VERSION));
     }
 
+    #[test]
+    fn version_1_store_is_migrated_with_epoch_0() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            // What a version-1 build wrote: region records without an epoch.
+            let db = Database::create(dir.path().join("manager.redb")).unwrap();
+            let w = db.begin_write().unwrap();
+            {
+                let mut t = w.open_table(REGIONS).unwrap();
+                let owned = format!("02 80808020 01 05 {}", "09".repeat(16)).replace(' ', "");
+                t.insert(7, unhex(&owned).as_slice()).unwrap();
+                t.insert(8, unhex("028080802000").as_slice()).unwrap();
+                let mut m = w.open_table(META).unwrap();
+                m.insert(SCHEMA_KEY, 1).unwrap();
+                m.insert("next_region", 8).unwrap();
+            }
+            w.commit().unwrap();
+        }
+        let loaded = Store::open(dir.path()).unwrap().load().unwrap();
+        assert_eq!(stored_version(dir.path()), Some(SCHEMA_VERSION));
+        assert_eq!(loaded.meta.next_region, 8);
+        let r: std::collections::BTreeMap<RegionId, RegionRec> = loaded.regions.into_iter().collect();
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[&RegionId(7)].owner, Some((ComputeId(5), Token([9; 16]))));
+        assert_eq!((r[&RegionId(7)].node, r[&RegionId(7)].size), (NodeId(2), 1 << 26));
+        assert_eq!(r[&RegionId(7)].epoch, 0);
+        assert_eq!(r[&RegionId(8)].owner, None);
+        assert_eq!(r[&RegionId(8)].epoch, 0);
+        // Reopening a migrated store changes nothing.
+        assert_eq!(Store::open(dir.path()).unwrap().load().unwrap().regions.len(), 2);
+    }
+
+    fn unhex(s: &str) -> Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
     fn hex(b: &[u8]) -> String {
         b.iter().map(|x| format!("{x:02x}")).collect()
     }
@@ -367,7 +458,7 @@ mod tests {
     /// SCHEMA_VERSION (and a new golden).
     #[test]
     fn record_golden_bytes() {
-        assert_eq!(SCHEMA_VERSION, 1, "a new schema version needs new golden records");
+        assert_eq!(SCHEMA_VERSION, 2, "a new schema version needs new golden records");
         assert_eq!(
             hex(&postcard::to_allocvec(&node()).unwrap()),
             format!("03683a39 8080808004 80808020 {} 01 02 01 02", "07".repeat(16)).replace(' ', "")
@@ -376,17 +467,19 @@ mod tests {
             node: NodeId(2),
             size: 1 << 26,
             owner: Some((ComputeId(5), Token([9; 16]))),
+            epoch: 300,
         };
         assert_eq!(
             hex(&postcard::to_allocvec(&region).unwrap()),
-            format!("02 80808020 01 05 {}", "09".repeat(16)).replace(' ', "")
+            format!("02 80808020 01 05 {} ac02", "09".repeat(16)).replace(' ', "")
         );
         let free = RegionRec {
             node: NodeId(2),
             size: 1 << 26,
             owner: None,
+            epoch: 1,
         };
-        assert_eq!(hex(&postcard::to_allocvec(&free).unwrap()), "028080802000");
+        assert_eq!(hex(&postcard::to_allocvec(&free).unwrap()), "02808080200001");
         let compute = ComputeRec {
             name: "app".into(),
             secret: Token([1; 16]),

@@ -18,6 +18,8 @@ pub(crate) struct Faults {
     drop_replies: AtomicBool,
     /// Bumped to stop every spinning `Busy` thread.
     busy_epoch: Arc<AtomicU64>,
+    /// Writes served with their reply dropped (for `Stats`).
+    unanswered_writes: AtomicU64,
 }
 
 impl Faults {
@@ -33,6 +35,16 @@ impl Faults {
             std::thread::sleep(Duration::from_micros(d));
         }
         !self.drop_replies.load(Ordering::Relaxed)
+    }
+
+    /// Notes a write whose reply [`Faults::before_data`] said to drop.
+    pub(crate) fn unanswered_write(&self) {
+        self.unanswered_writes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Writes whose reply was dropped so far.
+    pub(crate) fn unanswered_writes(&self) -> u64 {
+        self.unanswered_writes.load(Ordering::Relaxed)
     }
 
     pub(crate) fn wait_while_paused(&self) {

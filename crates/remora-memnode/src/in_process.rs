@@ -34,8 +34,8 @@ use std::time::{Duration, Instant};
 use remora_proto::msg::{MemRequest, MemResponse, NodeLoad, PeerTraffic};
 use remora_proto::rpc::Ticket;
 use remora_proto::{
-    Cap, ComputeId, Event, EventKind, FarBackend, MemTransport, NodeId, NodeState, RegionGrant, RegionId, RemoteError,
-    Rights, RpcError, SessionEvent, Token,
+    Cap, ComputeId, Epoch, Event, EventKind, FarBackend, MemTransport, NodeId, NodeState, RegionGrant, RegionId,
+    RemoteError, Rights, RpcError, SessionEvent, Token,
 };
 
 use crate::peer_traffic::PeerCounters;
@@ -98,6 +98,8 @@ struct Shared {
     nodes: RwLock<Vec<Arc<Node>>>,
     /// Region → its owner, for regions handed out.
     owners: Mutex<HashMap<RegionId, ComputeId>>,
+    /// Region → its epoch, bumped on every grant and free as the manager does.
+    epochs: Mutex<HashMap<RegionId, Epoch>>,
     subscribers: Mutex<Vec<(ComputeId, Sender<SessionEvent>)>>,
     next_region: AtomicU64,
     next_compute: AtomicU64,
@@ -126,6 +128,7 @@ impl InProcessCluster {
                 regions_per_node,
                 nodes: RwLock::new(Vec::new()),
                 owners: Mutex::new(HashMap::new()),
+                epochs: Mutex::new(HashMap::new()),
                 subscribers: Mutex::new(Vec::new()),
                 next_region: AtomicU64::new(1),
                 next_compute: AtomicU64::new(1),
@@ -203,6 +206,14 @@ impl InProcessCluster {
 }
 
 impl Shared {
+    /// The next epoch of `region` (the manager's part).
+    fn bump_epoch(&self, region: RegionId) -> Epoch {
+        let mut e = lock(&self.epochs);
+        let epoch = e.entry(region).or_insert(0);
+        *epoch += 1;
+        *epoch
+    }
+
     fn node_by_addr(&self, addr: &str) -> Option<Arc<Node>> {
         let nodes = self.nodes.read().unwrap_or_else(|p| p.into_inner());
         nodes.iter().find(|n| n.addr == addr).cloned()
@@ -349,7 +360,7 @@ impl Node {
         self.faults.incarnation.fetch_add(1, Ordering::AcqRel);
         // Its memory is gone: nothing it held may be read again.
         for id in &self.ids {
-            let _ = self.regions.revoke(*id);
+            let _ = self.regions.revoke(*id, 0);
         }
     }
 
@@ -464,6 +475,13 @@ impl Node {
                 self.peer.served_read(cap.rights, u64::from(*len));
                 Ok((MemResponse::Member { generation }, bytes))
             }
+            MemRequest::Stats => {
+                let stats = remora_proto::MemNodeStats {
+                    deltas_in_flight: self.peer.deltas_in_flight(),
+                    ..self.regions.stats()
+                };
+                Ok((MemResponse::Stats(stats), Vec::new()))
+            }
             MemRequest::Grant { .. } | MemRequest::Revoke { .. } | MemRequest::Fault { .. } => Err(
                 RemoteError::Unsupported("admin requests: an in-process cluster grants through its own API".into()),
             ),
@@ -526,14 +544,15 @@ impl FarBackend for Backend {
         let mut grants = Vec::with_capacity(picked.len());
         for (n, r) in picked {
             let token = Token::random();
-            let region = n.regions.get(r).map_err(RpcError::Remote)?;
-            region.grant(self.id, token);
+            let epoch = self.sh.bump_epoch(r);
+            n.regions.grant(r, self.id, token, epoch).map_err(RpcError::Remote)?;
             owners.insert(r, self.id);
             grants.push(RegionGrant {
                 cap: Cap {
                     region: r,
                     rights: Rights::ReadWrite,
                     token,
+                    epoch,
                 },
                 node: n.id,
                 addr: n.addr.clone(),
@@ -557,7 +576,7 @@ impl FarBackend for Backend {
         }
         let nodes = self.sh.nodes.read().unwrap_or_else(|p| p.into_inner());
         if let Some(n) = nodes.iter().find(|n| n.regions.get(region).is_ok()) {
-            let _ = n.regions.revoke(region);
+            let _ = n.regions.revoke(region, self.sh.bump_epoch(region));
         }
         Ok(())
     }

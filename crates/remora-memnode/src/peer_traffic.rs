@@ -18,6 +18,9 @@ pub(crate) struct PeerCounters {
     rebuild_bytes: AtomicU64,
     delta_applies: AtomicU64,
     delta_bytes: AtomicU64,
+    /// Deltas this node has sent to peers and not yet heard back about (a
+    /// gauge, for `Stats`).
+    deltas_in_flight: AtomicU64,
 }
 
 impl PeerCounters {
@@ -45,6 +48,17 @@ impl PeerCounters {
         }
     }
 
+    /// `n` deltas leave for peers; the guard counts them back in when dropped.
+    pub(crate) fn deltas_sent(&self, n: u64) -> InFlight<'_> {
+        self.deltas_in_flight.fetch_add(n, Ordering::Relaxed);
+        InFlight { c: self, n }
+    }
+
+    /// Deltas sent to peers and not yet answered.
+    pub(crate) fn deltas_in_flight(&self) -> u64 {
+        self.deltas_in_flight.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn snapshot(&self) -> PeerTraffic {
         PeerTraffic {
             rebuild_reads: self.rebuild_reads.load(Ordering::Relaxed),
@@ -52,5 +66,17 @@ impl PeerCounters {
             delta_applies: self.delta_applies.load(Ordering::Relaxed),
             delta_bytes: self.delta_bytes.load(Ordering::Relaxed),
         }
+    }
+}
+
+/// Deltas counted in flight until dropped (see [`PeerCounters::deltas_sent`]).
+pub(crate) struct InFlight<'a> {
+    c: &'a PeerCounters,
+    n: u64,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.c.deltas_in_flight.fetch_sub(self.n, Ordering::Relaxed);
     }
 }

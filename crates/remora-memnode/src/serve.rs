@@ -113,6 +113,9 @@ impl<'a> Conn<'a> {
         } else {
             true
         };
+        if !send_reply && matches!(req, MemRequest::Write { .. } | MemRequest::WriteV { .. }) {
+            self.shared.faults.unanswered_write();
+        }
         let out = if send_reply { Some(self.out) } else { None };
         // Checked after any injected pause: a node that was stopped comes
         // back with its lease lapsed and must not answer from data the
@@ -250,19 +253,31 @@ impl<'a> Conn<'a> {
                 region,
                 owner,
                 token,
+                epoch,
             } => {
-                let r = self.admin(admin).and_then(|()| self.shared.regions.get(region));
+                let r = self
+                    .admin(admin)
+                    .and_then(|()| self.shared.regions.grant(region, owner, token, epoch));
                 match r {
-                    Ok(r) => {
-                        r.grant(owner, token);
-                        tracing::debug!("granted {region} to {owner}");
+                    Ok(()) => {
+                        tracing::debug!("granted {region} to {owner} in epoch {epoch}");
                         reply_ok(out, id, MemResponse::Done)
                     }
                     Err(e) => reply_err(out, id, &e),
                 }
             }
-            MemRequest::Revoke { admin, region } => {
-                let r = self.admin(admin).and_then(|()| self.shared.regions.revoke(region));
+            MemRequest::Stats => {
+                let stats = remora_proto::MemNodeStats {
+                    unanswered_writes: self.shared.faults.unanswered_writes(),
+                    deltas_in_flight: self.shared.peer.deltas_in_flight(),
+                    ..self.shared.regions.stats()
+                };
+                reply_ok(out, id, MemResponse::Stats(stats))
+            }
+            MemRequest::Revoke { admin, region, epoch } => {
+                let r = self
+                    .admin(admin)
+                    .and_then(|()| self.shared.regions.revoke(region, epoch));
                 match r {
                     Ok(owner) => {
                         match owner {

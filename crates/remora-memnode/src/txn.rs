@@ -183,6 +183,7 @@ where
         }
         // Any code: scale is plain GF(2^8) multiplication.
         let codec = Codec::new(1, 1).map_err(|e| RemoteError::Internal(e.to_string()))?;
+        let _in_flight = self.counters.deltas_sent(targets.len() as u64);
         let mut sent = Vec::with_capacity(targets.len());
         for t in targets {
             if t.member.len as usize != delta.len() {
@@ -275,6 +276,32 @@ where
             }
             (staged, None) => ops.push(staged),
             (_, Some(_)) => return Err(bad("a member staged twice in one transaction")),
+        }
+        drop(t);
+        // A revoke (or a grant to a new owner) that ran between the two
+        // locks above found nothing to drop yet: look again, or what was
+        // staged for an owner that lost the region would stay forever.
+        let still_ours = region
+            .read()
+            .members
+            .get(&to.offset)
+            .is_some_and(|m| m.staged == Some(key));
+        if !still_ours {
+            self.unstage(owner, txn, region.id, to.offset);
+            let current = region.read().epoch;
+            return Err(if current != to.cap.epoch {
+                RemoteError::StaleEpoch {
+                    region: region.id,
+                    presented: to.cap.epoch,
+                    current,
+                }
+            } else {
+                // A plain write of the member superseded it meanwhile.
+                RemoteError::TxnConflict {
+                    region: region.id,
+                    offset: to.offset,
+                }
+            });
         }
         Ok(owner)
     }

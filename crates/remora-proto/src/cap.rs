@@ -14,6 +14,15 @@
 //!   `blake3_keyed(owner_token ‖ 0…, "remora read-only" ‖ region)` that the
 //!   memory node recomputes from the grant. A holder can read but not write,
 //!   and cannot recover the owner token from it.
+//!
+//! **Epochs.** The manager numbers the assignments of each region: its
+//! [`Epoch`] goes up on every change of owner (each grant, each revoke), and
+//! every capability names the epoch it was issued in. A memory node refuses a
+//! capability of any other epoch with `RemoteError::StaleEpoch` before looking
+//! at its token, so a zombie compute node, or a peer pushing a delta on its
+//! behalf after its region was reassigned, gets a typed refusal and never
+//! touches the new owner's bytes. Derived tokens are keyed by the epoch too, so
+//! a delegate cannot move its capability to another epoch.
 
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
@@ -46,6 +55,10 @@ impl std::fmt::Display for ComputeId {
         write!(f, "c{}", self.0)
     }
 }
+
+/// The number of a region's assignment: the manager bumps it on every change
+/// of the region's owner (see the module docs). 0 before the first grant.
+pub type Epoch = u64;
 
 /// An unguessable 128-bit secret.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -86,24 +99,25 @@ impl Token {
         Some(Token(out))
     }
 
-    /// The read-only token derived from this owner token for `region`.
-    pub fn derive_read_only(&self, region: RegionId) -> Token {
-        self.derive(b"remora read-only", region)
+    /// The read-only token derived from this owner token for `region` in `epoch`.
+    pub fn derive_read_only(&self, region: RegionId, epoch: Epoch) -> Token {
+        self.derive(b"remora read-only", region, epoch)
     }
 
-    /// The apply-delta token derived from this owner token for `region`.
-    pub fn derive_apply_delta(&self, region: RegionId) -> Token {
-        self.derive(b"remora apply-delta", region)
+    /// The apply-delta token derived from this owner token for `region` in `epoch`.
+    pub fn derive_apply_delta(&self, region: RegionId, epoch: Epoch) -> Token {
+        self.derive(b"remora apply-delta", region, epoch)
     }
 
     /// A token for one delegated right, keyed by the owner token: a holder of
     /// the derived token learns nothing about the owner's or other rights'.
-    fn derive(&self, right: &[u8], region: RegionId) -> Token {
+    fn derive(&self, right: &[u8], region: RegionId, epoch: Epoch) -> Token {
         let mut key = [0u8; 32];
         key[..16].copy_from_slice(&self.0);
         let mut h = blake3::Hasher::new_keyed(&key);
         h.update(right);
         h.update(&region.0.to_le_bytes());
+        h.update(&epoch.to_le_bytes());
         let out = h.finalize();
         let mut t = [0u8; 16];
         t.copy_from_slice(&out.as_bytes()[..16]);
@@ -141,6 +155,8 @@ pub struct Cap {
     pub rights: Rights,
     /// The secret proving it.
     pub token: Token,
+    /// The region's assignment it was issued in; any other is refused.
+    pub epoch: Epoch,
 }
 
 impl Cap {
@@ -151,13 +167,15 @@ impl Cap {
             Rights::ReadWrite => Cap {
                 region: self.region,
                 rights: Rights::ReadOnly,
-                token: self.token.derive_read_only(self.region),
+                token: self.token.derive_read_only(self.region, self.epoch),
+                epoch: self.epoch,
             },
             // Not derivable from a narrower right: a token that opens nothing.
             Rights::ApplyDelta => Cap {
                 region: self.region,
                 rights: Rights::ReadOnly,
                 token: Token::ZERO,
+                epoch: self.epoch,
             },
         }
     }
@@ -169,10 +187,11 @@ impl Cap {
             region: self.region,
             rights: Rights::ApplyDelta,
             token: match self.rights {
-                Rights::ReadWrite => self.token.derive_apply_delta(self.region),
+                Rights::ReadWrite => self.token.derive_apply_delta(self.region, self.epoch),
                 Rights::ApplyDelta => self.token,
                 Rights::ReadOnly => Token::ZERO,
             },
+            epoch: self.epoch,
         }
     }
 }
@@ -218,12 +237,34 @@ mod tests {
             region: RegionId(7),
             rights: Rights::ReadWrite,
             token: Token([3; 16]),
+            epoch: 4,
         };
         let ro = owner.read_only();
         assert_eq!(ro.rights, Rights::ReadOnly);
         assert_eq!(ro.token, owner.read_only().token);
         assert_ne!(ro.token, owner.token);
-        assert_ne!(ro.token, Token([3; 16]).derive_read_only(RegionId(8)));
+        assert_ne!(ro.token, Token([3; 16]).derive_read_only(RegionId(8), 4));
         assert_eq!(ro.read_only(), ro);
+    }
+
+    #[test]
+    fn delegates_keep_the_epoch_and_are_bound_to_it() {
+        let owner = Cap {
+            region: RegionId(7),
+            rights: Rights::ReadWrite,
+            token: Token([3; 16]),
+            epoch: 4,
+        };
+        let next = Cap { epoch: 5, ..owner };
+        for (a, b) in [
+            (owner.read_only(), next.read_only()),
+            (owner.apply_delta(), next.apply_delta()),
+        ] {
+            assert_eq!(a.epoch, 4);
+            assert_eq!(b.epoch, 5);
+            // The same owner token in another epoch derives another delegate.
+            assert_ne!(a.token, b.token);
+        }
+        assert_eq!(owner.apply_delta().read_only().epoch, 4);
     }
 }

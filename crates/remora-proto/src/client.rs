@@ -6,9 +6,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::cap::{AdminKey, ComputeId, NodeId, RegionId, Session, Token};
+use crate::cap::{AdminKey, ComputeId, Epoch, NodeId, RegionId, Session, Token};
 use crate::msg::{
-    ClusterStatus, Event, Fault, MemRequest, MemResponse, MgrRequest, MgrResponse, RegionGrant, RemoteError,
+    ClusterStatus, Event, Fault, MemNodeStats, MemRequest, MemResponse, MgrRequest, MgrResponse, RegionGrant,
+    RemoteError,
 };
 use crate::rpc::{ConnOptions, RpcConn, RpcError, Ticket};
 use crate::transport::MemTransport;
@@ -46,19 +47,35 @@ impl MemNodeClient {
         &self.conn
     }
 
-    /// Admin: grant `region` to `owner`.
-    pub fn grant(&self, admin: AdminKey, region: RegionId, owner: ComputeId, token: Token) -> Result<(), RpcError> {
+    /// Admin: grant `region` to `owner` in assignment `epoch`.
+    pub fn grant(
+        &self,
+        admin: AdminKey,
+        region: RegionId,
+        owner: ComputeId,
+        token: Token,
+        epoch: Epoch,
+    ) -> Result<(), RpcError> {
         self.admin(MemRequest::Grant {
             admin,
             region,
             owner,
             token,
+            epoch,
         })
     }
 
-    /// Admin: revoke and wipe `region`.
-    pub fn revoke(&self, admin: AdminKey, region: RegionId) -> Result<(), RpcError> {
-        self.admin(MemRequest::Revoke { admin, region })
+    /// Admin: revoke and wipe `region`, which enters `epoch`.
+    pub fn revoke(&self, admin: AdminKey, region: RegionId, epoch: Epoch) -> Result<(), RpcError> {
+        self.admin(MemRequest::Revoke { admin, region, epoch })
+    }
+
+    /// What the node holds (regions, grants, staged transactions).
+    pub fn stats(&self) -> Result<MemNodeStats, RpcError> {
+        match self.conn.call::<_, MemResponse>(&MemRequest::Stats, &[], None)?.0 {
+            MemResponse::Stats(s) => Ok(s),
+            other => Err(unexpected(other)),
+        }
     }
 
     /// Test support: inject a fault (the daemon needs the `fault-injection` feature).

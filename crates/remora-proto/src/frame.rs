@@ -46,9 +46,11 @@ pub const MAGIC: u16 = u16::from_le_bytes(*b"Rm");
 /// nodes report their peer traffic in heartbeats and status; 4, transactions
 /// on spanset members (prepare, commit, abort), member generations and the
 /// apply-delta right; 5, memory nodes report their CPU use (`Load`, in
-/// heartbeats and status) and the `Busy` fault; 6, compute nodes report
-/// suspected memory nodes to the manager (`Suspect`, `Verdict`).
-pub const VERSION: u8 = 6;
+/// heartbeats and status) and the `Busy` fault; 6, region epochs (in
+/// capabilities, `Grant`, `Revoke` and the `StaleEpoch` refusal) and the
+/// `Stats` request; 7, compute nodes report suspected memory nodes to the
+/// manager (`Suspect`, `Verdict`).
+pub const VERSION: u8 = 7;
 /// The `kind` byte of a hello frame (see the module docs).
 pub const HELLO_KIND: u8 = 4;
 /// Size of the fixed header in bytes.

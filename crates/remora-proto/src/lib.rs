@@ -21,11 +21,11 @@ pub mod size;
 pub mod transport;
 
 pub use auth::{AuthError, ClusterKey};
-pub use cap::{AdminKey, Cap, ComputeId, NodeId, RegionId, Rights, Session, Token};
+pub use cap::{AdminKey, Cap, ComputeId, Epoch, NodeId, RegionId, Rights, Session, Token};
 pub use client::{ComputeSession, ManagerConn, MemNodeClient, SessionEvent};
 pub use msg::{
-    ClusterStatus, DeltaTarget, Event, EventKind, Fault, LEASE_INTERVALS, Member, NodeLoad, NodeState, Range,
-    RebuildRow, RebuildSource, RegionGrant, RemoteError, TxnId, TxnOp,
+    ClusterStatus, DeltaTarget, Event, EventKind, Fault, LEASE_INTERVALS, MemNodeStats, Member, NodeLoad, NodeState,
+    Range, RebuildRow, RebuildSource, RegionGrant, RemoteError, TxnId, TxnOp,
 };
 pub use rpc::{ConnOptions, RpcConn, RpcError};
 pub use size::{ByteSize, parse_duration};

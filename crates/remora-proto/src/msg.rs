@@ -15,7 +15,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::cap::{AdminKey, Cap, ComputeId, NodeId, RegionId, Session, Token};
+use crate::cap::{AdminKey, Cap, ComputeId, Epoch, NodeId, RegionId, Session, Token};
 
 /// One range of a vectored request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -80,7 +80,10 @@ pub enum MemRequest {
         /// The rows.
         rows: Vec<RebuildRow>,
     },
-    /// From the manager: `region` now belongs to `owner`, opened by `token`.
+    /// From the manager: `region` now belongs to `owner`, opened by `token`
+    /// in assignment `epoch`. The region starts zeroed, and capabilities of
+    /// every earlier epoch stop working. A grant of an epoch older than the
+    /// node has seen is refused with `RemoteError::StaleEpoch`.
     Grant {
         /// Proof the request comes from the manager.
         admin: AdminKey,
@@ -90,14 +93,18 @@ pub enum MemRequest {
         owner: ComputeId,
         /// The owner's capability token.
         token: Token,
+        /// The assignment's epoch.
+        epoch: Epoch,
     },
     /// From the manager: `region` is free again; its contents are wiped and its
-    /// token stops working.
+    /// token stops working. The region's epoch becomes `epoch` (if newer).
     Revoke {
         /// Proof the request comes from the manager.
         admin: AdminKey,
         /// The region.
         region: RegionId,
+        /// The region's epoch from now on.
+        epoch: Epoch,
     },
     /// Test-only fault injection (refused unless the daemon was built with
     /// the `fault-injection` feature).
@@ -147,6 +154,9 @@ pub enum MemRequest {
     /// before choosing where compaction's parity deltas are computed.
     /// Served like a data request, so a paused node does not answer.
     Load,
+    /// What this node holds ([`MemResponse::Stats`]): for operators and
+    /// tests. Answered even while the node's lease has lapsed.
+    Stats,
 }
 
 /// A transaction of one compute node, unique among its transactions.
@@ -339,6 +349,33 @@ pub enum MemResponse {
     },
     /// Answer to `Load`.
     Load(NodeLoad),
+    /// Answer to `Stats`.
+    Stats(MemNodeStats),
+}
+
+/// What a memory node holds, as it reports itself ([`MemRequest::Stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemNodeStats {
+    /// Regions it registered.
+    pub regions: u64,
+    /// Of those, ones granted to a compute node.
+    pub granted: u64,
+    /// Transactions with changes staged here (prepared, neither committed,
+    /// aborted nor dropped by a revoke).
+    pub staged_txns: u64,
+    /// Writes (plain or vectored) executed with their reply dropped by fault
+    /// injection (`Fault::DropReplies`), since the node started: their
+    /// senders never learn they happened. Always 0 without fault injection.
+    pub unanswered_writes: u64,
+    /// Parity deltas this node has pushed to peers (remote compaction,
+    /// ec-2pc) and not yet heard back about.
+    pub deltas_in_flight: u64,
+    /// Requests refused because their capability named another epoch than
+    /// the region's (`RemoteError::StaleEpoch`), since the node registered.
+    pub stale_refused: u64,
+    /// Of those, parity deltas pushed by a peer memory node (apply-delta
+    /// capabilities): late deltas of an owner that lost the region.
+    pub stale_deltas_refused: u64,
 }
 
 /// Liveness state of a memory node as the manager sees it.
@@ -740,6 +777,18 @@ pub enum RemoteError {
     /// dropped when its regions were revoked).
     #[error("no staged transaction {0}")]
     UnknownTxn(u64),
+    /// The capability was issued in another assignment of the region than
+    /// the current one (see [`crate::cap`], epochs): its holder lost the
+    /// region (or a peer acts for an owner that did). Never served.
+    #[error("region {region}: capability of epoch {presented}, but the region is in epoch {current}")]
+    StaleEpoch {
+        /// The region.
+        region: RegionId,
+        /// The epoch the request named.
+        presented: Epoch,
+        /// The region's epoch on this node.
+        current: Epoch,
+    },
 }
 
 /// Encodes a message head.
@@ -764,6 +813,7 @@ mod tests {
             region: RegionId(3),
             rights: Rights::ReadWrite,
             token: Token::random(),
+            epoch: 9,
         };
         let m = MemRequest::ReadV {
             ranges: vec![Range {

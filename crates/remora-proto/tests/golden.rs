@@ -22,9 +22,9 @@ use remora_proto::frame::{
     FrameHeader, FrameKind, HEADER_LEN, HELLO_KIND, MAGIC, VERSION, check_hello, hello, parse_frames, write_frame,
 };
 use remora_proto::msg::{
-    ClusterStatus, ComputeState, ComputeStatus, DeltaTarget, Event, EventKind, Fault, MemNodeStatus, MemRequest,
-    MemResponse, Member, MgrRequest, MgrResponse, NodeLoad, NodeState, PeerTraffic, Range, RebuildRow, RebuildSource,
-    RegionGrant, RemoteError, TxnId, TxnOp, decode, encode,
+    ClusterStatus, ComputeState, ComputeStatus, DeltaTarget, Event, EventKind, Fault, MemNodeStats, MemNodeStatus,
+    MemRequest, MemResponse, Member, MgrRequest, MgrResponse, NodeLoad, NodeState, PeerTraffic, Range, RebuildRow,
+    RebuildSource, RegionGrant, RemoteError, TxnId, TxnOp, decode, encode,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -52,12 +52,13 @@ const ADMIN: AdminKey = Token([
 ]);
 const ADMIN_HEX: &str = "b0b1b2b3b4b5b6b7b8b9babbbcbdbebf";
 
-/// Region 3, read-write: `03 | 00 | token`.
+/// Region 3, read-write, epoch 7: `03 | 00 | token | 07`.
 fn cap() -> Cap {
     Cap {
         region: RegionId(3),
         rights: Rights::ReadWrite,
         token: TOKEN,
+        epoch: 7,
     }
 }
 
@@ -71,7 +72,7 @@ fn session() -> Session {
 
 /// Expands `{T}` (the token), `{A}` (the admin key) and `{CAP}` (`cap()`).
 fn golden(template: &str) -> Vec<u8> {
-    let cap_hex = format!("03 00 {TOKEN_HEX}");
+    let cap_hex = format!("03 00 {TOKEN_HEX} 07");
     unhex(
         &template
             .replace("{CAP}", &cap_hex)
@@ -163,8 +164,9 @@ fn cap_and_session() {
             region: RegionId(300),
             rights: Rights::ReadOnly,
             token: TOKEN,
+            epoch: 300,
         },
-        "ac02 | 01 | {T}",
+        "ac02 | 01 | {T} | ac02",
     );
     check("Session", &session(), "05 | {T}");
     check("NodeId", &NodeId(1), "01");
@@ -187,6 +189,7 @@ fn mem_request_index(m: &MemRequest) -> u32 {
         MemRequest::Abort { .. } => 11,
         MemRequest::ReadMember { .. } => 12,
         MemRequest::Load => 13,
+        MemRequest::Stats => 14,
     }
 }
 
@@ -301,15 +304,17 @@ fn mem_request() {
                     region: RegionId(7),
                     owner: ComputeId(5),
                     token: TOKEN,
+                    epoch: 9,
                 },
-                "06 | {A} | 07 | 05 | {T}",
+                "06 | {A} | 07 | 05 | {T} | 09",
             ),
             (
                 MemRequest::Revoke {
                     admin: ADMIN,
                     region: RegionId(7),
+                    epoch: 10,
                 },
-                "07 | {A} | 07",
+                "07 | {A} | 07 | 0a",
             ),
             (
                 MemRequest::Fault {
@@ -348,6 +353,7 @@ fn mem_request() {
                 "0c | {CAP} | ac02 | 10",
             ),
             (MemRequest::Load, "0d"),
+            (MemRequest::Stats, "0e"),
         ],
         mem_request_index,
     );
@@ -407,6 +413,7 @@ fn mem_response_index(m: &MemResponse) -> u32 {
         MemResponse::Aborted => 7,
         MemResponse::Member { .. } => 8,
         MemResponse::Load(_) => 9,
+        MemResponse::Stats(_) => 10,
     }
 }
 
@@ -436,6 +443,18 @@ fn mem_response() {
                     cores: 2,
                 }),
                 "09 | dc0b | 02",
+            ),
+            (
+                MemResponse::Stats(MemNodeStats {
+                    regions: 300,
+                    granted: 2,
+                    staged_txns: 1,
+                    unanswered_writes: 4,
+                    deltas_in_flight: 6,
+                    stale_refused: 5,
+                    stale_deltas_refused: 3,
+                }),
+                "0a | ac02 | 02 | 01 | 04 | 06 | 05 | 03",
             ),
         ],
         mem_response_index,
@@ -715,6 +734,7 @@ fn remote_error_index(e: &RemoteError) -> u32 {
         RemoteError::StaleGeneration { .. } => 11,
         RemoteError::TxnConflict { .. } => 12,
         RemoteError::UnknownTxn(_) => 13,
+        RemoteError::StaleEpoch { .. } => 14,
     }
 }
 
@@ -765,6 +785,14 @@ fn remote_error() {
                 "0c | 03 | 08",
             ),
             (RemoteError::UnknownTxn(5), "0d | 05"),
+            (
+                RemoteError::StaleEpoch {
+                    region: RegionId(3),
+                    presented: 300,
+                    current: 2,
+                },
+                "0e | 03 | ac02 | 02",
+            ),
         ],
         remote_error_index,
     );
@@ -798,7 +826,7 @@ fn frame_header_constants() {
 /// The hello: magic and version where every version keeps them, kind 4.
 #[test]
 fn hello_frame() {
-    let want = unhex("526d 06 04 0000 0000 | 0000000000000000 | 00000000 | 00000000");
+    let want = unhex("526d 07 04 0000 0000 | 0000000000000000 | 00000000 | 00000000");
     assert_eq!(hex(&hello()), hex(&want));
     assert_eq!(HELLO_KIND, 4);
     assert_eq!(check_hello(&hello()), Ok(()));
@@ -807,7 +835,7 @@ fn hello_frame() {
 /// A whole request frame and its error reply: header, head and payload.
 #[test]
 fn whole_frames() {
-    assert_eq!(VERSION, 6, "a new VERSION needs new golden frames");
+    assert_eq!(VERSION, 7, "a new VERSION needs new golden frames");
     let head = encode(&MemRequest::Write { cap: cap(), offset: 1 });
     let mut out = Vec::new();
     write_frame(
@@ -819,7 +847,7 @@ fn whole_frames() {
     )
     .unwrap();
     let want = golden(
-        "526d 06 01 0000 0000 | 0807060504030201 | 14000000 | 07000000 \
+        "526d 07 01 0000 0000 | 0807060504030201 | 15000000 | 07000000 \
          | 01 {CAP} 01 | 7061796c6f6164",
     );
     assert_eq!(hex(&out), hex(&want), "request frame");
@@ -834,6 +862,6 @@ fn whole_frames() {
     let head = encode(&RemoteError::NoSuchRegion { region: RegionId(3) });
     let mut out = Vec::new();
     write_frame(&mut out, FrameKind::Error, 0x0102_0304_0506_0708, &head, &[]).unwrap();
-    let want = unhex("526d 06 03 0000 0000 | 0807060504030201 | 02000000 | 00000000 | 01 03");
+    let want = unhex("526d 07 03 0000 0000 | 0807060504030201 | 02000000 | 00000000 | 01 03");
     assert_eq!(hex(&out), hex(&want), "error frame");
 }
