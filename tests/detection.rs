@@ -34,17 +34,6 @@ fn setup() -> (LocalCluster, Runtime, Vec<RemBox<Obj>>) {
     (c, rt, objs)
 }
 
-fn node_id(c: &LocalCluster, i: usize) -> NodeId {
-    let addr = &c.memnodes()[i].addr;
-    c.status()
-        .unwrap()
-        .memory_nodes
-        .iter()
-        .find(|m| &m.addr == addr)
-        .expect("registered")
-        .id
-}
-
 fn state(c: &LocalCluster, id: NodeId) -> NodeState {
     c.status()
         .unwrap()

@@ -678,21 +678,10 @@ fn unexpected_child_death_is_an_event() {
     }
     // The rest of the cluster still works.
     let s = session(&c, "after");
-    let g = s.alloc(1, false, &[c_node_id(&c, 1)]).err();
+    let g = s.alloc(1, false, &[node_id(&c, 1)]).err();
     assert!(g.is_some(), "only node 1 is left and it is excluded");
     let g = s.alloc(1, false, &[]).unwrap().remove(0);
     assert_eq!(g.addr, c.memnodes()[1].addr);
-}
-
-fn c_node_id(c: &remora_cluster::LocalCluster, i: usize) -> remora_proto::NodeId {
-    let addr = &c.memnodes()[i].addr;
-    c.status()
-        .unwrap()
-        .memory_nodes
-        .iter()
-        .find(|m| &m.addr == addr)
-        .unwrap()
-        .id
 }
 
 /// Bad flags get a clear message and a non-zero exit, with nothing left running.

@@ -116,3 +116,15 @@ pub fn obj(id: u64, version: u64) -> Obj {
 pub fn matches(o: &Obj, id: u64, version: u64) -> bool {
     o.id == id && o.version == version && o.words == obj(id, version).words
 }
+
+/// The manager's id for the cluster's `i`-th memory node.
+pub fn node_id(c: &LocalCluster, i: usize) -> remora_proto::NodeId {
+    let addr = &c.memnodes()[i].addr;
+    c.status()
+        .expect("status")
+        .memory_nodes
+        .iter()
+        .find(|m| &m.addr == addr)
+        .expect("the node is registered")
+        .id
+}
