@@ -337,8 +337,12 @@ fn micro_all_schemes_sweep_and_plot() {
         if ["non-ft", "replication", "ec-batch"].contains(&scheme) {
             // One read per swap-in; reads are counted at the transport, so
             // each thread may have one in flight across either window edge.
+            // A read left overdue by a starved node is read around (more
+            // reads): the count holds only without one.
             let (ins, reads) = (r["swap_ins"].as_u64().unwrap(), r["swap_in_reads"].as_u64().unwrap());
-            assert!(ins.abs_diff(reads) <= 2 * threads, "one read per swap-in: {r}");
+            if r["overdue_reads"].as_u64() == Some(0) {
+                assert!(ins.abs_diff(reads) <= 2 * threads, "one read per swap-in: {r}");
+            }
         }
         let ratios = &r["ratio_to_non_ft"];
         assert!(ratios.is_object(), "ratio_to_non_ft: {r}");

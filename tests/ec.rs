@@ -82,11 +82,17 @@ fn kill_during_workload(name: &str, amp: f64, reads: u64) {
         ratio >= amp * 0.99 && ratio < amp * 1.07,
         "{name} writes {amp}x the data: {ratio} ({before:?})"
     );
-    assert_eq!(
-        before.swap_in_reads,
-        reads * before.swap_ins,
-        "{reads} reads per swap-in outside failures"
-    );
+    // A read left overdue by a starved node (a loaded machine) is read
+    // around, which takes more reads: the count is exact only without one.
+    if before.overdue_reads == 0 {
+        assert_eq!(
+            before.swap_in_reads,
+            reads * before.swap_ins,
+            "{reads} reads per swap-in outside failures"
+        );
+    } else {
+        assert!(before.swap_in_reads > reads * before.swap_ins, "{before:?}");
+    }
     let stop = AtomicBool::new(false);
     let errors = Mutex::new(Vec::<String>::new());
     let ops = AtomicU64::new(0);

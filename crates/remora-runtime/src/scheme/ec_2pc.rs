@@ -232,8 +232,10 @@ impl Shared {
             ss.readers += 1;
             let g = self.c.place.group(ss.group);
             let mut cands: Vec<usize> = (0..n).filter(|&p| p != want && !g.failed[p] && !ss.doubt[p]).collect();
-            // Unwritten slots cost nothing, then data, then parity.
-            cands.sort_by_key(|&p| (ss.read_len(k, p) > 0, p >= k));
+            // Unwritten slots cost nothing, then data, then parity; suspects
+            // last (a paused node would make every wave wait for it).
+            let suspect = |p: usize| far.detector.suspects.is_suspect(g.nodes[p]);
+            cands.sort_by_key(|&p| (ss.read_len(k, p) > 0, suspect(p), p >= k));
             let cands: Vec<Shard> = cands
                 .into_iter()
                 .map(|p| Shard {

@@ -33,9 +33,11 @@ impl Shared {
         };
         let g = self.c.place.group(group);
         debug_assert_eq!(out.len(), bytes(row_pages));
-        // Candidates: virtual members cost nothing, then data, then parity.
+        // Candidates: virtual members cost nothing, then data, then parity;
+        // suspects last (a paused node would make every wave wait for it).
         let mut cands: Vec<usize> = (0..self.c.n()).filter(|&p| p != want && !g.failed[p]).collect();
-        cands.sort_by_key(|&p| (!virt[p], p >= self.c.k));
+        let suspect = |p: usize| far.detector.suspects.is_suspect(g.nodes[p]);
+        cands.sort_by_key(|&p| (!virt[p], suspect(p), p >= self.c.k));
         let cands: Vec<Shard> = cands
             .into_iter()
             .map(|p| Shard {
