@@ -167,6 +167,18 @@ impl Worker {
 }
 
 /// Transactions staged on each memory node now.
+/// Waits until the manager has declared the worker dead and freed every
+/// region it held.
+fn wait_reaped(c: &LocalCluster) {
+    c.wait_until(PATIENCE, "the worker declared dead and its regions freed", |st| {
+        st.compute_nodes
+            .iter()
+            .all(|n| n.state == ComputeState::Dead && n.regions == 0)
+            && st.memory_nodes.iter().all(|m| m.regions_free == m.regions_total)
+    })
+    .unwrap();
+}
+
 fn staged(c: &LocalCluster) -> Vec<u64> {
     (0..NODES)
         .map(|i| c.memnode_client(i).unwrap().stats().unwrap().staged_txns)
@@ -267,13 +279,7 @@ fn die_during(step: Step) {
     c.fault(silent, Fault::Resume).unwrap();
 
     // The manager frees the dead node's regions after its heartbeat timeout.
-    c.wait_until(PATIENCE, "the worker declared dead and its regions freed", |st| {
-        st.compute_nodes
-            .iter()
-            .all(|n| n.state == ComputeState::Dead && n.regions == 0)
-            && st.memory_nodes.iter().all(|m| m.regions_free == m.regions_total)
-    })
-    .unwrap();
+    wait_reaped(&c);
     eprintln!("{step:?}: regions freed at {:?}", t0.elapsed());
     // Memory nodes dropped what it had staged with its regions.
     assert_eq!(staged(&c), vec![0; NODES], "prepared state left after the revoke");
@@ -488,13 +494,7 @@ fn late_peer_delta_of_a_dead_compute_node_is_refused() {
     w.child.wait().unwrap();
     w.drain();
     assert!(w.wrong.is_empty(), "the worker read wrong bytes: {:?}", w.wrong);
-    c.wait_until(PATIENCE, "the worker declared dead and its regions freed", |st| {
-        st.compute_nodes
-            .iter()
-            .all(|n| n.state == ComputeState::Dead && n.regions == 0)
-            && st.memory_nodes.iter().all(|m| m.regions_free == m.regions_total)
-    })
-    .unwrap();
+    wait_reaped(&c);
     let freed_after = pushed_at.elapsed();
     assert!(
         freed_after < DELAY,

@@ -104,6 +104,31 @@ impl Stripes {
             .map_err(|e| RuntimeError::lost_because(None::<SpanAddr>, format!("decode of spanset {id}: {e}")))
     }
 
+    /// Runs a degraded read `read` again while it fails only because fewer
+    /// than k members could be read *now* ([`LossCause::Unreadable`]: a
+    /// node paused or cut off but not yet declared dead, or its
+    /// replacement still being rebuilt), up to the runtime's patience.
+    /// Only a stripe that really lost more than m members
+    /// ([`LossCause::TooFewSurvivors`]) reaches the caller as lost at once.
+    pub(crate) fn until_readable<T>(
+        &self,
+        far: &FarMemory,
+        mut read: impl FnMut() -> Result<T, RuntimeError>,
+    ) -> Result<T, RuntimeError> {
+        let start = Instant::now();
+        loop {
+            match read() {
+                Err(RuntimeError::DataLost {
+                    cause: LossCause::Unreadable { .. },
+                    ..
+                }) if start.elapsed() < far.patience => {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Frees the pages of overdue writes settled since, then gives empty
     /// stripe groups back (see `Scheme::give_back`).
     pub(crate) fn give_back(&self, far: &FarMemory) -> u64 {
