@@ -32,7 +32,7 @@
 //! compaction that involves a failed node.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -68,6 +68,9 @@ struct SuspectState {
 #[derive(Debug, Default)]
 pub(crate) struct Suspects {
     st: Mutex<SuspectState>,
+    /// Entries in `st.since`: every swap-in asks whether its node is a
+    /// suspect, and almost always none is, so that answer takes no lock.
+    listed: AtomicUsize,
     asked: Condvar,
     /// Suspicions raised (a node already suspect is not counted again).
     raised: AtomicU64,
@@ -78,10 +81,11 @@ pub(crate) struct Suspects {
 impl Suspects {
     pub(crate) fn suspect(&self, node: NodeId) {
         let mut st = lock(&self.st);
-        let fresh = st
-            .since
-            .insert(node, Instant::now())
-            .is_none_or(|t| t.elapsed() >= SUSPECT_FOR);
+        let before = st.since.insert(node, Instant::now());
+        if before.is_none() {
+            self.listed.fetch_add(1, Ordering::Release);
+        }
+        let fresh = before.is_none_or(|t| t.elapsed() >= SUSPECT_FOR);
         if fresh {
             self.raised.fetch_add(1, Ordering::Relaxed);
         }
@@ -92,11 +96,15 @@ impl Suspects {
     }
 
     pub(crate) fn is_suspect(&self, node: NodeId) -> bool {
+        if self.listed.load(Ordering::Acquire) == 0 {
+            return false;
+        }
         let mut st = lock(&self.st);
         match st.since.get(&node) {
             Some(t) if t.elapsed() < SUSPECT_FOR => true,
             Some(_) => {
                 st.since.remove(&node);
+                self.listed.fetch_sub(1, Ordering::Release);
                 false
             }
             None => false,
@@ -104,6 +112,9 @@ impl Suspects {
     }
 
     pub(crate) fn list(&self) -> Vec<NodeId> {
+        if self.listed.load(Ordering::Acquire) == 0 {
+            return Vec::new();
+        }
         lock(&self.st)
             .since
             .iter()
@@ -126,6 +137,7 @@ impl Suspects {
         let mut st = lock(&self.st);
         st.asking.remove(&node);
         if alive && st.since.remove(&node).is_some() {
+            self.listed.fetch_sub(1, Ordering::Release);
             self.cleared.fetch_add(1, Ordering::Relaxed);
         }
     }
