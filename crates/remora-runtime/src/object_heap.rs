@@ -302,7 +302,7 @@ mod tests {
     #[allow(clippy::vec_box)]
     fn fill(heap: &ObjectHeap, spans: usize, hot: &[usize]) -> Vec<Box<Slot>> {
         let mut slots = Vec::new();
-        let per_span = 14; // 1 KiB + header: the 1152-byte class, 14 per 16 KiB span
+        let per_span = PER_SPAN;
         for s in 0..spans {
             for _ in 0..per_span {
                 let slot = Box::new(Slot::new(0));
@@ -321,6 +321,9 @@ mod tests {
         slots
     }
 
+    /// Objects of 1 KiB and header per span (the 1152-byte class).
+    const PER_SPAN: usize = 7;
+
     fn span_of_slot(heap: &ObjectHeap, s: &Slot) -> usize {
         let w = s.word.load(crate::loom::Ordering::Relaxed);
         heap.pages.span_of(crate::pointer::local_addr(w)).unwrap().start()
@@ -330,7 +333,7 @@ mod tests {
     fn clock_picks_unreferenced_spans_first_then_ages() {
         let heap = ObjectHeap::new(Arc::new(Clock));
         let slots = fill(&heap, 3, &[1]);
-        let hot_span = span_of_slot(&heap, &slots[14]);
+        let hot_span = span_of_slot(&heap, &slots[PER_SPAN]);
         let victims = heap.pick_cold(&Clock, 2);
         assert_eq!(victims.len(), 2);
         assert!(
@@ -367,7 +370,7 @@ mod tests {
         let heap = ObjectHeap::new(Arc::new(Clock));
         let slots = fill(&heap, 2, &[0, 1]);
         // Touched since the hand passed, but not since the filter found it cold.
-        set_hotness(&slots[..14], 0x0F);
+        set_hotness(&slots[..PER_SPAN], 0x0F);
         let cold = heap.pages.span_of(span_of_slot(&heap, &slots[0])).unwrap();
         cold.set_cold(true);
         let victims = heap.pick_cold(&Clock, 1);
@@ -379,8 +382,8 @@ mod tests {
     fn queued_cold_spans_go_without_the_hand_aging_hot_ones() {
         let heap = ObjectHeap::new(Arc::new(Clock));
         let slots = fill(&heap, 4, &[0, 1, 2, 3]);
-        set_hotness(&slots[42..], 0x0F);
-        let cold = heap.pages.span_of(span_of_slot(&heap, &slots[42])).unwrap();
+        set_hotness(&slots[3 * PER_SPAN..], 0x0F);
+        let cold = heap.pages.span_of(span_of_slot(&heap, &slots[3 * PER_SPAN])).unwrap();
         cold.set_cold(true);
         heap.queue_cold([SpanRef::new(cold)]);
         let hand = heap.registry.lock().hand;
@@ -393,7 +396,7 @@ mod tests {
             "the hand moved although the queue had a victim"
         );
         assert!(
-            hotness_of(&slots[..42]).iter().all(|&h| h == 0xFF),
+            hotness_of(&slots[..3 * PER_SPAN]).iter().all(|&h| h == 0xFF),
             "hot spans were aged"
         );
         assert!(heap.registry.lock().cold.is_empty());

@@ -59,7 +59,7 @@ mod tests {
         let l = SpanLayout::for_object(4096);
         assert_eq!((l.slot_bytes, l.span_bytes, l.objects_per_span), (4736, 24576, 5));
         let l = SpanLayout::for_object(1024);
-        assert_eq!((l.slot_bytes, l.span_bytes, l.objects_per_span), (1152, 16384, 14));
+        assert_eq!((l.slot_bytes, l.span_bytes, l.objects_per_span), (1152, 8192, 7));
         let l = SpanLayout::for_object(64);
         assert_eq!((l.slot_bytes, l.objects_per_span), (80, 102));
         let l = SpanLayout::for_object(1 << 20);
