@@ -107,6 +107,15 @@ fn micro_runs_swaps_and_verifies() {
     assert!(r["writes"].as_u64().unwrap() > 0, "{r}");
     assert!(r["throughput_ops"].as_f64().unwrap() > 0.0, "{r}");
     assert_eq!(r["samples"], r["ops"], "{r}");
+    // CPU charged to the run: this process's and the memory nodes'. A
+    // closed loop of 2 threads keeps something busy all the time, and no
+    // more than the machine's cores can be.
+    let cores = r["cpu_cores"].as_f64().expect("cpu_cores");
+    let max = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    assert!(cores > 0.2 && cores <= max * 1.05, "{r}");
+    let per_op = r["cpu_us_per_op"].as_f64().expect("cpu_us_per_op");
+    let expect = cores * 1e6 / r["throughput_ops"].as_f64().unwrap();
+    assert!((per_op / expect - 1.0).abs() < 0.05, "{r}");
     // The timeline: 100 ms windows over the 2 s run, each with far memory
     // held (whole regions) at least what is allocated, and the windows'
     // operations adding up to the run's (each thread reports 256 at a time).

@@ -34,6 +34,7 @@ use crate::fault::Faults;
 use crate::region::RegionTable;
 
 pub use in_process::{InProcessCluster, NodeHandle};
+pub use load::cpu_time_of;
 
 /// Default region size: 1 GiB, as in the paper.
 pub const DEFAULT_REGION_SIZE: u64 = 1 << 30;

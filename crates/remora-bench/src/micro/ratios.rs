@@ -10,7 +10,10 @@
 //! redundancy's write cost: 1 for non-ft, 3 for 3-way replication, about
 //! (k+m)/k for whole-span EC); far memory in use (the time average of the
 //! samples taken every 100 ms of the measured phase); and misses (swap-in
-//! waits) per operation.
+//! waits) per operation; CPU time per operation and cores kept busy, this
+//! process's and its servers' (memory nodes, Redis servers) together: on a
+//! saturated machine throughput is about cores ÷ CPU per op, and CPU per op
+//! moves far less than throughput when something else runs beside the bench.
 //!
 //! Beside them, clean re-evictions (spans evicted again without a write, a
 //! swapped-in clean span's far copy being kept) and, for the redundant
@@ -34,7 +37,7 @@ struct Fig {
     get: fn(&Record) -> Option<f64>,
 }
 
-const FIGS: [Fig; 10] = [
+const FIGS: [Fig; 12] = [
     Fig {
         key: "throughput",
         head: "ops/s",
@@ -98,6 +101,18 @@ const FIGS: [Fig; 10] = [
         prec: 4,
         get: |r| Some(r.measured_miss_ratio()),
     },
+    Fig {
+        key: "cpu_us_per_op",
+        head: "cpu µs/op",
+        prec: 2,
+        get: Record::cpu_us_per_op,
+    },
+    Fig {
+        key: "cpu_cores",
+        head: "cores",
+        prec: 2,
+        get: Record::cpu_cores,
+    },
 ];
 
 /// `non-ft`'s record at `r`'s load, if it ran.
@@ -139,7 +154,8 @@ pub(crate) fn print(records: &[Record]) {
         "figures compared (paper Fig. 5 / Table 2): rd/swin: remote reads per swap-in; wr/evict: bytes written \
          remotely per byte of spans evicted; net KiB/op: bytes the compute node read and wrote plus what memory \
          nodes sent each other, per op; remote MiB: far memory in use (average of 100 ms samples); miss/op: \
-         swap-in waits (Redis: cache misses) per op"
+         swap-in waits (Redis: cache misses) per op; cpu µs/op: CPU time of this process and its servers (memory \
+         nodes; Redis servers) per op; cores: the same CPU time per second measured"
     );
     head();
     for r in records {

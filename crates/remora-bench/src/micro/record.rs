@@ -139,6 +139,17 @@ impl Record {
         us(&self.run.lat, q)
     }
 
+    /// CPU µs (this process and the store's servers) per completed operation.
+    pub(crate) fn cpu_us_per_op(&self) -> Option<f64> {
+        let cpu = self.run.cpu?;
+        Some(cpu.as_secs_f64() * 1e6 / self.run.completed.max(1) as f64)
+    }
+
+    /// Cores kept busy on average in the measured phase (this process and the store's servers).
+    pub(crate) fn cpu_cores(&self) -> Option<f64> {
+        Some(self.run.cpu?.as_secs_f64() / self.run.elapsed.as_secs_f64().max(1e-9))
+    }
+
     /// Open loop: the operations completed in the window over the arrivals scheduled in it.
     pub(crate) fn achieved_fraction(&self) -> Option<f64> {
         self.run
@@ -272,6 +283,8 @@ impl Record {
             "op_errors": run.op_errors,
             "wrong_bytes": run.wrong_bytes,
             "fill_s": self.fill_time.as_secs_f64(),
+            "cpu_us_per_op": self.cpu_us_per_op(),
+            "cpu_cores": self.cpu_cores(),
         });
         extend(&mut v, self.memory_json());
         extend(&mut v, self.remora_json(args));

@@ -414,6 +414,10 @@ impl Store for RedisCache<'_> {
         }
     }
 
+    fn servers(&self) -> Vec<u32> {
+        self.group.servers().map(|s| s.pid()).collect()
+    }
+
     fn snap(&self) -> Snap {
         let sum = |f: fn(&ThreadCounters) -> &AtomicU64| {
             self.counters.iter().map(|c| f(c).load(Ordering::Relaxed)).sum::<u64>()

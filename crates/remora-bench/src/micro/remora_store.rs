@@ -23,6 +23,8 @@ struct Array<'a, const W: usize> {
     rt: &'a Runtime,
     cells: Vec<Cell<W>>,
     versions: Vec<AtomicU64>,
+    /// The memory nodes' process ids.
+    servers: Vec<u32>,
 }
 
 impl<const W: usize> Store for Array<'_, W> {
@@ -67,6 +69,10 @@ impl<const W: usize> Store for Array<'_, W> {
 
     fn snap(&self) -> Stats {
         self.rt.stats()
+    }
+
+    fn servers(&self) -> Vec<u32> {
+        self.servers.clone()
     }
 
     fn note(&self, s0: &Stats, s: &Stats, secs: f64) -> String {
@@ -215,6 +221,7 @@ pub(super) fn run_scheme<const W: usize>(
         rt: &rt,
         cells,
         versions: (0..n).map(|_| AtomicU64::new(0)).collect(),
+        servers: cluster.memnodes().iter().map(|m| m.pid).collect(),
     };
     let zipf = worker::zipf(args, n)?;
 

@@ -67,6 +67,19 @@ pub(crate) trait Store: Sync {
     fn snap(&self) -> Self::Snap;
     /// A few words for the progress bar on what happened between two snapshots `secs` apart.
     fn note(&self, s0: &Self::Snap, s: &Self::Snap, secs: f64) -> String;
+    /// Process ids of the servers behind the store (memory nodes, Redis
+    /// servers), whose CPU time is charged to the run with this process's.
+    fn servers(&self) -> Vec<u32>;
+}
+
+/// CPU time used so far by this process and `servers`; `None` if any of
+/// them cannot be read (no `/proc`, or a server has exited).
+fn cpu_time(servers: &[u32]) -> Option<Duration> {
+    let mut total = remora_memnode::cpu_time_of("self")?;
+    for pid in servers {
+        total += remora_memnode::cpu_time_of(&pid.to_string())?;
+    }
+    Some(total)
 }
 
 /// What one measured run counted, whatever the store.
@@ -94,6 +107,10 @@ pub(crate) struct Run {
     pub(crate) trace: Vec<u32>,
     /// Measured operations left out of `trace` (past [`TRACE_CAP`]).
     pub(crate) trace_dropped: u64,
+    /// CPU time this process and the store's servers used in the measured
+    /// phase (`None` where `/proc` could not be read): on a saturated
+    /// machine, the cost of an operation that contention does not blur.
+    pub(crate) cpu: Option<Duration>,
 }
 
 /// A store's snapshots around and during the measured phase.
@@ -426,6 +443,8 @@ pub(crate) fn measure<S: Store>(
             thread::sleep(SAMPLE_EVERY.min(win.measure - now));
         }
         // Measured phase: sample the levels every SAMPLE_EVERY.
+        let servers = store.servers();
+        let cpu0 = cpu_time(&servers);
         let s0 = store.snap();
         let t0 = Instant::now();
         let ops0 = live_ops.load(Ordering::Relaxed);
@@ -459,6 +478,7 @@ pub(crate) fn measure<S: Store>(
         }
         phase.store(STOP, Ordering::Relaxed);
         let elapsed = if offered.is_some() { args.duration } else { t0.elapsed() };
+        let cpu = cpu_time(&servers).zip(cpu0).map(|(b, a)| b.saturating_sub(a));
         let s1 = store.snap();
         let outs: Vec<anyhow::Result<WorkerOut>> = handles
             .into_iter()
@@ -471,10 +491,10 @@ pub(crate) fn measure<S: Store>(
             at,
             ops0,
         };
-        Ok((outs, (elapsed, snaps)))
+        Ok((outs, (elapsed, cpu, snaps)))
     })?;
     pb.finish_and_clear();
-    let (elapsed, snaps) = measured;
+    let (elapsed, cpu, snaps) = measured;
     let mut all = WorkerOut::new(0)?;
     let mut traces = Vec::new();
     for o in outs {
@@ -514,6 +534,7 @@ pub(crate) fn measure<S: Store>(
         wrong_bytes: all.wrong_bytes,
         trace: cache_sim::merge(traces),
         trace_dropped: all.trace_dropped,
+        cpu,
     };
     Ok((run, snaps))
 }
