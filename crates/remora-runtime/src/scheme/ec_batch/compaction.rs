@@ -29,7 +29,7 @@
 //! member is rebuilt from the others, which hold the new state). Before
 //! that point any failure aborts the fold and nothing changed.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -38,6 +38,7 @@ use remora_proto::msg::{DeltaTarget, MemRequest, Member as TxnMember};
 use remora_proto::{RpcError, TxnId, TxnOp};
 
 use super::adaptive::{Adaptive, Gate, Policy};
+use super::pairing::{self, Candidate};
 use super::{Shared, Spanset, State, bytes, offset};
 use crate::error::RuntimeError;
 use crate::far_memory::FarMemory;
@@ -210,14 +211,6 @@ pub(super) fn run(sh: &Arc<Shared>, far: &Arc<FarMemory>, stop: &AtomicBool) {
     }
 }
 
-/// A spanset that may fold or be folded into: (id, live mask, hole mask).
-type Candidate = (u64, u64, u64);
-
-/// Bit mask of positions.
-fn mask(it: impl Iterator<Item = usize>) -> u64 {
-    it.fold(0, |m, p| m | (1 << p))
-}
-
 impl Shared {
     /// Whether holes are many enough to fold (with hysteresis).
     fn worth_folding(&self, far: &FarMemory, st: &State) -> bool {
@@ -253,14 +246,8 @@ impl Shared {
             if !ok {
                 continue;
             }
-            let live = mask(ss.members.iter().enumerate().filter(|(_, m)| m.live).map(|(p, _)| p));
-            let holes = mask(
-                ss.members
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, m)| !m.live && m.pages == ss.row_pages)
-                    .map(|(p, _)| p),
-            );
+            debug_assert!(ss.masks_agree(), "spanset {id}'s masks are stale");
+            let (live, holes) = (ss.live, ss.hole_mask());
             // A spanset can only be folded (few live spans) or be folded
             // into (some holes): most full ones are neither.
             let foldable = live != 0 && live.count_ones() <= (self.c.k as u32 / 2).max(1);
@@ -271,7 +258,6 @@ impl Shared {
                     .push((id, live, holes));
             }
         }
-        let mut taken: HashSet<u64> = HashSet::new();
         let mut pairs: Vec<(u64, u64, u64)> = Vec::new();
         // Larger rows first: a fold gives back the whole folded spanset.
         let mut keys: Vec<(usize, u32)> = buckets.keys().copied().collect();
@@ -283,34 +269,14 @@ impl Shared {
         // span of deltas, each hole of the folded spanset is what is won.
         // Up to k/2 live spans only when none of those folds.
         let k = self.c.k as u32;
-        'limits: for limit in [(k / 4).max(1), (k / 2).max(1)] {
+        for limit in [(k / 4).max(1), (k / 2).max(1)] {
             for key in &keys {
                 let v = &buckets[key];
-                for bi in 0..v.len() {
-                    let (b, live_b, _) = v[bi];
-                    if live_b.count_ones() > limit {
-                        break;
-                    }
-                    if taken.contains(&b) {
-                        continue;
-                    }
-                    // The fullest spanset that has holes at all of b's live
-                    // positions and is at least as full as b.
-                    let a = v[bi + 1..]
-                        .iter()
-                        .rev()
-                        .find(|&&(a, live_a, holes_a)| {
-                            !taken.contains(&a) && live_a & live_b == 0 && holes_a & live_b == live_b
-                        })
-                        .map(|&(a, ..)| a);
-                    if let Some(a) = a {
-                        taken.insert(a);
-                        taken.insert(b);
-                        pairs.push((a, b, live_b));
-                        if pairs.len() == max {
-                            break 'limits;
-                        }
-                    }
+                for (a, b) in pairing::pair(v, limit, max - pairs.len()) {
+                    pairs.push((v[a].0, v[b].0, v[b].1));
+                }
+                if pairs.len() == max {
+                    break;
                 }
             }
             if !pairs.is_empty() {
@@ -518,10 +484,10 @@ impl Shared {
             let am = &mut a.members[p];
             st.by_span.remove(&(regions[p], am.name));
             am.name = bm.name;
-            am.live = bm.live;
             am.kept = false;
             am.sum = bm.sum;
             am.generation += 1;
+            a.set_live(p, bm.live);
             st.by_span.insert((regions[p], bm.name), (f.a, p));
         }
         for par in &mut a.parity {
@@ -535,7 +501,7 @@ impl Shared {
         }
         st.hole_pages += a.hole_pages();
         a.busy = false;
-        let a_empty = !a.members.iter().any(|m| m.live);
+        let a_empty = a.live == 0;
         self.compaction.folds.fetch_add(1, Ordering::Relaxed);
         self.compaction.freed_pages.fetch_add(b.far_pages(), Ordering::Relaxed);
         // Dead spans the fold did away with: b's holes, given back, and a's
@@ -571,10 +537,7 @@ impl Shared {
     /// was busy) and nobody holds it busy.
     fn release_busy_if_empty(&self, far: &FarMemory, id: u64) {
         let mut st = self.lock();
-        let empty = st
-            .sets
-            .get(&id)
-            .is_some_and(|ss: &Spanset| !ss.busy && !ss.members.iter().any(|m| m.live));
+        let empty = st.sets.get(&id).is_some_and(|ss: &Spanset| !ss.busy && ss.live == 0);
         let ss = if empty { self.remove_set(&mut st, id) } else { None };
         drop(st);
         if let Some(ss) = ss {

@@ -44,6 +44,7 @@
 mod adaptive;
 mod compaction;
 mod degraded;
+mod pairing;
 mod table;
 
 use std::collections::{HashMap, HashSet};
@@ -102,9 +103,61 @@ struct Spanset {
     busy: bool,
     /// Swap-ins reading one of its members now.
     readers: u32,
+    /// Bit p: data member p is live ([`Member::live`], kept in step by
+    /// [`Spanset::set_live`]). Picking folds reads the masks of every
+    /// spanset; reading each member instead was a cache miss per spanset.
+    live: u64,
+    /// Bit p: data member p is as long as the row (a hole there can take a
+    /// span of the row's length).
+    full: u64,
 }
 
 impl Spanset {
+    fn new(group: usize, row_pages: u32, members: Vec<Member>, parity: Vec<Parity>) -> Self {
+        let mask = |f: &dyn Fn(&Member) -> bool| {
+            members
+                .iter()
+                .enumerate()
+                .filter(|(_, m)| f(m))
+                .fold(0u64, |acc, (p, _)| acc | 1 << p)
+        };
+        let (live, full) = (mask(&|m| m.live), mask(&|m| m.pages == row_pages));
+        Self {
+            group,
+            row_pages,
+            members,
+            parity,
+            // Until the whole swap-out is placed (see `swap_out`): no fold
+            // may take it before the caller has its names.
+            busy: true,
+            readers: 0,
+            live,
+            full,
+        }
+    }
+
+    /// Marks data member `pos` live or not.
+    fn set_live(&mut self, pos: usize, live: bool) {
+        self.members[pos].live = live;
+        if live {
+            self.live |= 1 << pos;
+        } else {
+            self.live &= !(1 << pos);
+        }
+    }
+
+    /// Whether the masks say what the members do (checked in debug builds).
+    fn masks_agree(&self) -> bool {
+        self.members.iter().enumerate().all(|(p, m)| {
+            (self.live >> p & 1 == 1) == m.live && (self.full >> p & 1 == 1) == (m.pages == self.row_pages)
+        })
+    }
+
+    /// Data members that are holes as long as the row, as a bit mask.
+    fn hole_mask(&self) -> u64 {
+        self.full & !self.live
+    }
+
     /// Page and length in bytes of the member at `pos` (data or parity).
     fn at(&self, pos: usize) -> (u32, usize) {
         match self.members.get(pos) {
@@ -334,19 +387,7 @@ impl Shared {
             m.name = self.name_for(&mut st, regions[p], m.page);
             st.by_span.insert((regions[p], m.name), (id, p));
         }
-        st.sets.insert(
-            id,
-            Spanset {
-                group,
-                row_pages,
-                members,
-                parity,
-                // Until the whole swap-out is placed (see `swap_out`): no
-                // fold may take it before the caller has its names.
-                busy: true,
-                readers: 0,
-            },
-        );
+        st.sets.insert(id, Spanset::new(group, row_pages, members, parity));
         Ok(id)
     }
 
@@ -487,8 +528,8 @@ impl Scheme for EcBatch {
             return false;
         }
         mem.kept = false;
-        mem.live = true;
         let pages = mem.pages as u64;
+        ss.set_live(pos, true);
         st.kept_pages -= self.sh.kept_weight(pages);
         true
     }

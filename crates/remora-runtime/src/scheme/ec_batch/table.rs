@@ -40,14 +40,14 @@ impl Shared {
         let mut st = self.lock();
         let &(id, pos) = st.by_span.get(&(at.region, at.page))?;
         let ss = st.sets.get_mut(&id)?;
-        let mem = &mut ss.members[pos];
+        let mem = &ss.members[pos];
         if !mem.live {
             return None;
         }
-        mem.live = false;
         let pages = mem.pages as u64;
+        ss.set_live(pos, false);
         let keep = keep && !ss.busy;
-        if ss.busy || ss.members.iter().any(|m| m.live) || (keep && self.c.k == 1) {
+        if ss.busy || ss.live != 0 || (keep && self.c.k == 1) {
             if keep {
                 ss.members[pos].kept = true;
                 st.kept_pages += self.kept_weight(pages);
