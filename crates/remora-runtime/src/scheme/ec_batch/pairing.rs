@@ -21,7 +21,6 @@ pub(super) type Candidate = (u64, u64, u64);
 /// positions; each spanset is in at most one pair. Returns (A's index, B's
 /// index) pairs.
 pub(super) fn pair(v: &[Candidate], limit: u32, max: usize) -> Vec<(usize, usize)> {
-    let mut taken = vec![false; v.len()];
     // Spansets with holes, by hole mask, last (fullest) first; with the
     // index of the first one not yet taken.
     let mut by_holes: HashMap<u64, Vec<usize>> = HashMap::new();
@@ -31,15 +30,8 @@ pub(super) fn pair(v: &[Candidate], limit: u32, max: usize) -> Vec<(usize, usize
         }
     }
     let mut lists: Vec<(u64, Vec<usize>, usize)> = by_holes.into_iter().map(|(m, l)| (m, l, 0)).collect();
-    let mut out = Vec::new();
-    for bi in 0..v.len() {
+    greedy(v, limit, max, |bi, taken| {
         let live_b = v[bi].1;
-        if live_b.count_ones() > limit || out.len() == max {
-            break;
-        }
-        if taken[bi] {
-            continue;
-        }
         let mut best: Option<usize> = None;
         for (mask, list, head) in &mut lists {
             if *mask & live_b != live_b {
@@ -55,7 +47,28 @@ pub(super) fn pair(v: &[Candidate], limit: u32, max: usize) -> Vec<(usize, usize
                 best = Some(ai);
             }
         }
-        if let Some(ai) = best {
+        best
+    })
+}
+
+/// Goes through the B candidates of `v` in order and pairs each with what
+/// `find(b, taken)` gives.
+fn greedy(
+    v: &[Candidate],
+    limit: u32,
+    max: usize,
+    mut find: impl FnMut(usize, &[bool]) -> Option<usize>,
+) -> Vec<(usize, usize)> {
+    let mut taken = vec![false; v.len()];
+    let mut out = Vec::new();
+    for bi in 0..v.len() {
+        if v[bi].1.count_ones() > limit || out.len() == max {
+            break;
+        }
+        if taken[bi] {
+            continue;
+        }
+        if let Some(ai) = find(bi, &taken) {
             taken[ai] = true;
             taken[bi] = true;
             out.push((ai, bi));
@@ -70,26 +83,12 @@ mod tests {
 
     /// The scan `pair` replaces: for each B, the last spanset after it that fits.
     fn by_scanning(v: &[Candidate], limit: u32, max: usize) -> Vec<(usize, usize)> {
-        let mut taken = vec![false; v.len()];
-        let mut out = Vec::new();
-        for bi in 0..v.len() {
+        greedy(v, limit, max, |bi, taken| {
             let live_b = v[bi].1;
-            if live_b.count_ones() > limit || out.len() == max {
-                break;
-            }
-            if taken[bi] {
-                continue;
-            }
-            let a = (bi + 1..v.len())
+            (bi + 1..v.len())
                 .rev()
-                .find(|&ai| !taken[ai] && v[ai].1 & live_b == 0 && v[ai].2 & live_b == live_b);
-            if let Some(ai) = a {
-                taken[ai] = true;
-                taken[bi] = true;
-                out.push((ai, bi));
-            }
-        }
-        out
+                .find(|&ai| !taken[ai] && v[ai].1 & live_b == 0 && v[ai].2 & live_b == live_b)
+        })
     }
 
     #[test]
