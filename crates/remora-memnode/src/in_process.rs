@@ -47,6 +47,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// The switches of one node.
+/// A connection's call timeout unless a test sets another.
+const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
 #[derive(Debug)]
 struct Faults {
     dead: AtomicBool,
@@ -54,6 +57,8 @@ struct Faults {
     incarnation: AtomicU64,
     fail_next: AtomicU64,
     delay_us: AtomicU64,
+    /// What connections to the node give as their call timeout.
+    call_timeout_us: AtomicU64,
     corrupt_reads: AtomicBool,
     /// Data requests left before the node dies mid-request; negative: never.
     die_after: AtomicI64,
@@ -71,6 +76,7 @@ impl Default for Faults {
             incarnation: AtomicU64::new(0),
             fail_next: AtomicU64::new(0),
             delay_us: AtomicU64::new(0),
+            call_timeout_us: AtomicU64::new(DEFAULT_CALL_TIMEOUT.as_micros() as u64),
             corrupt_reads: AtomicBool::new(false),
             die_after: AtomicI64::new(-1),
             die_at_txn: AtomicI64::new(-1),
@@ -301,6 +307,15 @@ impl NodeHandle {
     /// Every reply comes `d` late.
     pub fn set_delay(&self, d: Duration) {
         self.node.faults.delay_us.store(d.as_micros() as u64, Ordering::Release);
+    }
+
+    /// Connections to the node give `d` as their call timeout (10 s by
+    /// default), so a test can outlast it without waiting 10 s.
+    pub fn set_call_timeout(&self, d: Duration) {
+        self.node
+            .faults
+            .call_timeout_us
+            .store(d.as_micros() as u64, Ordering::Release);
     }
 
     /// Reads return their bytes with the first bit flipped.
@@ -697,7 +712,7 @@ impl MemTransport for Conn {
     }
 
     fn call_timeout(&self) -> Duration {
-        Duration::from_secs(10)
+        Duration::from_micros(self.node.faults.call_timeout_us.load(Ordering::Acquire))
     }
 
     fn send(&self, req: &MemRequest, payload: &[&[u8]]) -> Result<Ticket, RpcError> {

@@ -656,3 +656,51 @@ fn ec_batch_places_a_stripe_again_when_its_write_is_overdue() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A stripe write given up as overdue and still unanswered at its call
+/// timeout keeps its pages for good (it might yet land), and says so:
+/// with every object gone, far memory in use is exactly those pages.
+#[test]
+fn ec_batch_reports_the_pages_an_unanswered_write_strands() {
+    let _one_at_a_time = common::serial();
+    let c = cluster();
+    let rt = runtime(&c, "ec-batch", MIB);
+    let first: Vec<RemBox<Obj>> = (0..1024u64).map(|i| rt.alloc(obj(i, 0)).unwrap()).collect();
+    rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
+    assert_eq!(rt.stats().stranded_bytes, 0);
+    // Slower than the call timeout: writes to it are never answered in time.
+    let slow = rt.regions()[0].1.node;
+    c.node(slow).unwrap().set_call_timeout(Duration::from_secs(1));
+    c.node(slow).unwrap().set_delay(Duration::from_secs(3));
+    let mut objs: Vec<RemBox<Obj>> = first;
+    let start = Instant::now();
+    let mut i = 1024u64;
+    // Swap-outs go on until a given-up write's waiter has timed out and a
+    // later swap-out has taken stock of it.
+    while rt.stats().stranded_bytes == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "nothing stranded: {:?}",
+            rt.stats()
+        );
+        objs.extend((i..i + 256).map(|j| rt.alloc(obj(j, 0)).unwrap()));
+        i += 256;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    c.node(slow).unwrap().set_delay(Duration::ZERO);
+    verify(&rt, &objs, |_| 0).unwrap();
+    drop(objs);
+    let start = Instant::now();
+    loop {
+        rt.give_back_empty_regions();
+        let st = rt.stats();
+        if st.remote_bytes_used == st.stranded_bytes {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "far memory in use is not what was stranded with every object gone: {st:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -60,6 +60,9 @@ pub struct Stats {
     pub recovering: u64,
     /// Far bytes held by holes (swapped-in spans parity still covers).
     pub hole_bytes: u64,
+    /// Far bytes kept for good by stripe writes given up as overdue and
+    /// never answered (the write might yet land; see `overdue_writes`).
+    pub stranded_bytes: u64,
     /// Far spans that failed their checksum and were rebuilt and rewritten.
     pub checksum_repairs: u64,
     /// Stripe-group positions that can never be rebuilt (their group lost
@@ -161,6 +164,7 @@ impl Inner {
             recoveries: rep.recoveries,
             recovering: rep.recovering,
             hole_bytes: rep.hole_bytes,
+            stranded_bytes: rep.stranded_bytes,
             spansets_written: rep.batches,
             partial_spansets: rep.partial_batches,
             compactions: rep.compactions,

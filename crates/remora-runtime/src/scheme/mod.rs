@@ -89,6 +89,10 @@ pub struct SchemeReport {
     pub rebuild_retries: u64,
     /// Far bytes held by kept copies of swapped-in clean spans.
     pub kept_bytes: u64,
+    /// Far bytes kept for good by stripe writes given up as overdue and
+    /// still unanswered at their call timeout: the write might yet land, so
+    /// its pages are never reused (until the region goes with its node).
+    pub stranded_bytes: u64,
     /// Spansets written with fewer than k data spans (a batch of j < k
     /// spans costs (j+m)/j, not (k+m)/k, in bytes written).
     pub partial_batches: u64,

@@ -175,14 +175,15 @@ impl Stripes {
         self.k + self.m
     }
 
-    /// Degraded reads, repairs and recoveries (holes and kept copies are
-    /// the scheme's to add).
+    /// Degraded reads, repairs, recoveries and stranded pages (holes and
+    /// kept copies are the scheme's to add).
     pub(crate) fn report(&self) -> SchemeReport {
         SchemeReport {
             degraded_reads: self.degraded.load(Ordering::Relaxed),
             repairs: self.repairs.load(Ordering::Relaxed),
             batches: self.batches.load(Ordering::Relaxed),
             partial_batches: self.partial_batches.load(Ordering::Relaxed),
+            stranded_bytes: self.settling.leaked_pages.load(Ordering::Relaxed) * crate::size_classes::PAGE_SIZE as u64,
             ..self.recovery.stats.report()
         }
     }
