@@ -200,6 +200,7 @@ pub fn run(args: &NetArgs) -> anyhow::Result<()> {
                 admin_key: None,
                 manager_patience: Duration::from_secs(10),
                 cluster_key: Some(cluster.cluster_key()),
+                tls: cluster.tls().cloned(),
             })
             .context("starting an in-process memory node")?,
         ),

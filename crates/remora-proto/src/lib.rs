@@ -18,6 +18,7 @@ pub mod msg;
 pub mod rpc;
 pub mod server;
 pub mod size;
+pub mod tls;
 pub mod transport;
 
 pub use auth::{AuthError, ClusterKey};
@@ -29,4 +30,5 @@ pub use msg::{
 };
 pub use rpc::{ConnOptions, RpcConn, RpcError};
 pub use size::{ByteSize, parse_duration};
+pub use tls::{Plane, Stream, TlsConfig, TlsMode};
 pub use transport::{FarBackend, MemTransport, TcpBackend};
