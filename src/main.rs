@@ -58,6 +58,21 @@ enum Cmd {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Write a fresh cluster CA (`ca.pem`) and a node certificate signed by it
+    /// (`node.pem`, `node.key` with mode 0600) for `--tls-dir` of every daemon and
+    /// client of one cluster.
+    Certs {
+        /// The directory to write to (made if missing).
+        #[arg(long)]
+        out: PathBuf,
+        /// A host name or IP address nodes are reached at, besides localhost and
+        /// 127.0.0.1 (repeat for more).
+        #[arg(long = "name", value_name = "NAME")]
+        names: Vec<String>,
+        /// Replace certificates already in the directory.
+        #[arg(long)]
+        force: bool,
+    },
     /// Benchmarks (`remora bench net`, ...).
     Bench {
         #[command(subcommand)]
@@ -73,13 +88,15 @@ enum Cmd {
     ComputeWorker(remora_apps::compute_worker::WorkerArgs),
 }
 
-/// The cluster key an admin command proves to the manager.
+/// The cluster key an admin command proves to the manager, and its TLS.
 #[derive(clap::Args)]
 struct KeyArg {
     /// File holding the cluster key (as given to the manager); without one, only a
     /// manager run with --insecure-no-auth answers.
     #[arg(long, env = "REMORA_CLUSTER_KEY_FILE", value_name = "FILE")]
     cluster_key_file: Option<PathBuf>,
+    #[command(flatten)]
+    tls: remora_daemon::TlsArgs,
 }
 
 #[derive(Subcommand)]
@@ -105,6 +122,7 @@ fn main() {
         Cmd::Drain { manager, node, key } => drain(&manager, &node, &key),
         Cmd::Status { manager, json, key } => status(&manager, json, &key),
         Cmd::Keygen { out } => keygen(&out),
+        Cmd::Certs { out, names, force } => certs(&out, &names, force),
         Cmd::Bench { which } => match which {
             BenchCmd::Net(a) => remora_bench::net::run(&a),
             BenchCmd::Lanes(a) => remora_bench::net::lanes::run(&a),
@@ -126,6 +144,7 @@ fn manager_conn(addr: &str, key: &KeyArg) -> Result<ManagerConn> {
     let cluster_key = key.cluster_key_file.as_deref().map(ClusterKey::read_file).transpose()?;
     let opts = ConnOptions {
         cluster_key,
+        tls: key.tls.config()?,
         ..ConnOptions::default()
     };
     ManagerConn::connect(addr, opts).with_context(|| format!("cannot reach the manager at {addr}"))
@@ -151,6 +170,20 @@ fn keygen(out: &Path) -> Result<()> {
         "wrote cluster key {} to {}; give every daemon and client of the cluster --cluster-key-file {}",
         key.id(),
         out.display(),
+        out.display()
+    );
+    Ok(())
+}
+
+fn certs(out: &Path, names: &[String], force: bool) -> Result<()> {
+    let f = remora_proto::tls::write_certs(out, names, force)?;
+    println!(
+        "wrote a cluster CA ({}) and a node certificate for {} ({}, key {}); give every daemon and \
+         client of the cluster --tls control|data --tls-dir {}",
+        f.ca.display(),
+        f.names.join(", "),
+        f.cert.display(),
+        f.key.display(),
         out.display()
     );
     Ok(())

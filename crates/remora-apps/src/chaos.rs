@@ -48,6 +48,9 @@ pub struct ChaosArgs {
     /// Mean time between faults.
     #[arg(long, default_value = "6s", value_parser = parse_duration)]
     pub mean_gap: Duration,
+    /// TLS of the cluster (`off`, `control`, `data`); it makes its own certificates.
+    #[arg(long, default_value = "off", value_name = "MODE")]
+    pub tls: remora_proto::TlsMode,
     /// The scheme under test (a redundant one).
     #[arg(long, default_value = "ec-batch")]
     pub scheme: String,
@@ -160,6 +163,7 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
     let budget = (data as f64 * args.local_ratio) as usize;
     let mut cfg = ClusterConfig::new(std::env::current_exe().context("locating the remora binary")?);
     cfg.memnodes = memnodes;
+    cfg.tls = args.tls;
     cfg.region_size = 16 << 20;
     cfg.capacity = ((data * 4 / (k as u64) + (64 << 20)) / cfg.region_size + 1) * cfg.region_size;
     cfg.log_level = "warn".into();

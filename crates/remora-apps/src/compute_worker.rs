@@ -58,6 +58,9 @@ pub struct WorkerArgs {
     /// File holding the cluster key to prove to the manager and memory nodes.
     #[arg(long, env = "REMORA_CLUSTER_KEY_FILE", value_name = "FILE")]
     pub cluster_key_file: Option<std::path::PathBuf>,
+    /// TLS to the manager and memory nodes.
+    #[command(flatten)]
+    pub tls: remora_daemon::TlsArgs,
 }
 
 fn say(line: &str) {
@@ -85,6 +88,7 @@ pub fn run(args: &WorkerArgs) -> Result<()> {
         .map(remora_proto::ClusterKey::read_file)
         .transpose()
         .context("reading the cluster key")?;
+    cfg.conn.tls = args.tls.config()?;
     cfg.scheme = scheme::make(&args.scheme, &opts).context("building the scheme")?;
     let rt = Runtime::connect(cfg).context("connecting the runtime")?;
     let mut objs: Vec<RemBox<Obj>> = Vec::with_capacity(args.objects);

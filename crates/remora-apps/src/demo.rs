@@ -51,6 +51,9 @@ pub struct DemoArgs {
     /// Write the results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// TLS of the demo's cluster (`off`, `control`, `data`); it makes its own certificates.
+    #[arg(long, default_value = "off", value_name = "MODE")]
+    pub tls: remora_proto::TlsMode,
 }
 
 struct Sample {
@@ -80,6 +83,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     ));
     let mut cfg = ClusterConfig::new(std::env::current_exe().context("locating the remora binary")?);
     cfg.memnodes = args.memnodes;
+    cfg.tls = args.tls;
     cfg.region_size = 32 << 20;
     // Room for the data with parity and holes, twice over, spread over the nodes.
     cfg.capacity = ((data * 3 / args.memnodes as u64 + (64 << 20)) / cfg.region_size + 1) * cfg.region_size;

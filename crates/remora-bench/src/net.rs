@@ -49,6 +49,7 @@ mod pattern;
 pub(crate) mod pin;
 mod raw;
 pub(crate) mod stats;
+mod tls;
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -123,6 +124,11 @@ pub struct NetArgs {
     /// Skip the throughput phases.
     #[arg(long)]
     pub no_throughput: bool,
+    /// Also measure the data path over TLS (`--tls data`) against plain TCP: READ
+    /// latency at every size and READ throughput, in the same run (the cluster then
+    /// runs with `--tls control` and makes its own certificates).
+    #[arg(long)]
+    pub tls: bool,
     /// Connections to make with and without the cluster key, to time the key
     /// proof's cost at setup (0 skips it).
     #[arg(long, default_value_t = 400)]
@@ -186,6 +192,9 @@ pub fn run(args: &NetArgs) -> anyhow::Result<()> {
     cfg.log_level = "warn".into();
     // A busy two-core machine must not make the manager expire this compute node.
     cfg.heartbeat_timeout = Duration::from_secs(5);
+    if args.tls {
+        cfg.tls = remora_proto::TlsMode::Control;
+    }
     let capacity = cfg.capacity;
     let cluster = LocalCluster::start(cfg).context("starting the local cluster")?;
     let in_process = match args.memnode {
@@ -200,6 +209,7 @@ pub fn run(args: &NetArgs) -> anyhow::Result<()> {
                 admin_key: None,
                 manager_patience: Duration::from_secs(10),
                 cluster_key: Some(cluster.cluster_key()),
+                tls: cluster.tls().cloned(),
             })
             .context("starting an in-process memory node")?,
         ),
@@ -269,7 +279,22 @@ pub fn run(args: &NetArgs) -> anyhow::Result<()> {
     let mut raw = vec![RawClient::connect(server.addr())?];
     let mut verified = Checked { replies: 0 };
 
-    let latency = latency_phase(args, &mut raw[0], &mut rem[0], &image, &mut verified)?;
+    let latency = latency_phase(args, &mut raw[0], &mut rem[0], REMORA_VS_RAW, &image, &mut verified)?;
+    let mut tls_rem = Vec::new();
+    let mut tls_report = None;
+    if args.tls {
+        progress(format_args!("TLS: the same READs over TLS against plain TCP"));
+        tls_rem.push(tls::connect(&cluster, &grant)?);
+        let latency = latency_phase(
+            args,
+            &mut rem[0],
+            &mut tls_rem[0],
+            tls::PLAIN_VS_TLS,
+            &image,
+            &mut verified,
+        )?;
+        tls_report = Some(tls::TlsReport { latency, tput: None });
+    }
 
     let mut tput = Vec::new();
     if !args.no_throughput {
@@ -283,16 +308,33 @@ pub fn run(args: &NetArgs) -> anyhow::Result<()> {
             Op::Read,
             &mut raw,
             &mut rem,
+            REMORA_VS_RAW,
             &image,
             &image,
             &mut verified,
         )?);
+        if let Some(t) = &mut tls_report {
+            for _ in 1..args.conns {
+                tls_rem.push(tls::connect(&cluster, &grant)?);
+            }
+            t.tput = Some(throughput_phase(
+                &tp,
+                Op::Read,
+                &mut rem,
+                &mut tls_rem,
+                tls::PLAIN_VS_TLS,
+                &image,
+                &image,
+                &mut verified,
+            )?);
+        }
         let image2 = Image::new(to_usize(region)?, 2);
         tput.push(throughput_phase(
             &tp,
             Op::Write,
             &mut raw,
             &mut rem,
+            REMORA_VS_RAW,
             &image,
             &image2,
             &mut verified,
@@ -308,7 +350,7 @@ pub fn run(args: &NetArgs) -> anyhow::Result<()> {
         None
     };
     let elapsed = started.elapsed();
-    drop((raw, rem, server, session, in_process, cluster));
+    drop((raw, rem, tls_rem, server, session, in_process, cluster));
 
     let report = Report {
         args,
@@ -321,6 +363,9 @@ pub fn run(args: &NetArgs) -> anyhow::Result<()> {
         elapsed,
     };
     report.print();
+    if let Some(t) = &tls_report {
+        t.print();
+    }
     if let Some(c) = &connect_cost {
         c.print();
     }
@@ -328,6 +373,9 @@ pub fn run(args: &NetArgs) -> anyhow::Result<()> {
         let mut v = report.to_json();
         if let (Some(c), Value::Object(m)) = (&connect_cost, &mut v) {
             m.insert("connect".into(), c.to_json());
+        }
+        if let (Some(t), Value::Object(m)) = (&tls_report, &mut v) {
+            m.insert("tls".into(), t.to_json());
         }
         let text = serde_json::to_string_pretty(&v)?;
         std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
@@ -523,6 +571,21 @@ impl Side {
     }
 }
 
+/// What the two sides of a comparison are called in progress lines and errors.
+#[derive(Debug, Clone, Copy)]
+struct Names {
+    /// The baseline.
+    base: &'static str,
+    /// What is measured against it.
+    subject: &'static str,
+}
+
+/// remora against raw TCP.
+const REMORA_VS_RAW: Names = Names {
+    base: "raw TCP",
+    subject: "remora",
+};
+
 /// Count of replies checked against the pattern.
 struct Checked {
     replies: u64,
@@ -559,10 +622,11 @@ impl LatencyRow {
     }
 }
 
-fn latency_phase(
+fn latency_phase<B: Endpoint>(
     args: &NetArgs,
-    raw: &mut RawClient,
+    raw: &mut B,
     rem: &mut Remora,
+    names: Names,
     image: &Image,
     verified: &mut Checked,
 ) -> anyhow::Result<Vec<LatencyRow>> {
@@ -588,8 +652,8 @@ fn latency_phase(
         args.warmup
     ));
     for (buf, raw_offs, rem_offs) in &mut state {
-        sample_block(raw, Side::Raw, raw_offs, buf, args.warmup, image, None)?;
-        sample_block(rem, Side::Remora, rem_offs, buf, args.warmup, image, None)?;
+        sample_block(raw, names.base, raw_offs, buf, args.warmup, image, None)?;
+        sample_block(rem, names.subject, rem_offs, buf, args.warmup, image, None)?;
         verified.replies += 2 * args.warmup;
     }
     let rounds = args.samples.div_ceil(args.block);
@@ -603,8 +667,8 @@ fn latency_phase(
         for (i, (row, (buf, raw_offs, rem_offs))) in rows.iter_mut().zip(&mut state).enumerate() {
             for side in Side::order((r + i as u64) % 2 == 0) {
                 match side {
-                    Side::Raw => sample_block(raw, side, raw_offs, buf, n, image, Some(&mut row.raw))?,
-                    Side::Remora => sample_block(rem, side, rem_offs, buf, n, image, Some(&mut row.remora))?,
+                    Side::Raw => sample_block(raw, names.base, raw_offs, buf, n, image, Some(&mut row.raw))?,
+                    Side::Remora => sample_block(rem, names.subject, rem_offs, buf, n, image, Some(&mut row.remora))?,
                 }
             }
             verified.replies += 2 * n;
@@ -615,8 +679,10 @@ fn latency_phase(
                 .map(|row| format!("{} {:.2}×", row.size, row.ratio(0.5)))
                 .collect();
             progress(format_args!(
-                "latency: {}% done; p50 remora/raw so far: {}",
+                "latency: {}% done; p50 {}/{} so far: {}",
                 next_report * 10,
+                names.subject,
+                names.base,
                 p50.join(", ")
             ));
             while next_report * rounds <= (r + 1) * 10 {
@@ -630,7 +696,7 @@ fn latency_phase(
 /// `n` timed round trips; each reply is checked after the clock stops.
 fn sample_block<E: Endpoint>(
     e: &mut E,
-    side: Side,
+    side: &str,
     offs: &mut Offsets,
     buf: &mut [u8],
     n: u64,
@@ -645,7 +711,7 @@ fn sample_block<E: Endpoint>(
         if let Some(h) = hist.as_deref_mut() {
             h.record(dt);
         }
-        image.check(side.name(), off, buf)?;
+        image.check(side, off, buf)?;
     }
     Ok(())
 }
@@ -751,11 +817,13 @@ impl TputRow {
 /// Runs one throughput phase on both sides. Reads are checked against
 /// `old`; writes store `new`, and afterwards each side's region is read
 /// back and checked against `new` where it was written and `old` elsewhere.
-fn throughput_phase(
+#[allow(clippy::too_many_arguments)]
+fn throughput_phase<B: Endpoint>(
     tp: &TputParams,
     op: Op,
-    raw: &mut [RawClient],
+    raw: &mut [B],
     rem: &mut [Remora],
+    names: Names,
     old: &Image,
     new: &Image,
     verified: &mut Checked,
@@ -792,17 +860,19 @@ fn throughput_phase(
         }
     }
     progress(format_args!(
-        "throughput {}: remora {:.2} GB/s, raw TCP {:.2} GB/s",
+        "throughput {}: {} {:.2} GB/s, {} {:.2} GB/s",
         op.name(),
+        names.subject,
         row.remora.gbps(),
+        names.base,
         row.raw.gbps()
     ));
     if op == Op::Write {
         progress(format_args!(
             "throughput WRITE: reading both regions back to check what was written"
         ));
-        verified.replies += read_back(tp, Side::Raw, &mut raw[0], &raw_stripes, old, new)?;
-        verified.replies += read_back(tp, Side::Remora, &mut rem[0], &rem_stripes, old, new)?;
+        verified.replies += read_back(tp, names.base, &mut raw[0], &raw_stripes, old, new)?;
+        verified.replies += read_back(tp, names.subject, &mut rem[0], &rem_stripes, old, new)?;
     }
     Ok(row)
 }
@@ -912,7 +982,7 @@ fn pipeline<E: Endpoint>(
 /// against `new` where a write was sent, `old` elsewhere.
 fn read_back<E: Endpoint>(
     tp: &TputParams,
-    side: Side,
+    side: &str,
     e: &mut E,
     stripes: &[Stripe],
     old: &Image,
@@ -925,7 +995,7 @@ fn read_back<E: Endpoint>(
         let off = slot * tp.size as u64;
         e.read(off, &mut buf)?;
         let want = if written { new } else { old };
-        want.check(&format!("{} read-back after writes", side.name()), off, &buf)?;
+        want.check(&format!("{side} read-back after writes"), off, &buf)?;
     }
     Ok(tp.slots)
 }

@@ -10,7 +10,9 @@
 //!
 //! Each cluster makes its own cluster key (a file in its directory, given
 //! to every child): [`LocalCluster::conn_options`] carries it for clients of
-//! the cluster, which no other process can join.
+//! the cluster, which no other process can join. With
+//! [`ClusterConfig::tls`] it also makes its own certificates
+//! (`remora certs` in its directory) and runs every child with `--tls`.
 //!
 //! The children are normally the `remora` binary. A program that cannot rely
 //! on that binary being built (an example, say) can run the daemons itself:
@@ -28,8 +30,10 @@ use std::time::{Duration, Instant};
 
 use remora_proto::auth::KeyFileError;
 use remora_proto::msg::PeerTraffic;
+use remora_proto::tls::{CertsError, TlsError, write_certs};
 use remora_proto::{
-    AdminKey, ClusterKey, ClusterStatus, ConnOptions, Fault, ManagerConn, MemNodeClient, NodeState, RpcError, Token,
+    AdminKey, ClusterKey, ClusterStatus, ConnOptions, Fault, ManagerConn, MemNodeClient, NodeState, RpcError,
+    TlsConfig, TlsMode, Token,
 };
 
 /// Why the cluster could not be started or changed.
@@ -68,6 +72,12 @@ pub enum ClusterError {
     /// The cluster's key could not be written.
     #[error(transparent)]
     Key(#[from] KeyFileError),
+    /// The cluster's certificates could not be written.
+    #[error(transparent)]
+    Certs(#[from] CertsError),
+    /// The cluster's certificates could not be loaded.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
 }
 
 /// Parameters of a local cluster.
@@ -89,6 +99,9 @@ pub struct ClusterConfig {
     pub ready_timeout: Duration,
     /// Children are this program itself (see [`serve_if_child`]).
     pub self_exec: bool,
+    /// TLS mode of every child and of [`LocalCluster::conn_options`]; the
+    /// cluster makes its own certificates.
+    pub tls: TlsMode,
 }
 
 /// Marks a child started by a cluster of [`ClusterConfig::this_program`].
@@ -139,6 +152,7 @@ impl ClusterConfig {
             log_level: "info".into(),
             ready_timeout: Duration::from_secs(30),
             self_exec: false,
+            tls: TlsMode::Off,
         }
     }
 
@@ -194,6 +208,7 @@ pub struct LocalCluster {
     dir: tempfile::TempDir,
     key: ClusterKey,
     key_file: PathBuf,
+    tls: Option<TlsConfig>,
     manager_addr: String,
     manager_slot: usize,
     memnodes: Vec<MemNodeInfo>,
@@ -218,6 +233,14 @@ impl LocalCluster {
         let key = ClusterKey::generate();
         let key_file = dir.path().join("cluster.key");
         key.write_new(&key_file)?;
+        let tls = match cfg.tls {
+            TlsMode::Off => None,
+            mode => {
+                let tls_dir = dir.path().join("tls");
+                write_certs(&tls_dir, &[], false)?;
+                Some(TlsConfig::load(mode, &tls_dir)?)
+            }
+        };
         let children = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, rx) = mpsc::channel();
@@ -236,6 +259,7 @@ impl LocalCluster {
             dir,
             key,
             key_file,
+            tls,
             manager_addr: String::new(),
             manager_slot: 0,
             memnodes: Vec::new(),
@@ -286,8 +310,15 @@ impl LocalCluster {
     pub fn conn_options(&self) -> ConnOptions {
         ConnOptions {
             cluster_key: Some(self.key),
+            tls: self.tls.clone(),
             ..ConnOptions::default()
         }
+    }
+
+    /// The cluster's TLS settings (`None` unless [`ClusterConfig::tls`]);
+    /// [`TlsConfig::dir`] holds its certificates, for `--tls-dir`.
+    pub fn tls(&self) -> Option<&TlsConfig> {
+        self.tls.as_ref()
     }
 
     /// Takes the receiver of child events (once).
@@ -377,6 +408,19 @@ impl LocalCluster {
         Ok(i)
     }
 
+    /// `--tls MODE --tls-dir DIR` for a child, or nothing.
+    fn tls_args(&self) -> Vec<std::ffi::OsString> {
+        match &self.tls {
+            Some(t) => vec![
+                "--tls".into(),
+                t.mode().as_str().into(),
+                "--tls-dir".into(),
+                t.dir().as_os_str().to_owned(),
+            ],
+            None => Vec::new(),
+        }
+    }
+
     fn spawn(&self, name: &str, args: &[&str]) -> Result<(usize, String), ClusterError> {
         let log_path = self.dir.path().join(format!("{}.log", name.replace('#', "")));
         let log = std::fs::OpenOptions::new()
@@ -393,6 +437,7 @@ impl LocalCluster {
             .arg("--cluster-key-file")
             .arg(&self.key_file)
             .arg("--exit-with-parent")
+            .args(self.tls_args())
             .env("RUST_LOG", &self.cfg.log_level)
             .env("NO_COLOR", "1")
             .stdin(Stdio::piped())

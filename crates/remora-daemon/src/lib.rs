@@ -5,7 +5,8 @@
 //! stdin (`--exit-with-parent`), and the daemon prints one ready line on
 //! stdout once it listens, from which launchers learn the bound address.
 //! Every daemon also takes the cluster key the same way ([`AuthArgs`]) and
-//! refuses to start without one unless told `--insecure-no-auth`.
+//! refuses to start without one unless told `--insecure-no-auth`, and TLS
+//! the same way ([`TlsArgs`]), off unless asked for.
 //!
 //! The daemons' main loops live in their own crates (`remora_manager::daemon`,
 //! `remora_memnode::daemon`); this crate only holds the process plumbing.
@@ -17,8 +18,9 @@ use std::path::PathBuf;
 use std::sync::mpsc;
 use std::thread;
 
-use remora_proto::ClusterKey;
 use remora_proto::auth::KeyFileError;
+use remora_proto::tls::TlsError;
+use remora_proto::{ClusterKey, TlsConfig, TlsMode};
 
 /// Signal handlers could not be installed.
 #[derive(Debug, thiserror::Error)]
@@ -133,6 +135,31 @@ impl AuthArgs {
                 Ok(Some(key))
             }
         }
+    }
+}
+
+/// The TLS flags of every daemon and client.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct TlsArgs {
+    /// Encrypt with mutually authenticated TLS: `off`; `control`, connections to
+    /// the manager (and the manager's to memory nodes); `data`, also compute node to
+    /// memory node and memory node to memory node. Every node of a cluster uses the same mode.
+    #[arg(long = "tls", env = "REMORA_TLS", default_value = "off", value_name = "MODE")]
+    pub mode: TlsMode,
+    /// Directory with the cluster's certificates (`ca.pem`, `node.pem`, `node.key`),
+    /// as written by `remora certs --out DIR`.
+    #[arg(long, env = "REMORA_TLS_DIR", value_name = "DIR")]
+    pub tls_dir: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    /// The loaded certificates, `None` with `--tls off`; says in the log which it is.
+    pub fn config(&self) -> Result<Option<TlsConfig>, TlsError> {
+        let cfg = TlsConfig::from_flags(self.mode, self.tls_dir.as_deref())?;
+        if let Some(c) = &cfg {
+            tracing::info!("TLS {} with certificates from {}", c.mode(), c.dir().display());
+        }
+        Ok(cfg)
     }
 }
 

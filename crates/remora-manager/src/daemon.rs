@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use remora_daemon::{AuthArgs, AuthConfigError, SignalsError, Wake, announce, wake_channel};
+use remora_daemon::{AuthArgs, AuthConfigError, SignalsError, TlsArgs, Wake, announce, wake_channel};
 use remora_proto::parse_duration;
 
 use crate::{Config, Manager, ManagerError};
@@ -17,6 +17,9 @@ pub enum DaemonError {
     /// No usable cluster key.
     #[error(transparent)]
     Auth(#[from] AuthConfigError),
+    /// The TLS certificates could not be loaded.
+    #[error(transparent)]
+    Tls(#[from] remora_proto::tls::TlsError),
     /// The manager failed to start.
     #[error("starting the manager: {0}")]
     Manager(#[from] ManagerError),
@@ -37,6 +40,9 @@ pub struct ManagerArgs {
     /// The cluster key.
     #[command(flatten)]
     pub auth: AuthArgs,
+    /// TLS.
+    #[command(flatten)]
+    pub tls: TlsArgs,
     /// Exit when standard input closes (used by launchers so that no daemon outlives them).
     #[arg(long, hide = true)]
     pub exit_with_parent: bool,
@@ -45,12 +51,14 @@ pub struct ManagerArgs {
 /// Runs the manager until SIGTERM/SIGINT (or the parent lifeline closes).
 pub fn run(a: ManagerArgs) -> Result<(), DaemonError> {
     let cluster_key = a.auth.key()?;
+    let tls = a.tls.config()?;
     let wake = wake_channel(a.exit_with_parent)?;
     let mgr = Manager::start(Config {
         listen: a.listen.clone(),
         data_dir: a.data_dir.clone(),
         heartbeat_timeout: a.heartbeat_timeout,
         cluster_key,
+        tls,
     })?;
     tracing::info!(
         "manager listening on {} (data in {}, heartbeat timeout {:?})",

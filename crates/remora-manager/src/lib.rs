@@ -16,7 +16,7 @@ mod store;
 mod suspect;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -30,8 +30,8 @@ use remora_proto::msg::{
 };
 use remora_proto::server::{ConnGuard, Listener, Responder};
 use remora_proto::{
-    Cap, ClusterKey, ComputeId, ConnOptions, MemNodeClient, NodeId, NodeState, RegionGrant, RegionId, RemoteError,
-    Rights, Session, Token,
+    Cap, ClusterKey, ComputeId, ConnOptions, MemNodeClient, NodeId, NodeState, Plane, RegionGrant, RegionId,
+    RemoteError, Rights, Session, Stream, TlsConfig, Token,
 };
 
 use store::{Batch, ComputeRec, Meta, NodeRec, RegionRec, Store};
@@ -49,6 +49,9 @@ pub struct Config {
     /// Every connection must prove this key, and the manager proves it to
     /// memory nodes in turn; `None` serves anyone (`--insecure-no-auth`).
     pub cluster_key: Option<ClusterKey>,
+    /// TLS (`--tls`, `--tls-dir`): in any mode but off every client must
+    /// use it, and the manager's own connections to memory nodes do.
+    pub tls: Option<TlsConfig>,
 }
 
 /// Why the manager could not start.
@@ -102,6 +105,7 @@ struct Shared {
     stop: AtomicBool,
     admin_conns: Mutex<HashMap<NodeId, MemNodeClient>>,
     cluster_key: Option<ClusterKey>,
+    tls: Option<TlsConfig>,
 }
 
 /// A running manager.
@@ -185,9 +189,11 @@ impl Manager {
             stop: AtomicBool::new(false),
             admin_conns: Mutex::new(HashMap::new()),
             cluster_key: cfg.cluster_key,
+            tls: cfg.tls.clone(),
         });
         let s2 = Arc::clone(&shared);
-        let listener = Listener::start(sock, "manager", cfg.cluster_key, move |stream, guard| {
+        let server_tls = cfg.tls.as_ref().map(|t| t.server(Plane::Control));
+        let listener = Listener::start_tls(sock, "manager", cfg.cluster_key, server_tls, move |stream, guard| {
             serve(&s2, stream, guard)
         })
         .map_err(|source| ManagerError::Listen {
@@ -245,7 +251,7 @@ fn heartbeat_interval(timeout: Duration) -> u32 {
     (timeout.as_millis() / 6).clamp(10, 1000) as u32
 }
 
-fn serve(shared: &Arc<Shared>, sock: TcpStream, _guard: ConnGuard) {
+fn serve(shared: &Arc<Shared>, sock: Stream, _guard: ConnGuard) {
     let peer = sock.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
     let stall = Duration::from_secs(30);
     let out = match sock.try_clone().and_then(|s| Responder::new(s, stall)) {
@@ -738,13 +744,14 @@ fn admin_call(
         call_timeout: Duration::from_secs(1),
         stall_limit: Duration::from_secs(2),
         cluster_key: shared.cluster_key,
+        tls: shared.tls.clone(),
     };
     let client = {
         let mut conns = lock(&shared.admin_conns);
         match conns.get(&node) {
             Some(c) if !c.conn().is_broken() => c.clone(),
             _ => {
-                let c = MemNodeClient::connect(&addr, opts)?;
+                let c = MemNodeClient::connect_control(&addr, opts)?;
                 conns.insert(node, c.clone());
                 c
             }

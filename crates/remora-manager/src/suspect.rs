@@ -22,7 +22,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use remora_proto::msg::{LEASE_INTERVALS, MgrResponse};
-use remora_proto::{ClusterKey, ConnOptions, MemNodeClient, MemTransport, NodeId, NodeState, RemoteError, Session};
+use remora_proto::{
+    ClusterKey, ConnOptions, MemNodeClient, MemTransport, NodeId, NodeState, RemoteError, Session, TlsConfig,
+};
 
 use super::{Shared, check_session, heartbeat_interval, lock, node_gone};
 
@@ -43,7 +45,7 @@ enum Probe {
     Silent,
 }
 
-fn probe(addr: &str, key: Option<ClusterKey>) -> Probe {
+fn probe(addr: &str, key: Option<ClusterKey>, tls: Option<TlsConfig>) -> Probe {
     let Some(sa): Option<SocketAddr> = addr.to_socket_addrs().ok().and_then(|mut a| a.next()) else {
         return Probe::Silent;
     };
@@ -57,8 +59,9 @@ fn probe(addr: &str, key: Option<ClusterKey>) -> Probe {
         call_timeout: PROBE_TIMEOUT,
         stall_limit: PROBE_TIMEOUT,
         cluster_key: key,
+        tls,
     };
-    match MemNodeClient::connect(addr, opts).and_then(|c| c.ping()) {
+    match MemNodeClient::connect_control(addr, opts).and_then(|c| c.ping()) {
         Ok(()) => Probe::Answered,
         Err(_) => Probe::Silent,
     }
@@ -80,7 +83,7 @@ pub(super) fn rule(shared: &Shared, session: Session, node: NodeId) -> Result<Mg
     };
     let mut silent = 0;
     loop {
-        let found = probe(&addr, shared.cluster_key);
+        let found = probe(&addr, shared.cluster_key, shared.tls.clone());
         let mut st = lock(&shared.state);
         let n = st.nodes.get(&node).ok_or(RemoteError::Unknown)?;
         if n.rec.state == NodeState::Dead {

@@ -15,6 +15,7 @@ fn config(dir: &Path) -> Config {
         data_dir: dir.to_path_buf(),
         heartbeat_timeout: Duration::from_secs(5),
         cluster_key: None,
+        tls: None,
     }
 }
 

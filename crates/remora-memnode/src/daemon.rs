@@ -5,7 +5,7 @@
 use std::sync::mpsc;
 use std::time::Duration;
 
-use remora_daemon::{AuthArgs, AuthConfigError, SignalsError, Wake, announce, wake_channel};
+use remora_daemon::{AuthArgs, AuthConfigError, SignalsError, TlsArgs, Wake, announce, wake_channel};
 use remora_proto::{ByteSize, Token};
 
 use crate::{Config, MemNode, MemNodeError};
@@ -22,6 +22,9 @@ pub enum DaemonError {
     /// No usable cluster key.
     #[error(transparent)]
     Auth(#[from] AuthConfigError),
+    /// The TLS certificates could not be loaded.
+    #[error(transparent)]
+    Tls(#[from] remora_proto::tls::TlsError),
     /// The memory node failed to start.
     #[error("starting the memory node: {0}")]
     MemNode(#[from] MemNodeError),
@@ -51,6 +54,9 @@ pub struct MemnodeArgs {
     /// The cluster key.
     #[command(flatten)]
     pub auth: AuthArgs,
+    /// TLS.
+    #[command(flatten)]
+    pub tls: TlsArgs,
     /// Exit when standard input closes (used by launchers).
     #[arg(long, hide = true)]
     pub exit_with_parent: bool,
@@ -64,6 +70,7 @@ pub fn run(a: MemnodeArgs) -> Result<(), DaemonError> {
         None => None,
     };
     let cluster_key = a.auth.key()?;
+    let tls = a.tls.config()?;
     let wake = wake_channel(a.exit_with_parent)?;
     let node = MemNode::start(Config {
         manager: a.manager.clone(),
@@ -74,6 +81,7 @@ pub fn run(a: MemnodeArgs) -> Result<(), DaemonError> {
         admin_key,
         manager_patience: Duration::from_secs(10),
         cluster_key,
+        tls,
     })?;
     announce(&format!(
         "remora memnode {} listening on {}",

@@ -28,7 +28,9 @@ use std::time::{Duration, Instant};
 
 use remora_proto::msg::{MgrRequest, MgrResponse};
 use remora_proto::server::Listener;
-use remora_proto::{AdminKey, ClusterKey, ConnOptions, ManagerConn, NodeId, NodeState, RemoteError, RpcError, Token};
+use remora_proto::{
+    AdminKey, ClusterKey, ConnOptions, ManagerConn, NodeId, NodeState, Plane, RemoteError, RpcError, TlsConfig, Token,
+};
 
 use crate::fault::Faults;
 use crate::region::RegionTable;
@@ -59,6 +61,11 @@ pub struct Config {
     /// The key every connection to this node must prove, and that this node
     /// proves to the manager and to peers; `None`: `--insecure-no-auth`.
     pub cluster_key: Option<ClusterKey>,
+    /// TLS (`--tls`, `--tls-dir`): with [`remora_proto::TlsMode::Data`]
+    /// every client must use it; with `Control` this node serves TLS (to
+    /// the manager) and plain clients alike, and reaches the manager over
+    /// TLS. `None`: plain TCP.
+    pub tls: Option<TlsConfig>,
 }
 
 /// Why the daemon could not start or stop cleanly.
@@ -103,6 +110,8 @@ pub(crate) struct Shared {
     pub(crate) conns: Mutex<Option<Arc<remora_proto::server::Conns>>>,
     /// Proved on connections to peers and the manager.
     pub(crate) cluster_key: Option<ClusterKey>,
+    /// TLS settings for connections to peers and the manager.
+    pub(crate) tls: Option<TlsConfig>,
     /// Connections to peers, for offloaded reconstruction.
     pub(crate) peers: Mutex<std::collections::HashMap<String, Arc<dyn remora_proto::MemTransport>>>,
 }
@@ -160,9 +169,11 @@ impl MemNode {
             conns: Mutex::new(None),
             peers: Mutex::new(std::collections::HashMap::new()),
             cluster_key: cfg.cluster_key,
+            tls: cfg.tls.clone(),
         });
         let s2 = Arc::clone(&shared);
-        let listener = Listener::start(sock, "memnode", cfg.cluster_key, move |stream, guard| {
+        let server_tls = cfg.tls.as_ref().map(|t| t.server(Plane::Data));
+        let listener = Listener::start_tls(sock, "memnode", cfg.cluster_key, server_tls, move |stream, guard| {
             serve::handle(&s2, stream, guard)
         })
         .map_err(|source| MemNodeError::Listen {
@@ -181,6 +192,7 @@ impl MemNode {
                 &cfg.manager,
                 ConnOptions {
                     cluster_key: cfg.cluster_key,
+                    tls: cfg.tls.clone(),
                     ..ConnOptions::default()
                 },
             ) {

@@ -35,6 +35,7 @@ pub(crate) fn tcp_peer(shared: &Shared, addr: &str) -> Result<Arc<dyn MemTranspo
     let opts = ConnOptions {
         call_timeout: Duration::from_secs(30),
         cluster_key: shared.cluster_key,
+        tls: shared.tls.clone(),
         ..ConnOptions::default()
     };
     let c: Arc<dyn MemTransport> =

@@ -6,7 +6,7 @@
 //! the region's lock. Only the region's owner (or its delegates) can hold that
 //! lock through a capability, so a slow client can only delay itself.
 
-use std::net::TcpStream;
+use remora_proto::Stream;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,7 +24,7 @@ const STALL_LIMIT: Duration = Duration::from_secs(30);
 const REQUEST_PREFETCH: usize = 1024;
 
 /// Serves one connection until it closes or misbehaves.
-pub(crate) fn handle(shared: &Arc<Shared>, sock: TcpStream, guard: ConnGuard) {
+pub(crate) fn handle(shared: &Arc<Shared>, sock: Stream, guard: ConnGuard) {
     let peer = sock.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
     let responder = match sock.try_clone().and_then(|s| Responder::new(s, STALL_LIMIT)) {
         Ok(r) => r,

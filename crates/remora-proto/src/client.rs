@@ -12,6 +12,7 @@ use crate::msg::{
     RemoteError,
 };
 use crate::rpc::{ConnOptions, RpcConn, RpcError, Ticket};
+use crate::tls::Plane;
 use crate::transport::MemTransport;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -38,7 +39,16 @@ impl MemNodeClient {
     /// Connects to the memory node at `addr`.
     pub fn connect(addr: &str, opts: ConnOptions) -> Result<Self, RpcError> {
         Ok(Self {
-            conn: RpcConn::connect(addr, opts)?,
+            conn: RpcConn::connect_on(addr, opts, Plane::Data)?,
+        })
+    }
+
+    /// Connects to the memory node at `addr` for the manager's own calls
+    /// (grants, revocations, probes): encrypted whenever TLS is on at all,
+    /// since they carry region tokens.
+    pub fn connect_control(addr: &str, opts: ConnOptions) -> Result<Self, RpcError> {
+        Ok(Self {
+            conn: RpcConn::connect_on(addr, opts, Plane::Control)?,
         })
     }
 
@@ -135,7 +145,7 @@ pub struct ManagerConn {
 impl ManagerConn {
     /// Connects to the manager at `addr`.
     pub fn connect(addr: &str, opts: ConnOptions) -> Result<Self, RpcError> {
-        let conn = RpcConn::connect(addr, opts)?;
+        let conn = RpcConn::connect(addr, opts.clone())?;
         Ok(Self {
             addr: addr.to_string(),
             opts,
@@ -155,7 +165,7 @@ impl ManagerConn {
                 return Ok(Arc::clone(conn));
             }
         }
-        let conn = RpcConn::connect(&self.addr, self.opts)?;
+        let conn = RpcConn::connect(&self.addr, self.opts.clone())?;
         *c = Some(Arc::clone(&conn));
         Ok(conn)
     }

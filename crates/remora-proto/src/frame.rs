@@ -34,8 +34,9 @@
 //! closes only its own connection.
 
 use std::io::{self, ErrorKind, IoSlice, Read, Write};
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
+
+use crate::tls::Stream;
 
 /// Magic bytes at the start of every frame ("Rm" read as little-endian u16).
 pub const MAGIC: u16 = u16::from_le_bytes(*b"Rm");
@@ -285,7 +286,7 @@ pub enum ReadError {
 /// stalls inside a frame for longer than `stall_limit` as broken.
 #[derive(Debug)]
 pub struct FrameReader {
-    sock: TcpStream,
+    sock: Stream,
     buf: Box<[u8]>,
     pos: usize,
     end: usize,
@@ -297,9 +298,9 @@ const READ_BUF: usize = 64 * 1024;
 impl FrameReader {
     /// Wraps a socket. The socket's read timeout (if any) sets how often
     /// [`FrameReader::next_header`] comes back to let the caller check a deadline.
-    pub fn new(sock: TcpStream, stall_limit: Duration) -> Self {
+    pub fn new(sock: impl Into<Stream>, stall_limit: Duration) -> Self {
         Self {
-            sock,
+            sock: sock.into(),
             buf: vec![0u8; READ_BUF].into_boxed_slice(),
             pos: 0,
             end: 0,
@@ -308,7 +309,7 @@ impl FrameReader {
     }
 
     /// The underlying socket.
-    pub fn socket(&self) -> &TcpStream {
+    pub fn socket(&self) -> &Stream {
         &self.sock
     }
 

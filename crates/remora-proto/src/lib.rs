@@ -5,7 +5,9 @@
 //! with a request id, a postcard-encoded message head ([`msg`]) and raw
 //! payload bytes. Many requests may be in flight per connection and replies
 //! may come back in any order ([`rpc`]). Data requests carry capabilities
-//! ([`cap`]) that the manager issues per region and compute node.
+//! ([`cap`]) that the manager issues per region and compute node. Every
+//! connection proves the cluster key ([`auth`]) and may run over mutually
+//! authenticated TLS ([`tls`]), below the frames and unchanged by them.
 
 #![forbid(unsafe_code)]
 
@@ -18,6 +20,7 @@ pub mod msg;
 pub mod rpc;
 pub mod server;
 pub mod size;
+pub mod tls;
 pub mod transport;
 
 pub use auth::{AuthError, ClusterKey};
@@ -29,4 +32,5 @@ pub use msg::{
 };
 pub use rpc::{ConnOptions, RpcConn, RpcError};
 pub use size::{ByteSize, parse_duration};
+pub use tls::{Plane, Stream, TlsConfig, TlsMode};
 pub use transport::{FarBackend, MemTransport, TcpBackend};

@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, Thread};
@@ -25,6 +26,7 @@ use crate::frame::{
     FrameError, FrameKind, FrameReader, HEADER_LEN, ReadError, VERSION, check_hello, hello, write_frame,
 };
 use crate::msg::{RemoteError, decode, encode};
+use crate::tls::{Plane, Stream, TlsConfig};
 
 /// Why a call failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -84,6 +86,16 @@ pub enum RpcError {
         /// Why.
         reason: String,
     },
+    /// TLS could not be set up: the peer requires it and this side was
+    /// not given `--tls`, or the reverse, or a certificate was refused
+    /// ([`crate::tls`]).
+    #[error("TLS with {addr}: {reason}")]
+    Tls {
+        /// Peer.
+        addr: String,
+        /// Why.
+        reason: String,
+    },
 }
 
 impl RpcError {
@@ -102,7 +114,7 @@ impl RpcError {
 }
 
 /// Tunables of a connection, and the cluster key it proves.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ConnOptions {
     /// Connect timeout.
     pub connect_timeout: Duration,
@@ -114,6 +126,9 @@ pub struct ConnOptions {
     /// The cluster key proved at connect time ([`crate::auth`]); `None`
     /// talks only to servers run with `--insecure-no-auth`.
     pub cluster_key: Option<ClusterKey>,
+    /// TLS ([`crate::tls`]): which connections are encrypted and the
+    /// certificates they present; `None` is plain TCP everywhere.
+    pub tls: Option<TlsConfig>,
 }
 
 impl Default for ConnOptions {
@@ -123,6 +138,7 @@ impl Default for ConnOptions {
             call_timeout: Duration::from_secs(10),
             stall_limit: Duration::from_secs(10),
             cluster_key: None,
+            tls: None,
         }
     }
 }
@@ -152,7 +168,7 @@ struct State {
 pub struct RpcConn {
     peer: String,
     opts: ConnOptions,
-    writer: Mutex<TcpStream>,
+    writer: Mutex<Stream>,
     reader: Mutex<FrameReader>,
     state: Mutex<State>,
     next_id: AtomicU64,
@@ -197,7 +213,16 @@ impl RpcConn {
     /// `opts.connect_timeout`; a peer of another protocol version is refused
     /// with [`RpcError::VersionMismatch`], one without the key with
     /// [`RpcError::Auth`].
+    ///
+    /// The connection is a control-plane one: encrypted if `opts.tls` is
+    /// set at all. [`RpcConn::connect_on`] chooses the plane.
     pub fn connect(addr: &str, opts: ConnOptions) -> Result<Arc<Self>, RpcError> {
+        Self::connect_on(addr, opts, Plane::Control)
+    }
+
+    /// As [`RpcConn::connect`], encrypted if `opts.tls` encrypts `plane`:
+    /// the TLS handshake comes first, and the hello and key proof run inside it.
+    pub fn connect_on(addr: &str, opts: ConnOptions, plane: Plane) -> Result<Arc<Self>, RpcError> {
         let fail = |reason: String| RpcError::Connect {
             addr: addr.to_string(),
             reason,
@@ -207,10 +232,15 @@ impl RpcConn {
             .map_err(|e| fail(e.to_string()))?
             .next()
             .ok_or_else(|| fail("address resolves to nothing".into()))?;
-        let mut sock = TcpStream::connect_timeout(&sa, opts.connect_timeout).map_err(|e| fail(e.to_string()))?;
+        let sock = TcpStream::connect_timeout(&sa, opts.connect_timeout).map_err(|e| fail(e.to_string()))?;
         // The key proof's last message and the first request go out back to
         // back: Nagle's algorithm would hold the request for an ACK.
         sock.set_nodelay(true).map_err(|e| fail(e.to_string()))?;
+        let mut sock = match opts.tls.as_ref().filter(|t| t.encrypts(plane)) {
+            Some(tls) => crate::tls::client_handshake(sock, tls.client_config(), addr, opts.connect_timeout)
+                .map_err(|e| tls_failed(addr, opts.connect_timeout, e))?,
+            None => Stream::Plain(sock),
+        };
         exchange_hello(&mut sock, addr, opts.connect_timeout)?;
         if let Some(key) = &opts.cluster_key {
             client_handshake(&mut sock, key).map_err(|e| auth_failed(addr, opts.connect_timeout, e))?;
@@ -218,16 +248,17 @@ impl RpcConn {
         Self::from_stream(sock, addr.to_string(), opts).map_err(|e| fail(e.to_string()))
     }
 
-    fn from_stream(sock: TcpStream, peer: String, opts: ConnOptions) -> io::Result<Arc<Self>> {
+    fn from_stream(sock: Stream, peer: String, opts: ConnOptions) -> io::Result<Arc<Self>> {
         sock.set_nodelay(true)?;
         sock.set_read_timeout(Some(LEADER_POLL))?;
         sock.set_write_timeout(Some(opts.stall_limit))?;
         let rd = sock.try_clone()?;
+        let stall_limit = opts.stall_limit;
         Ok(Arc::new(Self {
             peer,
             opts,
             writer: Mutex::new(sock),
-            reader: Mutex::new(FrameReader::new(rd, opts.stall_limit)),
+            reader: Mutex::new(FrameReader::new(rd, stall_limit)),
             state: Mutex::new(State::default()),
             next_id: AtomicU64::new(1),
         }))
@@ -484,7 +515,7 @@ impl Drop for RpcConn {
 
 /// The client's half of the hello (see [`crate::frame`]): one round trip,
 /// within `timeout`, before the connection carries any request.
-fn exchange_hello(sock: &mut TcpStream, addr: &str, timeout: Duration) -> Result<(), RpcError> {
+fn exchange_hello(sock: &mut Stream, addr: &str, timeout: Duration) -> Result<(), RpcError> {
     let fail = |reason: String| RpcError::Connect {
         addr: addr.to_string(),
         reason,
@@ -506,7 +537,27 @@ fn exchange_hello(sock: &mut TcpStream, addr: &str, timeout: Duration) -> Result
     sock.set_read_timeout(Some(timeout)).map_err(io_fail)?;
     sock.write_all(&hello()).map_err(io_fail)?;
     let mut reply = [0u8; HEADER_LEN];
-    sock.read_exact(&mut reply).map_err(io_fail)?;
+    let mut filled = 0;
+    while filled < HEADER_LEN {
+        match sock.read(&mut reply[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(io_fail(e)),
+        }
+    }
+    if filled > 0 && !sock.is_tls() && crate::tls::is_tls_alert(reply[0]) {
+        // A server that requires TLS answers a plain hello with a TLS alert.
+        return Err(RpcError::Tls {
+            addr: addr.to_string(),
+            reason: "the server requires TLS: run this side with --tls (control or data) and --tls-dir DIR \
+                     (certificates made by `remora certs --out DIR`)"
+                .into(),
+        });
+    }
+    if filled < HEADER_LEN {
+        return Err(io_fail(io::ErrorKind::UnexpectedEof.into()));
+    }
     match check_hello(&reply) {
         Ok(()) => Ok(()),
         Err(FrameError::BadVersion(theirs)) => Err(RpcError::VersionMismatch {
@@ -516,6 +567,43 @@ fn exchange_hello(sock: &mut TcpStream, addr: &str, timeout: Duration) -> Result
         }),
         Err(e) => Err(fail(format!("bad protocol hello: {e}"))),
     }
+}
+
+/// A refused certificate or a peer without TLS is final
+/// ([`RpcError::Tls`]); a handshake cut short by a timeout is a transport
+/// failure, like a hello cut short.
+fn tls_failed(addr: &str, timeout: Duration, e: io::Error) -> RpcError {
+    let addr = addr.to_string();
+    if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) {
+        return RpcError::Connect {
+            addr,
+            reason: format!("no answer in the TLS handshake within {timeout:?}"),
+        };
+    }
+    let reason = match e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
+        Some(rustls::Error::AlertReceived(rustls::AlertDescription::ProtocolVersion)) => {
+            "the server does not run with --tls (or runs a remora build without TLS)".to_string()
+        }
+        Some(rustls::Error::AlertReceived(a)) => format!(
+            "the server refused this side's certificate (TLS alert {a:?}): it must be signed by the \
+             same cluster CA (`remora certs`)"
+        ),
+        Some(rustls::Error::InvalidCertificate(c)) => format!(
+            "the server's certificate is not valid here ({c:?}): it must be signed by this side's \
+             cluster CA and name the address connected to (`remora certs --name HOST`)"
+        ),
+        Some(other) => format!("handshake failed: {other}"),
+        None if e.kind() == io::ErrorKind::UnexpectedEof => {
+            "the server closed the connection in the TLS handshake (does it run with --tls?)".to_string()
+        }
+        None => {
+            return RpcError::Connect {
+                addr,
+                reason: format!("TLS handshake failed: {e}"),
+            };
+        }
+    };
+    RpcError::Tls { addr, reason }
 }
 
 /// A wrong proof is final; a handshake cut short is a transport failure

@@ -17,6 +17,7 @@ use serde::Serialize;
 use crate::auth::{AuthError, ClusterKey, TAG_LEN, server_handshake};
 use crate::frame::{FrameError, FrameHeader, FrameKind, HEADER_LEN, VERSION, check_hello, hello, write_frame};
 use crate::msg::{RemoteError, encode};
+use crate::tls::{ServerTls, Stream, TLS_HANDSHAKE, refuse_plain, refuse_tls};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -56,6 +57,54 @@ pub enum HelloError {
     /// The peer did not prove the cluster key ([`crate::auth`]).
     #[error(transparent)]
     Auth(#[from] AuthError),
+    /// A plain client on a server that requires TLS; it was answered with
+    /// a TLS alert, which it reports.
+    #[error("plain TCP client on a server that requires TLS (the client needs --tls and --tls-dir)")]
+    TlsRequired,
+    /// A TLS client on a server without TLS; it was answered with a TLS
+    /// alert, which it reports.
+    #[error("TLS client on a server run without --tls")]
+    TlsNotServed,
+    /// The TLS handshake failed: a certificate not signed by the cluster
+    /// CA, none at all, or no handshake within the time limit.
+    #[error("TLS handshake failed: {0}")]
+    TlsHandshake(io::Error),
+}
+
+/// Tells TLS clients from plain ones by their first byte and runs the TLS
+/// handshake with the former ([`crate::tls`]); a client of a kind the
+/// server does not serve is answered with a TLS alert and closed.
+fn accept_stream(sock: TcpStream, tls: Option<&ServerTls>) -> Result<Stream, HelloError> {
+    sock.set_read_timeout(Some(HELLO_TIMEOUT))?;
+    let mut first = [0u8; 1];
+    let n = loop {
+        match sock.peek(&mut first) {
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            other => break other?,
+        }
+    };
+    if n == 0 {
+        return Err(HelloError::Closed);
+    }
+    let stream = match (tls, first[0] == TLS_HANDSHAKE) {
+        (Some(t), true) => {
+            crate::tls::server_handshake(sock, &t.config, HELLO_TIMEOUT).map_err(HelloError::TlsHandshake)?
+        }
+        (Some(t), false) if t.required => {
+            refuse_plain(&sock);
+            linger(&sock);
+            return Err(HelloError::TlsRequired);
+        }
+        (None, true) => {
+            refuse_tls(&sock);
+            linger(&sock);
+            return Err(HelloError::TlsNotServed);
+        }
+        (_, false) => Stream::Plain(sock),
+    };
+    stream.set_read_timeout(None)?;
+    stream.set_write_timeout(None)?;
+    Ok(stream)
 }
 
 /// The accepting side of the hello (see [`crate::frame`]): reads the peer's
@@ -93,13 +142,13 @@ pub fn answer_hello(s: &mut (impl Read + Write)) -> Result<(), HelloError> {
 /// if the server has one, all within one time limit. On a version mismatch
 /// the socket is closed gracefully, so that the peer reads our hello before
 /// it sees the connection end.
-fn accept_hello(sock: &TcpStream, key: Option<&ClusterKey>) -> Result<(), HelloError> {
+fn accept_hello(sock: &Stream, key: Option<&ClusterKey>) -> Result<(), HelloError> {
     let (read_timeout, write_timeout) = (sock.read_timeout()?, sock.write_timeout()?);
     sock.set_read_timeout(Some(HELLO_TIMEOUT))?;
     sock.set_write_timeout(Some(HELLO_TIMEOUT))?;
     let res = answer_hello(&mut &*sock);
     if let Err(HelloError::VersionMismatch { .. }) = res {
-        linger(sock);
+        linger(sock.tcp());
         return res;
     }
     res?;
@@ -110,7 +159,7 @@ fn accept_hello(sock: &TcpStream, key: Option<&ClusterKey>) -> Result<(), HelloE
             }
             // What the peer already sent stays unread: close gracefully, so
             // that no reset destroys the refusal on its way.
-            linger(sock);
+            linger(sock.tcp());
             return Err(e.into());
         }
     }
@@ -122,7 +171,7 @@ fn accept_hello(sock: &TcpStream, key: Option<&ClusterKey>) -> Result<(), HelloE
 /// A client without the key sent a request where the key challenge belongs:
 /// answer that request with [`RemoteError::Unauthorized`] (and nothing
 /// else), so that it fails with a reason rather than a broken connection.
-fn refuse_request(sock: &TcpStream, start: [u8; TAG_LEN]) {
+fn refuse_request(sock: &Stream, start: [u8; TAG_LEN]) {
     let mut h = [0u8; HEADER_LEN];
     h[..TAG_LEN].copy_from_slice(&start);
     if (&*sock).read_exact(&mut h[TAG_LEN..]).is_err() {
@@ -221,12 +270,13 @@ impl Conns {
 /// Writes replies on one connection; cheap to clone and share.
 #[derive(Debug, Clone)]
 pub struct Responder {
-    sock: Arc<Mutex<TcpStream>>,
+    sock: Arc<Mutex<Stream>>,
 }
 
 impl Responder {
     /// Wraps the write side of a connection.
-    pub fn new(sock: TcpStream, stall_limit: Duration) -> io::Result<Self> {
+    pub fn new(sock: impl Into<Stream>, stall_limit: Duration) -> io::Result<Self> {
+        let sock = sock.into();
         sock.set_nodelay(true)?;
         sock.set_write_timeout(Some(stall_limit))?;
         Ok(Self {
@@ -248,7 +298,7 @@ impl Responder {
 
     /// Runs `f` with the socket locked, for replies whose payload is borrowed
     /// from memory that must stay locked while it is written.
-    pub fn with_socket<R>(&self, f: impl FnOnce(&mut TcpStream) -> R) -> R {
+    pub fn with_socket<R>(&self, f: impl FnOnce(&mut Stream) -> R) -> R {
         f(&mut lock(&self.sock))
     }
 }
@@ -274,7 +324,22 @@ impl Listener {
     /// can connect (`--insecure-no-auth`).
     pub fn start<F>(listener: TcpListener, name: &str, key: Option<ClusterKey>, handle: F) -> io::Result<Self>
     where
-        F: Fn(TcpStream, ConnGuard) + Send + Sync + 'static,
+        F: Fn(Stream, ConnGuard) + Send + Sync + 'static,
+    {
+        Self::start_tls(listener, name, key, None, handle)
+    }
+
+    /// As [`Listener::start`], with TLS ([`crate::tls`]): the handshake
+    /// comes before the hello; `tls: None` serves plain TCP only.
+    pub fn start_tls<F>(
+        listener: TcpListener,
+        name: &str,
+        key: Option<ClusterKey>,
+        tls: Option<ServerTls>,
+        handle: F,
+    ) -> io::Result<Self>
+    where
+        F: Fn(Stream, ConnGuard) + Send + Sync + 'static,
     {
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -306,10 +371,22 @@ impl Listener {
                 let h = Arc::clone(&handle);
                 let server = name2.clone();
                 let refused = Arc::clone(&refused2);
+                let tls = tls.clone();
                 let spawned = thread::Builder::new().name(format!("{name2}-conn")).spawn(move || {
                     let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
-                    match accept_hello(&s, key.as_ref()) {
-                        Ok(()) => h(s, guard),
+                    let res = accept_stream(s, tls.as_ref()).and_then(|s| accept_hello(&s, key.as_ref()).map(|()| s));
+                    match res {
+                        Ok(s) => h(s, guard),
+                        Err(e @ (HelloError::TlsRequired | HelloError::TlsNotServed)) => {
+                            refused.fetch_add(1, Ordering::Relaxed);
+                            tracing::warn!("{server}: refusing connection from {peer}: {e}")
+                        }
+                        Err(HelloError::TlsHandshake(e))
+                            if !matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) =>
+                        {
+                            refused.fetch_add(1, Ordering::Relaxed);
+                            tracing::warn!("{server}: refusing connection from {peer}: TLS handshake failed: {e}")
+                        }
                         Err(HelloError::Auth(e)) => {
                             refused.fetch_add(1, Ordering::Relaxed);
                             tracing::warn!("{server}: refusing connection from {peer}: {e}")
@@ -340,7 +417,9 @@ impl Listener {
         self.addr
     }
 
-    /// Connections closed unserved because they did not prove the cluster key.
+    /// Connections closed unserved because they did not prove the cluster
+    /// key, or failed TLS (no certificate of the cluster CA, or TLS on one
+    /// side only).
     pub fn auth_refused(&self) -> u64 {
         self.refused.load(Ordering::Relaxed)
     }

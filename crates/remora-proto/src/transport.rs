@@ -265,7 +265,7 @@ impl TcpBackend {
     /// Registers with the manager at `manager` under `name`.
     pub fn open(manager: &str, name: &str, opts: ConnOptions) -> Result<Self, RpcError> {
         Ok(Self {
-            session: ComputeSession::open(manager, name, opts)?,
+            session: ComputeSession::open(manager, name, opts.clone())?,
             opts,
         })
     }
@@ -294,7 +294,7 @@ impl FarBackend for TcpBackend {
     }
 
     fn connect(&self, addr: &str) -> Result<Arc<dyn MemTransport>, RpcError> {
-        Ok(Arc::new(MemNodeClient::connect(addr, self.opts)?))
+        Ok(Arc::new(MemNodeClient::connect(addr, self.opts.clone())?))
     }
 
     fn confirm(&self, node: NodeId) -> Result<bool, RpcError> {

@@ -11,10 +11,10 @@ use proptest::prelude::*;
 use remora_proto::frame::{FrameError, FrameHeader, FrameKind, FrameReader, HEADER_LEN, VERSION, hello, write_frame};
 use remora_proto::msg::{MemRequest, MemResponse, decode, encode};
 use remora_proto::server::{ConnGuard, HelloError, Listener, Responder, answer_hello};
-use remora_proto::{ConnOptions, RpcConn, RpcError};
+use remora_proto::{ConnOptions, RpcConn, RpcError, Stream};
 
 /// Answers `Ping` with `Pong` until the peer hangs up.
-fn ping_server(sock: TcpStream, _guard: ConnGuard) {
+fn ping_server(sock: Stream, _guard: ConnGuard) {
     let out = Responder::new(sock.try_clone().unwrap(), Duration::from_secs(5)).unwrap();
     let mut rd = FrameReader::new(sock, Duration::from_secs(5));
     loop {
@@ -41,6 +41,7 @@ fn opts() -> ConnOptions {
         call_timeout: Duration::from_secs(5),
         stall_limit: Duration::from_secs(5),
         cluster_key: None,
+        tls: None,
     }
 }
 

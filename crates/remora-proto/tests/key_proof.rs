@@ -11,14 +11,14 @@ use std::time::{Duration, Instant};
 use remora_proto::frame::{FrameKind, FrameReader, HEADER_LEN, hello, write_frame};
 use remora_proto::msg::{MemRequest, MemResponse, RemoteError, decode, encode};
 use remora_proto::server::{ConnGuard, Listener, Responder};
-use remora_proto::{ClusterKey, ConnOptions, RpcConn, RpcError};
+use remora_proto::{ClusterKey, ConnOptions, RpcConn, RpcError, Stream};
 
 /// A ping server that counts the requests it serves.
 fn start(key: Option<ClusterKey>) -> (Listener, Arc<AtomicU64>) {
     let served = Arc::new(AtomicU64::new(0));
     let s2 = Arc::clone(&served);
     let sock = TcpListener::bind("127.0.0.1:0").unwrap();
-    let l = Listener::start(sock, "ping", key, move |sock: TcpStream, _g: ConnGuard| {
+    let l = Listener::start(sock, "ping", key, move |sock: Stream, _g: ConnGuard| {
         let out = Responder::new(sock.try_clone().unwrap(), Duration::from_secs(5)).unwrap();
         let mut rd = FrameReader::new(sock, Duration::from_secs(5));
         loop {
@@ -43,6 +43,7 @@ fn opts(key: Option<ClusterKey>) -> ConnOptions {
         call_timeout: Duration::from_secs(5),
         stall_limit: Duration::from_secs(5),
         cluster_key: key,
+        tls: None,
     }
 }
 

@@ -12,14 +12,14 @@
 //! its first request back to back, so the server's check of the proof lands
 //! there); the second shows that nothing is added per request.
 
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use remora_proto::frame::FrameReader;
 use remora_proto::msg::{MemRequest, MemResponse, decode};
 use remora_proto::server::{ConnGuard, Listener, Responder};
-use remora_proto::{ClusterKey, ConnOptions, RpcConn};
+use remora_proto::{ClusterKey, ConnOptions, RpcConn, Stream};
 use serde_json::{Value, json};
 
 use super::stats::Latency;
@@ -28,7 +28,7 @@ use super::stats::Latency;
 const BLOCK: u64 = 20;
 
 /// Answers `Ping` with `Pong` until the peer hangs up.
-fn serve_pings(sock: TcpStream, _guard: ConnGuard) {
+fn serve_pings(sock: Stream, _guard: ConnGuard) {
     let Ok(out) = sock.try_clone().and_then(|s| Responder::new(s, Duration::from_secs(5))) else {
         return;
     };
@@ -76,9 +76,9 @@ fn side() -> anyhow::Result<Side> {
     })
 }
 
-fn one(addr: &str, opts: ConnOptions, into: &mut Side) -> anyhow::Result<()> {
+fn one(addr: &str, opts: &ConnOptions, into: &mut Side) -> anyhow::Result<()> {
     let t0 = Instant::now();
-    let conn = RpcConn::connect(addr, opts).with_context(|| format!("connecting to {addr}"))?;
+    let conn = RpcConn::connect(addr, opts.clone()).with_context(|| format!("connecting to {addr}"))?;
     let t1 = Instant::now();
     let (r, _) = conn.call::<_, MemResponse>(&MemRequest::Ping, &[], None)?;
     let t2 = Instant::now();
@@ -112,8 +112,8 @@ pub(crate) fn measure(n: u64) -> anyhow::Result<ConnectCost> {
     };
     // Warm-up: thread stacks, page faults, the HMAC code.
     for _ in 0..BLOCK {
-        one(&plain_addr, plain_opts, &mut side()?)?;
-        one(&keyed_addr, keyed_opts, &mut side()?)?;
+        one(&plain_addr, &plain_opts, &mut side()?)?;
+        one(&keyed_addr, &keyed_opts, &mut side()?)?;
     }
     let mut done = 0;
     let mut keyed_first = false;
@@ -122,9 +122,9 @@ pub(crate) fn measure(n: u64) -> anyhow::Result<ConnectCost> {
         for pass in [keyed_first, !keyed_first] {
             for _ in 0..b {
                 if pass {
-                    one(&keyed_addr, keyed_opts, &mut cost.keyed)?;
+                    one(&keyed_addr, &keyed_opts, &mut cost.keyed)?;
                 } else {
-                    one(&plain_addr, plain_opts, &mut cost.plain)?;
+                    one(&plain_addr, &plain_opts, &mut cost.plain)?;
                 }
             }
         }

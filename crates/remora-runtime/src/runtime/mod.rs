@@ -184,7 +184,7 @@ impl DerefScope<'_> {
 impl Runtime {
     /// Registers with the manager and starts the eviction threads.
     pub fn connect(cfg: RuntimeConfig) -> Result<Self, RuntimeError> {
-        let backend = remora_proto::TcpBackend::open(&cfg.manager, &cfg.name, cfg.conn)?;
+        let backend = remora_proto::TcpBackend::open(&cfg.manager, &cfg.name, cfg.conn.clone())?;
         Self::with_backend(cfg, Arc::new(backend))
     }
 

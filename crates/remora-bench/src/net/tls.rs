@@ -1,0 +1,137 @@
+//! `remora bench net --tls`: the data path over TLS against plain TCP.
+//!
+//! The cluster runs with `--tls control`, so its memory node serves TLS
+//! and plain clients on one port; the benchmark connects to it both ways
+//! (the TLS client as a `--tls data` compute node would) and measures the
+//! two against each other with the same phases, offsets and checks as
+//! remora against raw TCP: READ latency per size, then READ throughput.
+
+use anyhow::{Context, anyhow};
+use remora_cluster::LocalCluster;
+use remora_proto::{ConnOptions, MemNodeClient, RegionGrant, TlsConfig, TlsMode};
+use serde_json::{Value, json};
+
+use super::{LatencyRow, Names, Remora, TputRow, us};
+
+/// READ p50 goal of TLS: at most this many times plain TCP.
+const GOAL_P50_RATIO: f64 = 1.3;
+/// Size at which the p50 goal is judged.
+const GOAL_SIZE: u64 = 16 << 10;
+/// Throughput goal of TLS: at least this fraction of plain TCP.
+const GOAL_TPUT_RATIO: f64 = 0.7;
+
+/// Plain remora against remora over TLS.
+pub(super) const PLAIN_VS_TLS: Names = Names {
+    base: "plain TCP",
+    subject: "TLS",
+};
+
+/// A data-path connection over TLS, with the cluster's certificates.
+pub(super) fn connect(cluster: &LocalCluster, grant: &RegionGrant) -> anyhow::Result<Remora> {
+    let dir = cluster
+        .tls()
+        .ok_or_else(|| anyhow!("the cluster runs without TLS"))?
+        .dir();
+    let opts = ConnOptions {
+        tls: Some(TlsConfig::load(TlsMode::Data, dir)?),
+        ..cluster.conn_options()
+    };
+    Ok(Remora {
+        client: MemNodeClient::connect(&grant.addr, opts)
+            .with_context(|| format!("connecting over TLS to the memory node at {}", grant.addr))?,
+        cap: grant.cap,
+    })
+}
+
+/// The TLS comparison's results.
+pub(super) struct TlsReport {
+    pub(super) latency: Vec<LatencyRow>,
+    pub(super) tput: Option<TputRow>,
+}
+
+impl TlsReport {
+    pub(super) fn print(&self) {
+        println!();
+        println!(
+            "TLS (`--tls data`: TLS 1.3, mutual certificates, rustls with ring) against plain TCP, \
+             same memory node and run, sides alternating as above"
+        );
+        println!(
+            "goals: READ p50 ≤ {GOAL_P50_RATIO:.1}× plain at {} KiB, READ throughput ≥ {GOAL_TPUT_RATIO:.1}× plain",
+            GOAL_SIZE >> 10
+        );
+        println!(
+            "{:<7} {:<10} {:>9} {:>9} {:>9} {:>8} {:>8}",
+            "size", "side", "p50 µs", "p99 µs", "p999 µs", "p50 ×", "p99 ×"
+        );
+        for r in &self.latency {
+            let goal = if r.size.0 == GOAL_SIZE {
+                if r.ratio(0.5) <= GOAL_P50_RATIO {
+                    "  met"
+                } else {
+                    "  MISSED"
+                }
+            } else {
+                ""
+            };
+            for (i, (name, h)) in [(PLAIN_VS_TLS.base, &r.raw), (PLAIN_VS_TLS.subject, &r.remora)]
+                .into_iter()
+                .enumerate()
+            {
+                let size = if i == 0 { r.size.to_string() } else { String::new() };
+                let tail = if i == 1 {
+                    format!(
+                        "{:>8} {:>8}{goal}",
+                        format!("{:.2}×", r.ratio(0.5)),
+                        format!("{:.2}×", r.ratio(0.99))
+                    )
+                } else {
+                    String::new()
+                };
+                println!(
+                    "{size:<7} {name:<10} {:>9} {:>9} {:>9} {tail}",
+                    us(h.at(0.5)),
+                    us(h.at(0.99)),
+                    us(h.at(0.999))
+                );
+            }
+        }
+        if let Some(t) = &self.tput {
+            let ratio = t.ratio();
+            println!(
+                "throughput {}: plain TCP {:.2} GB/s, TLS {:.2} GB/s: {ratio:.2}× {}",
+                t.op.name(),
+                t.raw.gbps(),
+                t.remora.gbps(),
+                if ratio >= GOAL_TPUT_RATIO { "met" } else { "MISSED" }
+            );
+        }
+    }
+
+    pub(super) fn to_json(&self) -> Value {
+        let latency: Vec<Value> = self
+            .latency
+            .iter()
+            .map(|r| {
+                json!({
+                    "size_bytes": r.size.0,
+                    "plain": r.raw.to_json(),
+                    "tls": r.remora.to_json(),
+                    "p50_ratio": r.ratio(0.5),
+                    "p99_ratio": r.ratio(0.99),
+                })
+            })
+            .collect();
+        json!({
+            "latency": latency,
+            "throughput": self.tput.as_ref().map(|t| json!({
+                "op": t.op.name(),
+                "plain": t.raw.to_json(),
+                "tls": t.remora.to_json(),
+                "gbps_ratio": t.ratio(),
+            })),
+            "goal_p50_ratio": GOAL_P50_RATIO,
+            "goal_tput_ratio": GOAL_TPUT_RATIO,
+        })
+    }
+}

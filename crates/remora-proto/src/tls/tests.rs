@@ -1,0 +1,260 @@
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::certs::{CertsError, write_certs};
+use super::stream::pair_for_test;
+use super::*;
+use crate::frame::FrameReader;
+use crate::msg::{MemRequest, MemResponse};
+use crate::server::{ConnGuard, Listener, Responder};
+use crate::{ConnOptions, RpcConn, RpcError};
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "remora-tls-{tag}-{}-{}",
+        std::process::id(),
+        crate::ClusterKey::generate().id()
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn certs(tag: &str, mode: TlsMode) -> TlsConfig {
+    let d = temp_dir(tag);
+    write_certs(&d, &[], false).unwrap();
+    TlsConfig::load(mode, &d).unwrap()
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+#[test]
+fn certs_are_written_once_with_a_private_key() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = temp_dir("write");
+    let files = write_certs(&d, &["node-a.example".into()], false).unwrap();
+    assert_eq!(files.names, ["localhost", "127.0.0.1", "node-a.example"]);
+    let mode = std::fs::metadata(&files.key).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let before = std::fs::read(&files.ca).unwrap();
+    match write_certs(&d, &[], false) {
+        Err(CertsError::Exists { path }) => assert!(path.starts_with(&d)),
+        other => panic!("overwrote existing certificates: {other:?}"),
+    }
+    assert_eq!(
+        std::fs::read(&files.ca).unwrap(),
+        before,
+        "a refused write changes nothing"
+    );
+    write_certs(&d, &[], true).unwrap();
+    assert_ne!(std::fs::read(&files.ca).unwrap(), before, "--force makes a new CA");
+    TlsConfig::load(TlsMode::Data, &d).unwrap();
+}
+
+#[test]
+fn missing_or_bad_files_name_the_file_and_the_fix() {
+    let d = temp_dir("missing");
+    let e = TlsConfig::load(TlsMode::Control, &d).unwrap_err().to_string();
+    assert!(e.contains("ca.pem") && e.contains("remora certs --out"), "{e}");
+    write_certs(&d, &[], false).unwrap();
+    std::fs::write(d.join(KEY_FILE), "not a key").unwrap();
+    let e = TlsConfig::load(TlsMode::Control, &d).unwrap_err().to_string();
+    assert!(e.contains("node.key") && e.contains("remora certs"), "{e}");
+    let e = TlsConfig::from_flags(TlsMode::Data, None).unwrap_err().to_string();
+    assert!(e.contains("--tls-dir"), "{e}");
+    assert!(TlsConfig::from_flags(TlsMode::Off, None).unwrap().is_none());
+    assert!("bogus".parse::<TlsMode>().is_err());
+    assert_eq!("data".parse::<TlsMode>().unwrap(), TlsMode::Data);
+}
+
+/// One side writes a large stream in odd-sized pieces while the other reads
+/// it with a short read timeout (as a client's leader polls): every
+/// timeout comes back as `WouldBlock`/`TimedOut` and no byte is lost.
+#[test]
+fn large_stream_survives_read_timeouts() {
+    let t = certs("large", TlsMode::Data);
+    let (c, s) = pair_for_test(t.client_config(), &t.server).unwrap();
+    let data = Arc::new(pattern(8 << 20, 7));
+    let d2 = Arc::clone(&data);
+    let w = thread::spawn(move || {
+        let mut c = c;
+        for chunk in d2.chunks(100_003) {
+            c.write_all(chunk).unwrap();
+            thread::sleep(Duration::from_micros(200));
+        }
+        c
+    });
+    s.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
+    let mut got = vec![0u8; data.len()];
+    let (mut filled, mut timeouts) = (0, 0);
+    while filled < got.len() {
+        match (&s).read(&mut got[filled..]) {
+            Ok(0) => panic!("closed early"),
+            Ok(n) => filled += n,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => timeouts += 1,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let _c = w.join().unwrap();
+    assert!(got == *data, "bytes differ");
+    assert!(timeouts > 0, "the test should exercise read timeouts");
+}
+
+/// Both sides refresh their keys in the middle of traffic: the reader must
+/// answer the peer's key update (through the write lock) and go on.
+#[test]
+fn key_updates_are_answered() {
+    let t = certs("keyupdate", TlsMode::Data);
+    let (c, s) = pair_for_test(t.client_config(), &t.server).unwrap();
+    let echo = thread::spawn(move || {
+        let mut buf = vec![0u8; 4096];
+        let mut total = 0;
+        while total < 3 * 100_000 {
+            let n = (&s).read(&mut buf).unwrap();
+            assert!(n > 0);
+            (&s).write_all(&buf[..n]).unwrap();
+            total += n;
+            if total > 150_000 && total - n <= 150_000 {
+                s.refresh_keys_for_test().unwrap();
+            }
+        }
+    });
+    let mut back = Vec::new();
+    let sent: Vec<u8> = pattern(300_000, 3);
+    let rd = c.try_clone().unwrap();
+    let reader = thread::spawn(move || {
+        let mut out = vec![0u8; 300_000];
+        (&rd).read_exact(&mut out).unwrap();
+        out
+    });
+    for (i, chunk) in sent.chunks(100_000).enumerate() {
+        if i == 1 {
+            c.refresh_keys_for_test().unwrap();
+        }
+        (&c).write_all(chunk).unwrap();
+    }
+    back.extend(reader.join().unwrap());
+    echo.join().unwrap();
+    assert!(back == sent, "echoed bytes differ");
+}
+
+fn echo_server(tls: Option<ServerTls>) -> Listener {
+    let sock = TcpListener::bind("127.0.0.1:0").unwrap();
+    Listener::start_tls(sock, "echo", None, tls, |sock: Stream, _g: ConnGuard| {
+        let out = Responder::new(sock.try_clone().unwrap(), Duration::from_secs(5)).unwrap();
+        let mut rd = FrameReader::new(sock, Duration::from_secs(5));
+        loop {
+            let hdr = match rd.next_header() {
+                Ok(Some(h)) => h,
+                Ok(None) => continue,
+                Err(_) => return,
+            };
+            let _head = rd.read_vec(hdr.head_len as usize).unwrap();
+            let payload = rd.read_vec(hdr.payload_len as usize).unwrap();
+            let out = out.clone();
+            // Replies from other threads, out of order, as a memory node sends them.
+            thread::spawn(move || {
+                let _ = out.ok(hdr.id, &MemResponse::Data, &[&payload]);
+            });
+        }
+    })
+    .unwrap()
+}
+
+fn opts(tls: Option<TlsConfig>) -> ConnOptions {
+    ConnOptions {
+        connect_timeout: Duration::from_secs(2),
+        call_timeout: Duration::from_secs(10),
+        stall_limit: Duration::from_secs(5),
+        cluster_key: None,
+        tls,
+    }
+}
+
+/// Many callers share one TLS connection, with frames from a few bytes to
+/// a few MiB (the large ones read straight into the caller's buffer): every
+/// reply carries exactly the bytes sent.
+#[test]
+fn concurrent_calls_over_one_tls_connection() {
+    let t = certs("rpc", TlsMode::Data);
+    let l = echo_server(Some(t.server(Plane::Data)));
+    let conn = RpcConn::connect_on(&l.local_addr().to_string(), opts(Some(t)), Plane::Data).unwrap();
+    let threads: Vec<_> = (0..4u8)
+        .map(|k| {
+            let conn = Arc::clone(&conn);
+            thread::spawn(move || {
+                for (i, len) in [0usize, 1, 100, 16 << 10, 70_000, 3 << 20, 24].into_iter().enumerate() {
+                    let data = pattern(len, k * 16 + i as u8);
+                    let mut back = vec![0u8; len];
+                    let (r, _) = conn
+                        .call::<_, MemResponse>(&MemRequest::Ping, &[&data], Some(&mut back))
+                        .unwrap();
+                    assert_eq!(r, MemResponse::Data);
+                    assert!(back == data, "thread {k}: {len} bytes differ");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
+#[test]
+fn plain_and_tls_mismatches_fail_quickly_with_a_reason() {
+    let t = certs("mismatch", TlsMode::Data);
+    let tls_server = echo_server(Some(t.server(Plane::Data)));
+    let started = Instant::now();
+    match RpcConn::connect(&tls_server.local_addr().to_string(), opts(None)) {
+        Err(RpcError::Tls { reason, .. }) => assert!(reason.contains("requires TLS"), "{reason}"),
+        other => panic!("plain client on a TLS server: {:?}", other.map(|_| ())),
+    }
+    let plain_server = echo_server(None);
+    match RpcConn::connect(&plain_server.local_addr().to_string(), opts(Some(t.clone()))) {
+        Err(RpcError::Tls { reason, .. }) => assert!(reason.contains("does not run with --tls"), "{reason}"),
+        other => panic!("TLS client on a plain server: {:?}", other.map(|_| ())),
+    }
+    let stranger = certs("stranger", TlsMode::Data);
+    match RpcConn::connect(&tls_server.local_addr().to_string(), opts(Some(stranger))) {
+        Err(RpcError::Tls { .. }) => {}
+        other => panic!("client of another CA: {:?}", other.map(|_| ())),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
+    // A memory node in control mode serves both kinds.
+    let both = echo_server(Some(t.server(Plane::Data)).map(|s| ServerTls { required: false, ..s }));
+    let addr = both.local_addr().to_string();
+    let plain = RpcConn::connect(&addr, opts(None)).unwrap();
+    let tls = RpcConn::connect(&addr, opts(Some(t))).unwrap();
+    for c in [plain, tls] {
+        let mut back = [0u8; 3];
+        c.call::<_, MemResponse>(&MemRequest::Ping, &[b"abc"], Some(&mut back))
+            .unwrap();
+        assert_eq!(&back, b"abc");
+    }
+}
+
+#[test]
+fn small_messages_both_ways() {
+    let t = certs("small", TlsMode::Data);
+    let (c, s) = pair_for_test(t.client_config(), &t.server).unwrap();
+    (&c).write_all(b"hello").unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut b = [0u8; 5];
+    (&s).read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"hello");
+    (&s).write_all(b"world").unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    (&c).read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"world");
+}
