@@ -11,7 +11,7 @@ use std::process::{Command, Output, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{cluster, session};
+use common::{cluster, session, stderr};
 use remora_cluster::LocalCluster;
 use remora_proto::frame::{HEADER_LEN, hello};
 use remora_proto::{ClusterKey, ComputeSession, ConnOptions, MemNodeClient, MemTransport, RemoteError, RpcError};
@@ -23,29 +23,7 @@ const MIB: u64 = 1 << 20;
 /// still running after 30 s (a daemon that was let in) is killed and fails
 /// the test rather than hanging it.
 fn remora(args: &[&str]) -> Output {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .env_remove("REMORA_CLUSTER_KEY_FILE")
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!("remora {args:?} still running after 30 s: {}", stderr(&out));
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
+    common::run_remora(args, &[])
 }
 
 /// Counts the manager's log lines that refuse a connection.

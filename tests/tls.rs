@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use common::stderr;
 use remora_cluster::{ClusterConfig, LocalCluster};
 use remora_proto::{ComputeSession, ConnOptions, MemNodeClient, NodeState, RpcError, TlsConfig, TlsMode};
 use remora_runtime::{RemBox, Remotable, Runtime, RuntimeConfig};
@@ -288,34 +289,8 @@ fn a_proxy_on_the_data_path_sees_the_plaintext_without_tls() {
     assert!(contains(&seen, &remora_proto::frame::hello()));
 }
 
-/// Runs the `remora` binary without TLS or key settings from the
-/// environment; one still running after 30 s is killed and fails the test.
 fn remora(args: &[&str], envs: &[(&str, &Path)]) -> Output {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .env_remove("REMORA_CLUSTER_KEY_FILE")
-        .env_remove("REMORA_TLS")
-        .env_remove("REMORA_TLS_DIR")
-        .envs(envs.iter().copied())
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("remora {args:?} still running after 30 s");
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
+    common::run_remora(args, envs)
 }
 
 fn stdout(o: &Output) -> String {

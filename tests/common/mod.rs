@@ -3,7 +3,9 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-use std::time::Duration;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use remora_cluster::{ClusterConfig, LocalCluster};
 use remora_proto::{ComputeSession, ConnOptions};
@@ -127,4 +129,37 @@ pub fn node_id(c: &LocalCluster, i: usize) -> remora_proto::NodeId {
         .find(|m| &m.addr == addr)
         .expect("the node is registered")
         .id
+}
+
+/// Runs the `remora` binary with `envs` and without key or TLS settings
+/// from the environment; one still running after 30 s is killed and fails
+/// the test.
+pub fn run_remora(args: &[&str], envs: &[(&str, &Path)]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_remora"))
+        .args(args)
+        .env_remove("REMORA_CLUSTER_KEY_FILE")
+        .env_remove("REMORA_TLS")
+        .env_remove("REMORA_TLS_DIR")
+        .envs(envs.iter().copied())
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!("remora {args:?} still running after 30 s: {}", stderr(&out));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// A command's standard error as text.
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
 }

@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::auth::{AuthError, ClusterKey, TAG_LEN, server_handshake};
-use crate::frame::{FrameError, FrameHeader, FrameKind, HEADER_LEN, VERSION, check_hello, hello, write_frame};
+use crate::frame::{
+    FrameError, FrameHeader, FrameKind, FrameReader, HEADER_LEN, VERSION, check_hello, hello, write_frame,
+};
 use crate::msg::{RemoteError, encode};
 use crate::tls::{ServerTls, Stream, TLS_HANDSHAKE, refuse_plain, refuse_tls};
 
@@ -264,6 +266,45 @@ impl Conns {
     /// True if no connection is open.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// One request as [`serve_requests`] hands it over.
+#[derive(Debug)]
+pub struct Request {
+    /// Its frame header (the id to answer under).
+    pub header: FrameHeader,
+    /// The postcard head.
+    pub head: Vec<u8>,
+    /// The payload.
+    pub payload: Vec<u8>,
+}
+
+/// The smallest server loop: reads requests from `sock` and hands each to
+/// `handle` with a reply writer, until the peer hangs up, sends a malformed
+/// frame or stalls past `stall_limit` inside one, or `handle` returns false.
+/// For test and benchmark servers (ping, echo); the memory node and the
+/// manager have their own loops, with dispatch and accounting.
+pub fn serve_requests(sock: Stream, stall_limit: Duration, mut handle: impl FnMut(&Responder, Request) -> bool) {
+    let Ok(out) = sock.try_clone().and_then(|s| Responder::new(s, stall_limit)) else {
+        return;
+    };
+    let mut rd = FrameReader::new(sock, stall_limit);
+    loop {
+        let header = match rd.next_header() {
+            Ok(Some(h)) => h,
+            Ok(None) => continue,
+            Err(_) => return,
+        };
+        let (Ok(head), Ok(payload)) = (
+            rd.read_vec(header.head_len as usize),
+            rd.read_vec(header.payload_len as usize),
+        ) else {
+            return;
+        };
+        if !handle(&out, Request { header, head, payload }) {
+            return;
+        }
     }
 }
 

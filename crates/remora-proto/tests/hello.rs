@@ -8,26 +8,17 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
-use remora_proto::frame::{FrameError, FrameHeader, FrameKind, FrameReader, HEADER_LEN, VERSION, hello, write_frame};
+use remora_proto::frame::{FrameError, FrameHeader, FrameKind, HEADER_LEN, VERSION, hello, write_frame};
 use remora_proto::msg::{MemRequest, MemResponse, decode, encode};
-use remora_proto::server::{ConnGuard, HelloError, Listener, Responder, answer_hello};
+use remora_proto::server::{ConnGuard, HelloError, Listener, answer_hello, serve_requests};
 use remora_proto::{ConnOptions, RpcConn, RpcError, Stream};
 
 /// Answers `Ping` with `Pong` until the peer hangs up.
 fn ping_server(sock: Stream, _guard: ConnGuard) {
-    let out = Responder::new(sock.try_clone().unwrap(), Duration::from_secs(5)).unwrap();
-    let mut rd = FrameReader::new(sock, Duration::from_secs(5));
-    loop {
-        let hdr = match rd.next_header() {
-            Ok(Some(h)) => h,
-            Ok(None) => continue,
-            // A malformed frame closes the connection, as in the real servers.
-            Err(_) => return,
-        };
-        let head = rd.read_vec(hdr.head_len as usize).unwrap();
-        assert_eq!(decode::<MemRequest>(&head).unwrap(), MemRequest::Ping);
-        out.ok(hdr.id, &MemResponse::Pong, &[]).unwrap();
-    }
+    serve_requests(sock, Duration::from_secs(5), |out, req| {
+        assert_eq!(decode::<MemRequest>(&req.head).unwrap(), MemRequest::Ping);
+        out.ok(req.header.id, &MemResponse::Pong, &[]).is_ok()
+    });
 }
 
 fn start_ping_server() -> Listener {

@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use remora_proto::frame::{FrameKind, FrameReader, HEADER_LEN, hello, write_frame};
+use remora_proto::frame::{FrameKind, HEADER_LEN, hello, write_frame};
 use remora_proto::msg::{MemRequest, MemResponse, RemoteError, decode, encode};
-use remora_proto::server::{ConnGuard, Listener, Responder};
+use remora_proto::server::{ConnGuard, Listener, serve_requests};
 use remora_proto::{ClusterKey, ConnOptions, RpcConn, RpcError, Stream};
 
 /// A ping server that counts the requests it serves.
@@ -19,19 +19,11 @@ fn start(key: Option<ClusterKey>) -> (Listener, Arc<AtomicU64>) {
     let s2 = Arc::clone(&served);
     let sock = TcpListener::bind("127.0.0.1:0").unwrap();
     let l = Listener::start(sock, "ping", key, move |sock: Stream, _g: ConnGuard| {
-        let out = Responder::new(sock.try_clone().unwrap(), Duration::from_secs(5)).unwrap();
-        let mut rd = FrameReader::new(sock, Duration::from_secs(5));
-        loop {
-            let hdr = match rd.next_header() {
-                Ok(Some(h)) => h,
-                Ok(None) => continue,
-                Err(_) => return,
-            };
-            let head = rd.read_vec(hdr.head_len as usize).unwrap();
-            assert_eq!(decode::<MemRequest>(&head).unwrap(), MemRequest::Ping);
+        serve_requests(sock, Duration::from_secs(5), |out, req| {
+            assert_eq!(decode::<MemRequest>(&req.head).unwrap(), MemRequest::Ping);
             s2.fetch_add(1, Ordering::Relaxed);
-            out.ok(hdr.id, &MemResponse::Pong, &[]).unwrap();
-        }
+            out.ok(req.header.id, &MemResponse::Pong, &[]).is_ok()
+        });
     })
     .unwrap();
     (l, served)

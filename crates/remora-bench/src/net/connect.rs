@@ -16,9 +16,8 @@ use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use remora_proto::frame::FrameReader;
 use remora_proto::msg::{MemRequest, MemResponse, decode};
-use remora_proto::server::{ConnGuard, Listener, Responder};
+use remora_proto::server::{ConnGuard, Listener, serve_requests};
 use remora_proto::{ClusterKey, ConnOptions, RpcConn, Stream};
 use serde_json::{Value, json};
 
@@ -29,25 +28,10 @@ const BLOCK: u64 = 20;
 
 /// Answers `Ping` with `Pong` until the peer hangs up.
 fn serve_pings(sock: Stream, _guard: ConnGuard) {
-    let Ok(out) = sock.try_clone().and_then(|s| Responder::new(s, Duration::from_secs(5))) else {
-        return;
-    };
-    let mut rd = FrameReader::new(sock, Duration::from_secs(5));
-    loop {
-        let hdr = match rd.next_header() {
-            Ok(Some(h)) => h,
-            Ok(None) => continue,
-            Err(_) => return,
-        };
-        let Ok(head) = rd.read_vec(hdr.head_len as usize) else {
-            return;
-        };
-        if decode::<MemRequest>(&head).ok() != Some(MemRequest::Ping)
-            || out.ok(hdr.id, &MemResponse::Pong, &[]).is_err()
-        {
-            return;
-        }
-    }
+    serve_requests(sock, Duration::from_secs(5), |out, req| {
+        decode::<MemRequest>(&req.head).ok() == Some(MemRequest::Ping)
+            && out.ok(req.header.id, &MemResponse::Pong, &[]).is_ok()
+    });
 }
 
 /// One side of the comparison.

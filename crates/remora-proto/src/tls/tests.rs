@@ -8,9 +8,8 @@ use std::time::{Duration, Instant};
 use super::certs::{CertsError, write_certs};
 use super::stream::pair_for_test;
 use super::*;
-use crate::frame::FrameReader;
 use crate::msg::{MemRequest, MemResponse};
-use crate::server::{ConnGuard, Listener, Responder};
+use crate::server::{ConnGuard, Listener, serve_requests};
 use crate::{ConnOptions, RpcConn, RpcError};
 
 fn temp_dir(tag: &str) -> PathBuf {
@@ -148,22 +147,14 @@ fn key_updates_are_answered() {
 fn echo_server(tls: Option<ServerTls>) -> Listener {
     let sock = TcpListener::bind("127.0.0.1:0").unwrap();
     Listener::start_tls(sock, "echo", None, tls, |sock: Stream, _g: ConnGuard| {
-        let out = Responder::new(sock.try_clone().unwrap(), Duration::from_secs(5)).unwrap();
-        let mut rd = FrameReader::new(sock, Duration::from_secs(5));
-        loop {
-            let hdr = match rd.next_header() {
-                Ok(Some(h)) => h,
-                Ok(None) => continue,
-                Err(_) => return,
-            };
-            let _head = rd.read_vec(hdr.head_len as usize).unwrap();
-            let payload = rd.read_vec(hdr.payload_len as usize).unwrap();
+        serve_requests(sock, Duration::from_secs(5), |out, req| {
             let out = out.clone();
             // Replies from other threads, out of order, as a memory node sends them.
             thread::spawn(move || {
-                let _ = out.ok(hdr.id, &MemResponse::Data, &[&payload]);
+                let _ = out.ok(req.header.id, &MemResponse::Data, &[&req.payload]);
             });
-        }
+            true
+        });
     })
     .unwrap()
 }
