@@ -8,6 +8,7 @@
 use std::time::{Duration, Instant};
 
 use remora_memnode::InProcessCluster;
+use remora_proto::NodeId;
 use remora_proto::msg::PeerTraffic;
 use remora_runtime::scheme::SchemeOptions;
 use remora_runtime::{RemBox, Remotable, Runtime, RuntimeConfig, RuntimeError, Stats, scheme};
@@ -614,6 +615,32 @@ fn redundant_schemes_rebuild_kept_copies() {
     }
 }
 
+/// Fills one stripe group's worth (1024 objects) and waits for eviction;
+/// returns the objects and a node of the group (a node to make slow).
+fn first_stripe_group(rt: &Runtime) -> (Vec<RemBox<Obj>>, NodeId) {
+    let first: Vec<RemBox<Obj>> = (0..1024u64).map(|i| rt.alloc(obj(i, 0)).unwrap()).collect();
+    rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
+    (first, rt.regions()[0].1.node)
+}
+
+/// Gives back empty regions until far memory in use is what `left` says of
+/// the stats (within 30 s), every object being gone.
+fn drains_to(rt: &Runtime, left: impl Fn(&Stats) -> u64) {
+    let start = Instant::now();
+    loop {
+        rt.give_back_empty_regions();
+        let st = rt.stats();
+        if st.remote_bytes_used == left(&st) {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "far memory in use is not what it should be with every object gone: {st:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// A node that answers writes 2 s late: the first stripe write to it is
 /// given up as overdue (the detector's write bound, far below 2 s) and the
 /// stripe placed again without it, so eviction does not wait it out. The
@@ -624,10 +651,7 @@ fn ec_batch_places_a_stripe_again_when_its_write_is_overdue() {
     let _one_at_a_time = common::serial();
     let c = cluster();
     let rt = runtime(&c, "ec-batch", MIB);
-    // One stripe group's worth first, so a node of it can be made slow.
-    let first: Vec<RemBox<Obj>> = (0..1024u64).map(|i| rt.alloc(obj(i, 0)).unwrap()).collect();
-    rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
-    let slow = rt.regions()[0].1.node;
+    let (first, slow) = first_stripe_group(&rt);
     c.node(slow).unwrap().set_delay(Duration::from_secs(2));
     let before = rt.stats();
     let rest: Vec<RemBox<Obj>> = (1024..4096u64).map(|i| rt.alloc(obj(i, 0)).unwrap()).collect();
@@ -642,19 +666,7 @@ fn ec_batch_places_a_stripe_again_when_its_write_is_overdue() {
     let objs: Vec<RemBox<Obj>> = first.into_iter().chain(rest).collect();
     verify(&rt, &objs, |_| 0).unwrap();
     drop(objs);
-    let start = Instant::now();
-    loop {
-        rt.give_back_empty_regions();
-        let st = rt.stats();
-        if st.remote_bytes_used == 0 {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "far pages still in use with every object gone: {st:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    drains_to(&rt, |_| 0);
 }
 
 /// A stripe write given up as overdue and still unanswered at its call
@@ -665,11 +677,9 @@ fn ec_batch_reports_the_pages_an_unanswered_write_strands() {
     let _one_at_a_time = common::serial();
     let c = cluster();
     let rt = runtime(&c, "ec-batch", MIB);
-    let first: Vec<RemBox<Obj>> = (0..1024u64).map(|i| rt.alloc(obj(i, 0)).unwrap()).collect();
-    rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
+    let (first, slow) = first_stripe_group(&rt);
     assert_eq!(rt.stats().stranded_bytes, 0);
     // Slower than the call timeout: writes to it are never answered in time.
-    let slow = rt.regions()[0].1.node;
     c.node(slow).unwrap().set_call_timeout(Duration::from_secs(1));
     c.node(slow).unwrap().set_delay(Duration::from_secs(3));
     let mut objs: Vec<RemBox<Obj>> = first;
@@ -690,17 +700,6 @@ fn ec_batch_reports_the_pages_an_unanswered_write_strands() {
     c.node(slow).unwrap().set_delay(Duration::ZERO);
     verify(&rt, &objs, |_| 0).unwrap();
     drop(objs);
-    let start = Instant::now();
-    loop {
-        rt.give_back_empty_regions();
-        let st = rt.stats();
-        if st.remote_bytes_used == st.stranded_bytes {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "far memory in use is not what was stranded with every object gone: {st:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    // Exactly the stranded pages stay in use.
+    drains_to(&rt, |st| st.stranded_bytes);
 }
