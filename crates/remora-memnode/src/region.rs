@@ -46,6 +46,10 @@ pub(crate) struct RegionInner {
     pub(crate) epoch: Epoch,
     /// Members with a generation or a staged change, by offset.
     pub(crate) members: BTreeMap<u64, MemberState>,
+    /// The longest member ever entered in `members`: a write at `start`
+    /// can only overlap members from `start - widest` on, so it looks at
+    /// those and not at every member below it.
+    pub(crate) widest: u32,
 }
 
 /// One far-memory region.
@@ -226,6 +230,12 @@ impl RegionInner {
         self.members.get(&offset).map_or(0, |m| m.generation)
     }
 
+    /// Enters (or updates) the member at `offset`.
+    pub(crate) fn enter_member(&mut self, offset: u64, st: MemberState) {
+        self.widest = self.widest.max(st.len);
+        self.members.insert(offset, st);
+    }
+
     /// A plain write of `range` makes fresh members there: their generations
     /// restart at 0 and a change staged for them is superseded (its commit
     /// will be refused).
@@ -238,7 +248,7 @@ impl RegionInner {
             .members
             .range(..end)
             .rev()
-            .take_while(|(off, _)| **off + u64::from(remora_proto::frame::MAX_PAYLOAD_LEN) > start)
+            .take_while(|(off, _)| **off + u64::from(self.widest) > start)
             .filter(|(off, m)| **off + u64::from(m.len) > start)
             .map(|(off, _)| *off)
             .collect();
@@ -422,5 +432,35 @@ mod tests {
         // A revoke never moves the epoch back.
         r.revoke(6);
         assert_eq!(r.read().epoch, 7);
+    }
+
+    #[test]
+    fn a_write_supersedes_exactly_the_members_it_overlaps() {
+        let mut g = RegionInner::default();
+        let member = |len| MemberState {
+            len,
+            generation: 1,
+            staged: None,
+        };
+        // Many short members below a long one: a write near the top must
+        // not miss the long one that reaches it.
+        for i in 0..100u64 {
+            g.enter_member(i * 8, member(8));
+        }
+        g.enter_member(1000, member(4096));
+        g.enter_member(8000, member(8));
+        let offsets = |g: &RegionInner| g.members.keys().copied().collect::<Vec<_>>();
+        let before = offsets(&g);
+        g.wrote(&(5096..5100)); // just past the long member's end
+        g.wrote(&(800..1000)); // between the short ones and the long one
+        assert_eq!(offsets(&g), before, "nothing overlapped");
+        g.wrote(&(5095..5096)); // the long member's last byte
+        assert!(!g.members.contains_key(&1000));
+        g.wrote(&(15..17)); // the ends of members 8 and 16
+        assert!(!g.members.contains_key(&8) && !g.members.contains_key(&16));
+        assert!(g.members.contains_key(&0) && g.members.contains_key(&24));
+        g.wrote(&(7990..8001));
+        assert!(!g.members.contains_key(&8000));
+        assert_eq!(g.members.len(), 98);
     }
 }

@@ -256,7 +256,7 @@ where
             _ => {}
         }
         let staged = make(&g.mem[range])?;
-        g.members.insert(
+        g.enter_member(
             to.offset,
             MemberState {
                 staged: Some(key),
