@@ -281,9 +281,15 @@ pub(crate) fn wait_prepared(far: &FarMemory, link: &Link, t: Ticket, delta: Opti
 /// Sends phase two (`Commit` or `Abort`) and waits for it no longer than
 /// the transaction bound. An overdue one stays queued on the connection.
 pub(crate) fn decide(far: &FarMemory, link: &Link, req: &MemRequest) -> Result<(), RpcError> {
+    let t = link.send(req, &[])?;
+    wait_decided(far, link, req, t)
+}
+
+/// Waits for a phase two sent as `req` (ticket `t`), as [`decide`] does:
+/// several decisions can be in flight at once on different nodes.
+pub(crate) fn wait_decided(far: &FarMemory, link: &Link, req: &MemRequest, t: Ticket) -> Result<(), RpcError> {
     let full = link.call_timeout();
     let bound = far.detector.txns.bound(full);
-    let t = link.send(req, &[])?;
     match (req, link.wait(t, None, bound)) {
         (MemRequest::Commit { .. }, Ok(MemResponse::Committed))
         | (MemRequest::Abort { .. }, Ok(MemResponse::Aborted)) => Ok(()),

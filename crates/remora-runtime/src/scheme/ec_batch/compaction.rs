@@ -175,32 +175,37 @@ pub(super) fn run(sh: &Arc<Shared>, far: &Arc<FarMemory>, stop: &AtomicBool) {
         // Few folds found: the scan costs more than it wins; let holes
         // gather before the next one.
         let few = folds.len() < BATCH / 4;
-        for f in folds {
-            // Picked with the rest of the batch; a node of its group may
-            // have failed a fold since. Its spansets stay busy while it
-            // waits, and their degraded reads wait for them.
-            if (0..sh.c.n()).any(|p| sh.c.place.unusable(far, f.group, p)) {
-                sh.finish_fold(far, &f, false);
+        for batch in by_group(folds) {
+            // Picked with the rest; a node of its group may have failed a
+            // fold since. Its spansets stay busy while they wait, and their
+            // degraded reads wait for them.
+            let group = batch[0].group;
+            if (0..sh.c.n()).any(|p| sh.c.place.unusable(far, group, p)) {
+                for f in &batch {
+                    sh.finish_fold(far, f, false);
+                }
                 continue;
             }
             let start = Instant::now();
             let mode = gate.enter();
-            let committed = match sh.execute(far, &f, *mode) {
+            let committed = match sh.execute(far, &batch, *mode) {
                 Ok(()) => {
                     match *mode {
                         Mode::Local => &c.local_folds,
                         Mode::Remote => &c.remote_folds,
                     }
-                    .fetch_add(1, Ordering::Relaxed);
+                    .fetch_add(batch.len() as u64, Ordering::Relaxed);
                     true
                 }
                 Err(e) => {
-                    tracing::debug!("{}: fold of spanset {} into {} aborted: {e}", sh.c.name, f.b, f.a);
+                    tracing::debug!("{}: {} folds in group {group} aborted: {e}", sh.c.name, batch.len());
                     false
                 }
             };
             drop(mode);
-            sh.finish_fold(far, &f, committed);
+            for f in &batch {
+                sh.finish_fold(far, f, committed);
+            }
             sh.compaction
                 .busy_ns
                 .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -209,6 +214,18 @@ pub(super) fn run(sh: &Arc<Shared>, far: &Arc<FarMemory>, stop: &AtomicBool) {
             sh.compaction.nap();
         }
     }
+}
+
+/// The folds split by stripe group, each group's folds one transaction.
+fn by_group(folds: Vec<Fold>) -> Vec<Vec<Fold>> {
+    let mut groups: Vec<Vec<Fold>> = Vec::new();
+    for f in folds {
+        match groups.iter_mut().find(|b| b[0].group == f.group) {
+            Some(b) => b.push(f),
+            None => groups.push(vec![f]),
+        }
+    }
+    groups
 }
 
 impl Shared {
@@ -329,12 +346,21 @@ impl Shared {
         fold
     }
 
-    /// Runs the fold's two-phase commit on the memory nodes.
-    fn execute(&self, far: &FarMemory, f: &Fold, mode: Mode) -> Result<(), RuntimeError> {
+    /// Runs the folds' two-phase commit on the memory nodes: the folds of
+    /// one stripe group as one transaction, so each node of the group is
+    /// sent one commit for all of them, every commit in flight at once. The
+    /// folds' spansets are disjoint, so no member is staged twice.
+    fn execute(&self, far: &FarMemory, folds: &[Fold], mode: Mode) -> Result<(), RuntimeError> {
         let (k, m) = (self.c.k, self.c.m);
-        let g = self.c.place.group(f.group);
+        let Some(group) = folds.first().map(|f| f.group) else {
+            return Ok(());
+        };
+        debug_assert!(
+            folds.iter().all(|f| f.group == group),
+            "one stripe group per transaction"
+        );
+        let g = self.c.place.group(group);
         let txn = TxnId(self.compaction.next_txn.fetch_add(1, Ordering::Relaxed) + 1);
-        let link = |pos: usize| far.regions.client(g.regions[pos]);
         // A participant that fails or is overdue is suspected, so the
         // batch's other folds in its group are skipped.
         let blame = |pos: usize| {
@@ -346,27 +372,37 @@ impl Shared {
                 e
             }
         };
-        let data: Vec<(Arc<FarRegion>, Link)> = f.moves.iter().map(|&p| link(p)).collect::<Result<_, _>>()?;
-        let parity: Vec<(Arc<FarRegion>, Link)> = (k..k + m).map(link).collect::<Result<_, _>>()?;
-        let member = |r: &FarRegion, page: u32, generation: u64| TxnMember {
+        // Every position of the group that a fold touches, in order.
+        let mut involved = vec![false; k + m];
+        for f in folds {
+            for &p in &f.moves {
+                involved[p] = true;
+            }
+        }
+        involved[k..].iter_mut().for_each(|i| *i = true);
+        let links: Vec<Option<(Arc<FarRegion>, Link)>> = (0..k + m)
+            .map(|p| involved[p].then(|| far.regions.client(g.regions[p])).transpose())
+            .collect::<Result<_, _>>()?;
+        let link = |p: usize| links[p].as_ref().expect("an involved position has a link");
+        let member = |r: &FarRegion, page: u32, generation: u64, len: usize| TxnMember {
             cap: r.grant.cap,
             offset: offset(page),
-            len: f.len as u32,
+            len: len as u32,
             generation,
         };
         let prepared = (|| -> Result<(), RuntimeError> {
-            let targets = |pos: usize| -> Result<Vec<DeltaTarget>, RuntimeError> {
+            let targets = |f: &Fold, pos: usize| -> Result<Vec<DeltaTarget>, RuntimeError> {
                 if mode == Mode::Local {
                     return Ok(Vec::new());
                 }
                 (0..m)
                     .map(|j| {
-                        let (r, _) = &parity[j];
+                        let (r, _) = link(k + j);
                         Ok(DeltaTarget {
                             addr: r.grant.addr.clone(),
                             member: TxnMember {
                                 cap: r.grant.cap.apply_delta(),
-                                ..member(r, f.parity[j].0, f.parity[j].1)
+                                ..member(r, f.parity[j].0, f.parity[j].1, f.len)
                             },
                             coef: self
                                 .c
@@ -377,83 +413,114 @@ impl Shared {
                     })
                     .collect()
             };
-            let mut tickets = Vec::with_capacity(f.moves.len());
-            for (i, &pos) in f.moves.iter().enumerate() {
-                let (r, c) = &data[i];
-                let op = TxnOp::Move {
-                    to: member(r, f.a_at[i].0, f.a_at[i].1),
-                    from_cap: r.grant.cap,
-                    from: offset(f.b_page[i]),
-                    return_delta: mode == Mode::Local,
-                    targets: targets(pos)?,
-                };
-                tickets.push(c.send_prepare(txn, op, &[])?);
+            // Every move of every fold in flight at once.
+            let mut tickets = Vec::new();
+            for (fi, f) in folds.iter().enumerate() {
+                for (i, &pos) in f.moves.iter().enumerate() {
+                    let (r, c) = link(pos);
+                    let op = TxnOp::Move {
+                        to: member(r, f.a_at[i].0, f.a_at[i].1, f.len),
+                        from_cap: r.grant.cap,
+                        from: offset(f.b_page[i]),
+                        return_delta: mode == Mode::Local,
+                        targets: targets(f, pos)?,
+                    };
+                    tickets.push((fi, pos, c.send_prepare(txn, op, &[])?));
+                }
             }
-            let mut deltas = vec![vec![0u8; f.len]; m];
-            let mut delta = vec![0u8; f.len];
-            for (i, t) in tickets.into_iter().enumerate() {
-                let (_, c) = &data[i];
+            // Local: per fold, the parity deltas its moves add up to.
+            let mut deltas: Vec<Vec<Vec<u8>>> = Vec::new();
+            if mode == Mode::Local {
+                deltas = folds.iter().map(|f| vec![vec![0u8; f.len]; m]).collect();
+            }
+            let mut delta = Vec::new();
+            for (fi, pos, t) in tickets {
+                let (_, c) = link(pos);
                 if mode == Mode::Local {
-                    shards::wait_prepared(far, c, t, Some(&mut delta)).map_err(blame(f.moves[i]))?;
-                    for (j, d) in deltas.iter_mut().enumerate() {
+                    delta.resize(folds[fi].len, 0);
+                    shards::wait_prepared(far, c, t, Some(&mut delta)).map_err(blame(pos))?;
+                    for (j, d) in deltas[fi].iter_mut().enumerate() {
                         self.c
                             .codec
-                            .apply_delta(f.moves[i], j, &delta, d)
+                            .apply_delta(pos, j, &delta, d)
                             .map_err(|e| RuntimeError::Config(e.to_string()))?;
                     }
                 } else {
-                    shards::wait_prepared(far, c, t, None).map_err(blame(f.moves[i]))?;
+                    shards::wait_prepared(far, c, t, None).map_err(blame(pos))?;
                 }
             }
             if mode == Mode::Local {
-                let mut tickets = Vec::with_capacity(m);
-                for (j, (r, c)) in parity.iter().enumerate() {
-                    let op = TxnOp::Apply {
-                        to: member(r, f.parity[j].0, f.parity[j].1),
-                    };
-                    tickets.push(c.send_prepare(txn, op, &deltas[j])?);
+                let mut tickets = Vec::with_capacity(folds.len() * m);
+                for (fi, f) in folds.iter().enumerate() {
+                    for (j, (d, &(page, generation))) in deltas[fi].iter().zip(&f.parity).enumerate() {
+                        let (r, c) = link(k + j);
+                        let op = TxnOp::Apply {
+                            to: member(r, page, generation, f.len),
+                        };
+                        tickets.push((k + j, c.send_prepare(txn, op, d)?));
+                    }
                 }
-                for (j, t) in tickets.into_iter().enumerate() {
-                    shards::wait_prepared(far, &parity[j].1, t, None).map_err(blame(k + j))?;
+                for (pos, t) in tickets {
+                    shards::wait_prepared(far, &link(pos).1, t, None).map_err(blame(pos))?;
                 }
             }
             Ok(())
         })();
-        let everyone = data.iter().chain(parity.iter());
+        let everyone = || links.iter().flatten();
         if let Err(e) = prepared {
-            for (r, c) in everyone {
+            for (r, c) in everyone() {
                 let _ = shards::decide(far, c, &MemRequest::Abort { cap: r.grant.cap, txn });
             }
             return Err(e);
         }
-        // Decided: every participant prepared.
-        for (r, c) in everyone {
-            let mut done = false;
-            for attempt in 0..COMMIT_ATTEMPTS {
-                match shards::decide(far, c, &MemRequest::Commit { cap: r.grant.cap, txn }) {
-                    Ok(()) => {
-                        done = true;
-                        break;
-                    }
-                    Err(e) => {
-                        tracing::warn!(
-                            "{}: commit on {} failed ({e}), attempt {attempt}",
-                            self.c.name,
-                            r.grant.addr
-                        );
-                        if matches!(e, RpcError::Timeout { .. }) {
-                            break; // overdue: the commit stays queued there
-                        }
-                        std::thread::sleep(Duration::from_millis(20 << attempt));
-                    }
-                }
-            }
-            if !done {
+        // Decided: every participant prepared. Every commit in flight at
+        // once; one that fails is retried on its own.
+        let sent: Vec<_> = everyone()
+            .map(|(r, c)| {
+                let req = MemRequest::Commit { cap: r.grant.cap, txn };
+                let t = c.send(&req, &[]);
+                (r, c, req, t)
+            })
+            .collect();
+        for (r, c, req, t) in sent {
+            let first = t.and_then(|t| shards::wait_decided(far, c, &req, t));
+            if !self.committed(far, r, c, &req, first) {
                 // Its member is rebuilt from the others, which committed.
                 far.detector.suspects.suspect(r.grant.node);
             }
         }
         Ok(())
+    }
+
+    /// Whether a commit whose first attempt gave `first` has been answered,
+    /// retrying it up to [`COMMIT_ATTEMPTS`] times in all. An overdue one
+    /// is not retried: it stays queued on the connection.
+    fn committed(
+        &self,
+        far: &FarMemory,
+        r: &FarRegion,
+        c: &Link,
+        req: &MemRequest,
+        first: Result<(), RpcError>,
+    ) -> bool {
+        let mut outcome = first;
+        for attempt in 0..COMMIT_ATTEMPTS {
+            let e = match outcome {
+                Ok(()) => return true,
+                Err(e) => e,
+            };
+            tracing::warn!(
+                "{}: commit on {} failed ({e}), attempt {attempt}",
+                self.c.name,
+                r.grant.addr
+            );
+            if matches!(e, RpcError::Timeout { .. }) || attempt + 1 == COMMIT_ATTEMPTS {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20 << attempt));
+            outcome = shards::decide(far, c, req);
+        }
+        false
     }
 
     /// Records a fold's outcome: on commit, a holds b's spans and b is given
