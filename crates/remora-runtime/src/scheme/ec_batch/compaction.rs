@@ -29,7 +29,6 @@
 //! member is rebuilt from the others, which hold the new state). Before
 //! that point any failure aborts the fold and nothing changed.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -251,16 +250,14 @@ impl Shared {
         if st.hole_pages == 0 || !self.worth_folding(far, &st) {
             return Vec::new();
         }
-        let mut usable: HashMap<usize, bool> = HashMap::new();
-        let mut buckets: HashMap<(usize, u32), Vec<Candidate>> = HashMap::new();
+        // Whether each stripe group may take part, looked up once per group.
+        let mut usable: Vec<Option<bool>> = Vec::new();
+        // (row length, group, live spans, candidate): one vector sorted
+        // once, not a map of buckets, since this runs under the scheme's
+        // lock and walks every spanset.
+        let mut cands: Vec<(u32, usize, u32, Candidate)> = Vec::new();
         for (&id, ss) in &st.sets {
-            if ss.busy || st.recovering.contains(&ss.group) {
-                continue;
-            }
-            let ok = *usable
-                .entry(ss.group)
-                .or_insert_with(|| (0..self.c.n()).all(|p| !self.c.place.unusable(far, ss.group, p)));
-            if !ok {
+            if ss.busy {
                 continue;
             }
             debug_assert!(ss.masks_agree(), "spanset {id}'s masks are stale");
@@ -268,27 +265,39 @@ impl Shared {
             // A spanset can only be folded (few live spans) or be folded
             // into (some holes): most full ones are neither.
             let foldable = live != 0 && live.count_ones() <= (self.c.k as u32 / 2).max(1);
-            if live != 0 && (foldable || holes != 0) {
-                buckets
-                    .entry((ss.group, ss.row_pages))
-                    .or_default()
-                    .push((id, live, holes));
+            if live == 0 || !(foldable || holes != 0) {
+                continue;
+            }
+            if usable.len() <= ss.group {
+                usable.resize(ss.group + 1, None);
+            }
+            let ok = *usable[ss.group].get_or_insert_with(|| {
+                !st.recovering.contains(&ss.group) && (0..self.c.n()).all(|p| !self.c.place.unusable(far, ss.group, p))
+            });
+            if ok {
+                cands.push((ss.row_pages, ss.group, live.count_ones(), (id, live, holes)));
+            }
+        }
+        // Larger rows first (a fold gives back the whole folded spanset);
+        // within a bucket, spansets with few live spans first, as `pair`
+        // wants them.
+        cands.sort_unstable_by_key(|&(rows, group, lives, (id, _, _))| (std::cmp::Reverse(rows), group, lives, id));
+        let v: Vec<Candidate> = cands.iter().map(|c| c.3).collect();
+        let mut buckets: Vec<std::ops::Range<usize>> = Vec::new();
+        for (i, c) in cands.iter().enumerate() {
+            match buckets.last_mut() {
+                Some(r) if (cands[r.start].0, cands[r.start].1) == (c.0, c.1) => r.end = i + 1,
+                _ => buckets.push(i..i + 1),
             }
         }
         let mut pairs: Vec<(u64, u64, u64)> = Vec::new();
-        // Larger rows first: a fold gives back the whole folded spanset.
-        let mut keys: Vec<(usize, u32)> = buckets.keys().copied().collect();
-        keys.sort_by_key(|&(g, rows)| (std::cmp::Reverse(rows), g));
-        for v in buckets.values_mut() {
-            v.sort_by_key(|&(id, live, _)| (live.count_ones(), id));
-        }
         // Spansets with few live spans first: each moved span costs about a
         // span of deltas, each hole of the folded spanset is what is won.
         // Up to k/2 live spans only when none of those folds.
         let k = self.c.k as u32;
         for limit in [(k / 4).max(1), (k / 2).max(1)] {
-            for key in &keys {
-                let v = &buckets[key];
+            for r in &buckets {
+                let v = &v[r.clone()];
                 for (a, b) in pairing::pair(v, limit, max - pairs.len()) {
                     pairs.push((v[a].0, v[b].0, v[b].1));
                 }
