@@ -261,7 +261,7 @@ impl Shared {
                 continue;
             }
             debug_assert!(ss.masks_agree(), "spanset {id}'s masks are stale");
-            let (live, holes) = (ss.live, ss.hole_mask());
+            let (live, holes) = (ss.live, ss.fold_holes());
             // A spanset can only be folded (few live spans) or be folded
             // into (some holes): most full ones are neither.
             let foldable = live != 0 && live.count_ones() <= (self.c.k as u32 / 2).max(1);
@@ -322,20 +322,17 @@ impl Shared {
         let mut cancelled = 0u64;
         let bs = st.sets.get_mut(&b).expect("picked from the table");
         bs.busy = true;
-        for m in bs.members.iter_mut().filter(|m| m.kept) {
-            m.kept = false;
-            cancelled += m.pages as u64;
+        for p in 0..bs.members.len() {
+            if bs.members[p].kept {
+                bs.set_kept(p, false);
+                cancelled += bs.members[p].pages as u64;
+            }
         }
         let b_page = moves.iter().map(|&p| bs.members[p].page).collect();
         let as_ = st.sets.get_mut(&a).expect("picked from the table");
         as_.busy = true;
-        for &p in &moves {
-            let m = &mut as_.members[p];
-            if m.kept {
-                m.kept = false;
-                cancelled += m.pages as u64;
-            }
-        }
+        // A's kept holes are never picked (see `Spanset::fold_holes`).
+        debug_assert_eq!(as_.kept & live_b, 0, "a fold fills a kept hole");
         let fold = Fold {
             a,
             b,
@@ -560,7 +557,6 @@ impl Shared {
             let am = &mut a.members[p];
             st.by_span.remove(&(regions[p], am.name));
             am.name = bm.name;
-            am.kept = false;
             am.sum = bm.sum;
             am.generation += 1;
             a.set_live(p, bm.live);

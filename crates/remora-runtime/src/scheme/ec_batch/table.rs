@@ -49,7 +49,7 @@ impl Shared {
         let keep = keep && !ss.busy;
         if ss.busy || ss.live != 0 || (keep && self.c.k == 1) {
             if keep {
-                ss.members[pos].kept = true;
+                ss.set_kept(pos, true);
                 st.kept_pages += self.kept_weight(pages);
                 return Some(id);
             }
@@ -194,5 +194,59 @@ impl Shared {
             let (page, len) = ss.at(p);
             self.c.place.free(far, ss.group, p, page, (len / PAGE_SIZE) as u32);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Member, Parity, Spanset};
+
+    fn member(pages: u32, live: bool, kept: bool) -> Member {
+        Member {
+            page: 0,
+            pages,
+            name: 0,
+            generation: 0,
+            live,
+            kept,
+            sum: 0,
+        }
+    }
+
+    #[test]
+    fn folds_fill_holes_but_never_kept_copies() {
+        let parity = vec![
+            Parity {
+                page: 0,
+                sum: None,
+                generation: 0
+            };
+            2
+        ];
+        // Positions: live, hole, kept copy, short hole.
+        let members = vec![
+            member(2, true, false),
+            member(2, false, false),
+            member(2, false, true),
+            member(1, false, false),
+        ];
+        let mut ss = Spanset::new(0, 2, members, parity);
+        assert!(ss.masks_agree());
+        assert_eq!(ss.hole_mask(), 0b0110);
+        assert_eq!(
+            ss.fold_holes(),
+            0b0010,
+            "the kept copy and the short hole are not fillable"
+        );
+        // The kept copy comes back (clean re-eviction), then leaves again as a plain hole.
+        ss.set_kept(2, false);
+        ss.set_live(2, true);
+        assert!(ss.masks_agree());
+        assert_eq!(ss.fold_holes(), 0b0010);
+        ss.set_live(2, false);
+        assert_eq!(ss.fold_holes(), 0b0110);
+        ss.set_kept(1, true);
+        assert!(ss.masks_agree());
+        assert_eq!(ss.fold_holes(), 0b0100);
     }
 }
