@@ -255,7 +255,7 @@ impl Shared {
         // (row length, group, live spans, candidate): one vector sorted
         // once, not a map of buckets, since this runs under the scheme's
         // lock and walks every spanset.
-        let mut cands: Vec<(u32, usize, u32, Candidate)> = Vec::new();
+        let mut cands: Vec<(u32, usize, (u32, u32), Candidate)> = Vec::new();
         for (&id, ss) in &st.sets {
             if ss.busy {
                 continue;
@@ -275,13 +275,15 @@ impl Shared {
                 !st.recovering.contains(&ss.group) && (0..self.c.n()).all(|p| !self.c.place.unusable(far, ss.group, p))
             });
             if ok {
-                cands.push((ss.row_pages, ss.group, live.count_ones(), (id, live, holes)));
+                let order = (live.count_ones(), ss.kept.count_ones());
+                cands.push((ss.row_pages, ss.group, order, (id, live, holes)));
             }
         }
         // Larger rows first (a fold gives back the whole folded spanset);
         // within a bucket, spansets with few live spans first, as `pair`
-        // wants them.
-        cands.sort_unstable_by_key(|&(rows, group, lives, (id, _, _))| (std::cmp::Reverse(rows), group, lives, id));
+        // wants them, and of those the ones with fewest kept copies (a
+        // folded spanset's kept copies are lost with it).
+        cands.sort_unstable_by_key(|&(rows, group, order, (id, _, _))| (std::cmp::Reverse(rows), group, order, id));
         let v: Vec<Candidate> = cands.iter().map(|c| c.3).collect();
         let mut buckets: Vec<std::ops::Range<usize>> = Vec::new();
         for (i, c) in cands.iter().enumerate() {

@@ -15,8 +15,8 @@ use std::collections::HashMap;
 /// A spanset that may fold or be folded into: (id, live mask, hole mask).
 pub(super) type Candidate = (u64, u64, u64);
 
-/// Pairs for up to `max` folds among `v`, sorted by (live spans, id)
-/// ascending: each B with at most `limit` live spans, fewest first, goes
+/// Pairs for up to `max` folds among `v`, sorted by live spans ascending
+/// (then by anything): each B with at most `limit` live spans, fewest first, goes
 /// with the last spanset after it in `v` whose holes cover B's live
 /// positions; each spanset is in at most one pair. Returns (A's index, B's
 /// index) pairs.
