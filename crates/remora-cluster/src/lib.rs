@@ -343,6 +343,19 @@ impl LocalCluster {
         Ok(PeerTraffic::sum(self.status()?.memory_nodes.iter().map(|m| m.peer)))
     }
 
+    /// What the memory nodes that answer now have sent to peers, summed,
+    /// asked of each directly: no heartbeat's delay, so a measured phase's
+    /// boundaries are where they are. A node that does not answer (dead,
+    /// say) counts nothing.
+    pub fn peer_traffic_now(&self) -> PeerTraffic {
+        let ask = |m: &MemNodeInfo| {
+            let mut opts = self.conn_options();
+            opts.call_timeout = Duration::from_secs(2);
+            MemNodeClient::connect(&m.addr, opts).ok()?.stats().ok()
+        };
+        PeerTraffic::sum(self.memnodes.iter().filter_map(|m| ask(m).map(|s| s.peer)))
+    }
+
     /// Polls the manager's status until `pred` holds.
     pub fn wait_until(
         &self,

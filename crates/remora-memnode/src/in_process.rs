@@ -493,6 +493,7 @@ impl Node {
             MemRequest::Stats => {
                 let stats = remora_proto::MemNodeStats {
                     deltas_in_flight: self.peer.deltas_in_flight(),
+                    peer: self.peer.snapshot(),
                     ..self.regions.stats()
                 };
                 Ok((MemResponse::Stats(stats), Vec::new()))

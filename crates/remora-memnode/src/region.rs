@@ -317,6 +317,7 @@ impl RegionTable {
             deltas_in_flight: 0,
             stale_refused: self.sum(|r| r.stale.load(Ordering::Relaxed)),
             stale_deltas_refused: self.sum(|r| r.stale_deltas.load(Ordering::Relaxed)),
+            peer: remora_proto::msg::PeerTraffic::default(),
         }
     }
 

@@ -270,6 +270,7 @@ impl<'a> Conn<'a> {
                 let stats = remora_proto::MemNodeStats {
                     unanswered_writes: self.shared.faults.unanswered_writes(),
                     deltas_in_flight: self.shared.peer.deltas_in_flight(),
+                    peer: self.shared.peer.snapshot(),
                     ..self.shared.regions.stats()
                 };
                 reply_ok(out, id, MemResponse::Stats(stats))

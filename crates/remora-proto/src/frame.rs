@@ -50,8 +50,9 @@ pub const MAGIC: u16 = u16::from_le_bytes(*b"Rm");
 /// heartbeats and status) and the `Busy` fault; 6, region epochs (in
 /// capabilities, `Grant`, `Revoke` and the `StaleEpoch` refusal) and the
 /// `Stats` request; 7, compute nodes report suspected memory nodes to the
-/// manager (`Suspect`, `Verdict`).
-pub const VERSION: u8 = 7;
+/// manager (`Suspect`, `Verdict`); 8, `Stats` answers carry the node's peer
+/// traffic.
+pub const VERSION: u8 = 8;
 /// The `kind` byte of a hello frame (see the module docs).
 pub const HELLO_KIND: u8 = 4;
 /// Size of the fixed header in bytes.

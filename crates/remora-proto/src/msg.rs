@@ -376,6 +376,9 @@ pub struct MemNodeStats {
     /// Of those, parity deltas pushed by a peer memory node (apply-delta
     /// capabilities): late deltas of an owner that lost the region.
     pub stale_deltas_refused: u64,
+    /// What this node has sent to peers since it started, as of this
+    /// answer (heartbeats carry the same counters, a heartbeat late).
+    pub peer: PeerTraffic,
 }
 
 /// Liveness state of a memory node as the manager sees it.

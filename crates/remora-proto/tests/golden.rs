@@ -453,8 +453,14 @@ fn mem_response() {
                     deltas_in_flight: 6,
                     stale_refused: 5,
                     stale_deltas_refused: 3,
+                    peer: PeerTraffic {
+                        rebuild_reads: 1,
+                        rebuild_bytes: 200,
+                        delta_applies: 2,
+                        delta_bytes: 300,
+                    },
                 }),
-                "0a | ac02 | 02 | 01 | 04 | 06 | 05 | 03",
+                "0a | ac02 | 02 | 01 | 04 | 06 | 05 | 03 | 01 | c801 | 02 | ac02",
             ),
         ],
         mem_response_index,
@@ -826,7 +832,7 @@ fn frame_header_constants() {
 /// The hello: magic and version where every version keeps them, kind 4.
 #[test]
 fn hello_frame() {
-    let want = unhex("526d 07 04 0000 0000 | 0000000000000000 | 00000000 | 00000000");
+    let want = unhex("526d 08 04 0000 0000 | 0000000000000000 | 00000000 | 00000000");
     assert_eq!(hex(&hello()), hex(&want));
     assert_eq!(HELLO_KIND, 4);
     assert_eq!(check_hello(&hello()), Ok(()));
@@ -835,7 +841,7 @@ fn hello_frame() {
 /// A whole request frame and its error reply: header, head and payload.
 #[test]
 fn whole_frames() {
-    assert_eq!(VERSION, 7, "a new VERSION needs new golden frames");
+    assert_eq!(VERSION, 8, "a new VERSION needs new golden frames");
     let head = encode(&MemRequest::Write { cap: cap(), offset: 1 });
     let mut out = Vec::new();
     write_frame(
@@ -847,7 +853,7 @@ fn whole_frames() {
     )
     .unwrap();
     let want = golden(
-        "526d 07 01 0000 0000 | 0807060504030201 | 15000000 | 07000000 \
+        "526d 08 01 0000 0000 | 0807060504030201 | 15000000 | 07000000 \
          | 01 {CAP} 01 | 7061796c6f6164",
     );
     assert_eq!(hex(&out), hex(&want), "request frame");
@@ -862,6 +868,6 @@ fn whole_frames() {
     let head = encode(&RemoteError::NoSuchRegion { region: RegionId(3) });
     let mut out = Vec::new();
     write_frame(&mut out, FrameKind::Error, 0x0102_0304_0506_0708, &head, &[]).unwrap();
-    let want = unhex("526d 07 03 0000 0000 | 0807060504030201 | 02000000 | 00000000 | 01 03");
+    let want = unhex("526d 08 03 0000 0000 | 0807060504030201 | 02000000 | 00000000 | 01 03");
     assert_eq!(hex(&out), hex(&want), "error frame");
 }

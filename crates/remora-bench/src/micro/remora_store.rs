@@ -3,12 +3,13 @@
 //! worker loop.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{PoisonError, RwLock};
+use std::sync::{Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 use remora_cluster::LocalCluster;
 use remora_proto::ByteSize;
+use remora_proto::msg::PeerTraffic;
 use remora_runtime::{RemBox, Runtime, RuntimeConfig, Stats};
 
 use super::record::{Figures, Record, RemoraFigures, delta};
@@ -25,6 +26,9 @@ struct Array<'a, const W: usize> {
     versions: Vec<AtomicU64>,
     /// The memory nodes' process ids.
     servers: Vec<u32>,
+    cluster: &'a LocalCluster,
+    /// Peer traffic at each boundary of the measured phases.
+    peer: Mutex<Vec<PeerTraffic>>,
 }
 
 impl<const W: usize> Store for Array<'_, W> {
@@ -73,6 +77,11 @@ impl<const W: usize> Store for Array<'_, W> {
 
     fn servers(&self) -> Vec<u32> {
         self.servers.clone()
+    }
+
+    fn boundary(&self) {
+        let now = self.cluster.peer_traffic_now();
+        self.peer.lock().unwrap_or_else(PoisonError::into_inner).push(now);
     }
 
     fn note(&self, s0: &Stats, s: &Stats, secs: f64) -> String {
@@ -222,13 +231,14 @@ pub(super) fn run_scheme<const W: usize>(
         cells,
         versions: (0..n).map(|_| AtomicU64::new(0)).collect(),
         servers: cluster.memnodes().iter().map(|m| m.pid).collect(),
+        cluster,
+        peer: Mutex::new(Vec::new()),
     };
     let zipf = worker::zipf(args, n)?;
 
     // One measured run per load, each after its own warm-up.
     let mut records = Vec::new();
     for (i, &offered) in plan.loads.iter().enumerate() {
-        let peer0 = cluster.peer_traffic().unwrap_or_default();
         let redundant = super::schemes::info(scheme).is_some_and(|s| s.redundant);
         let kill = args.kill_at.filter(|_| i == 0 && redundant);
         let measured = std::thread::scope(|s| {
@@ -243,7 +253,14 @@ pub(super) fn run_scheme<const W: usize>(
             None => "closed loop".to_string(),
         })?;
         let sim = super::simulate(args, plan, scheme, &mut run, zipf.as_ref());
-        let peer1 = cluster.peer_traffic().unwrap_or_default();
+        // The measured phase's own boundaries (not the warm-up's): compaction
+        // counters are taken there too.
+        let (peer0, peer1) = {
+            let marks = array.peer.lock().unwrap_or_else(PoisonError::into_inner);
+            let n = marks.len();
+            anyhow::ensure!(n >= 2, "the measured phase left no peer-traffic marks");
+            (marks[n - 2], marks[n - 1])
+        };
         records.push(Record {
             scheme: scheme.to_string(),
             fill_time,

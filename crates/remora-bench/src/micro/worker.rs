@@ -70,6 +70,9 @@ pub(crate) trait Store: Sync {
     /// Process ids of the servers behind the store (memory nodes, Redis
     /// servers), whose CPU time is charged to the run with this process's.
     fn servers(&self) -> Vec<u32>;
+    /// Called as the measured phase begins and as it ends, beside the
+    /// snapshots, for figures too costly to take every sample.
+    fn boundary(&self) {}
 }
 
 /// CPU time used so far by this process and `servers`; `None` if any of
@@ -446,6 +449,7 @@ pub(crate) fn measure<S: Store>(
         let servers = store.servers();
         let cpu0 = cpu_time(&servers);
         let s0 = store.snap();
+        store.boundary();
         let t0 = Instant::now();
         let ops0 = live_ops.load(Ordering::Relaxed);
         phase.store(MEASURE, Ordering::Relaxed);
@@ -480,6 +484,7 @@ pub(crate) fn measure<S: Store>(
         let elapsed = if offered.is_some() { args.duration } else { t0.elapsed() };
         let cpu = cpu_time(&servers).zip(cpu0).map(|(b, a)| b.saturating_sub(a));
         let s1 = store.snap();
+        store.boundary();
         let outs: Vec<anyhow::Result<WorkerOut>> = handles
             .into_iter()
             .map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("a worker thread panicked"))))
