@@ -55,7 +55,7 @@ pub(crate) enum Mode {
 }
 
 /// Folds picked per look at the spansets.
-const BATCH: usize = 32;
+const BATCH: usize = 128;
 /// How long an idle compaction thread sleeps before looking again.
 const IDLE: Duration = Duration::from_millis(20);
 /// Commit attempts per participant once a fold is decided.
@@ -76,6 +76,11 @@ pub(crate) struct Compaction {
     trigger: f64,
     /// Between the trigger and its half: whether a burst is under way.
     active: AtomicBool,
+    /// `State::made` before which the spansets are not walked again: set
+    /// when a walk found few folds, since only new holes and new spansets
+    /// make new ones. A walk took 0.4 ms under the scheme's lock (5 500
+    /// spansets) and 45 % of walks found nothing in `bench micro`.
+    walk_after: AtomicU64,
     next_txn: AtomicU64,
     folds: AtomicU64,
     /// Of those, folds in each mode.
@@ -250,6 +255,10 @@ impl Shared {
         if st.hole_pages == 0 || !self.worth_folding(far, &st) {
             return Vec::new();
         }
+        let walk_after = &self.compaction.walk_after;
+        if st.made < walk_after.load(Ordering::Relaxed) {
+            return Vec::new();
+        }
         // Whether each stripe group may take part, looked up once per group.
         let mut usable: Vec<Option<bool>> = Vec::new();
         // (row length, group, live spans, candidate): one vector sorted
@@ -295,22 +304,38 @@ impl Shared {
         let mut pairs: Vec<(u64, u64, u64)> = Vec::new();
         // Spansets with few live spans first: each moved span costs about a
         // span of deltas, each hole of the folded spanset is what is won.
-        // Up to k/2 live spans only when none of those folds.
+        // Up to k/2 live spans when those are too few to be worth this walk
+        // of every spanset under the lock (each such fold still moves no
+        // more bytes than it frees).
         let k = self.c.k as u32;
-        for limit in [(k / 4).max(1), (k / 2).max(1)] {
+        let (few, more) = ((k / 4).max(1), (k / 2).max(1));
+        let mut taken: std::collections::HashSet<u64> = std::collections::HashSet::new();
+        for limit in if few < more { vec![few, more] } else { vec![few] } {
             for r in &buckets {
-                let v = &v[r.clone()];
-                for (a, b) in pairing::pair(v, limit, max - pairs.len()) {
-                    pairs.push((v[a].0, v[b].0, v[b].1));
-                }
                 if pairs.len() == max {
                     break;
                 }
+                // The second pass leaves out what the first paired.
+                let free: Vec<Candidate>;
+                let v = if taken.is_empty() {
+                    &v[r.clone()]
+                } else {
+                    free = v[r.clone()].iter().filter(|c| !taken.contains(&c.0)).copied().collect();
+                    &free[..]
+                };
+                for (a, b) in pairing::pair(v, limit, max - pairs.len()) {
+                    pairs.push((v[a].0, v[b].0, v[b].1));
+                    taken.extend([v[a].0, v[b].0]);
+                }
             }
-            if !pairs.is_empty() {
+            if pairs.len() >= max / 4 {
                 break;
             }
         }
+        walk_after.store(
+            if pairs.len() < max / 4 { st.made + max as u64 } else { 0 },
+            Ordering::Relaxed,
+        );
         pairs
             .into_iter()
             .map(|(a, b, live_b)| self.begin_fold(&mut st, a, b, live_b))
@@ -536,6 +561,8 @@ impl Shared {
     fn finish_fold(&self, far: &FarMemory, f: &Fold, committed: bool) {
         let mut guard = self.lock();
         let st = &mut *guard;
+        // Spansets a walk skipped as busy can fold again.
+        st.made += 1;
         if !committed {
             self.compaction.aborted.fetch_add(1, Ordering::Relaxed);
             for id in [f.a, f.b] {

@@ -239,6 +239,10 @@ struct State {
     by_span: HashMap<(u16, u32), (u64, usize)>,
     hole_pages: u64,
     kept_pages: u64,
+    /// Fold opportunities made so far (holes made, spansets written): a
+    /// walk of the spansets that found few folds is not repeated before
+    /// some more exist (see `compaction`).
+    made: u64,
     next_id: u64,
     /// Spansets folded away while swap-ins still read them: freed by their
     /// last reader.
@@ -412,6 +416,7 @@ impl Shared {
             st.by_span.insert((regions[p], m.name), (id, p));
         }
         st.sets.insert(id, Spanset::new(group, row_pages, members, parity));
+        st.made += 1;
         Ok(id)
     }
 
@@ -574,6 +579,7 @@ impl Scheme for EcBatch {
         ss.set_kept(pos, false);
         st.kept_pages -= self.sh.kept_weight(pages);
         st.hole_pages += pages;
+        st.made += 1;
         if self.sh.c.k == 1 {
             // The copy was the spanset: nothing else is live in it.
             let ss = self.sh.remove_set(&mut st, id);

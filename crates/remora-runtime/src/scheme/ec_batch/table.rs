@@ -54,6 +54,7 @@ impl Shared {
                 return Some(id);
             }
             st.hole_pages += pages;
+            st.made += 1;
             return None;
         }
         // Every data span is gone: free the whole spanset.
