@@ -115,6 +115,14 @@ struct Spanset {
     kept: u64,
 }
 
+fn set_bit(mask: &mut u64, pos: usize, on: bool) {
+    if on {
+        *mask |= 1 << pos;
+    } else {
+        *mask &= !(1 << pos);
+    }
+}
+
 impl Spanset {
     fn new(group: usize, row_pages: u32, members: Vec<Member>, parity: Vec<Parity>) -> Self {
         let mask = |f: &dyn Fn(&Member) -> bool| {
@@ -143,21 +151,13 @@ impl Spanset {
     /// Marks data member `pos` live or not.
     fn set_live(&mut self, pos: usize, live: bool) {
         self.members[pos].live = live;
-        if live {
-            self.live |= 1 << pos;
-        } else {
-            self.live &= !(1 << pos);
-        }
+        set_bit(&mut self.live, pos, live);
     }
 
     /// Marks data member `pos` a kept copy or not.
     fn set_kept(&mut self, pos: usize, kept: bool) {
         self.members[pos].kept = kept;
-        if kept {
-            self.kept |= 1 << pos;
-        } else {
-            self.kept &= !(1 << pos);
-        }
+        set_bit(&mut self.kept, pos, kept);
     }
 
     /// Whether the masks say what the members do (checked in debug builds).
