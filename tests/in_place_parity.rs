@@ -402,3 +402,84 @@ fn real_memory_nodes_fold_remotely_and_refuse_stale_deltas() {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+/// `PrepareMany`: a parity node takes several deltas for one member in one
+/// request (they add up, as separate prepares would), and a request one of
+/// whose ops is refused leaves nothing of its own staged.
+#[test]
+fn prepare_many_adds_up_and_is_all_or_nothing() {
+    let (c, _b, g) = in_process_group();
+    let txn = TxnId(1);
+    // Data nodes return their deltas (one op each, as a single prepare).
+    let mut deltas = Vec::new();
+    for &i in &MOVED {
+        let mut delta = vec![0u8; SPAN];
+        let op = TxnOp::Move {
+            to: g.member(i, A_AT, 0),
+            from_cap: g.cap(i),
+            from: B_AT,
+            return_delta: true,
+            targets: vec![],
+        };
+        g.links[i].prepare(txn, op, &[], Some(&mut delta)).unwrap();
+        deltas.push((i, delta));
+    }
+    // Each parity node: one request with one scaled delta per moved member.
+    for j in 0..M {
+        let shares: Vec<Vec<u8>> = deltas
+            .iter()
+            .map(|(i, d)| {
+                let mut s = vec![0u8; SPAN];
+                g.codec.scale(g.codec.coefficient(*i, j).unwrap(), d, &mut s).unwrap();
+                s
+            })
+            .collect();
+        let ops = shares
+            .iter()
+            .map(|_| TxnOp::Apply {
+                to: g.member(K + j, A_AT, 0),
+            })
+            .collect();
+        let payloads: Vec<&[u8]> = shares.iter().map(Vec::as_slice).collect();
+        let t = g.links[K + j].send_prepare_many(txn, ops, &payloads).unwrap();
+        g.links[K + j].wait_prepare(t, None).unwrap();
+    }
+    g.check_a(&g.original_a(), &[0; K + M], "prepared");
+    g.commit(txn);
+    g.check_a(&g.folded(), &FOLDED_GENERATIONS, "committed");
+
+    // A request whose second op names a stale generation is refused whole:
+    // its first op's staging is taken back, so another transaction may
+    // stage that member at once.
+    let i = MOVED[0];
+    let (now, stale) = (g.member(i, A_AT, 1), g.member(i, A_AT + 2 * SPAN as u64, 5));
+    let mv = |to: Member| TxnOp::Move {
+        to,
+        from_cap: g.cap(i),
+        from: B_AT,
+        return_delta: false,
+        targets: vec![],
+    };
+    let t = g.links[i]
+        .send_prepare_many(TxnId(2), vec![mv(now), mv(stale)], &[])
+        .unwrap();
+    match remote_err(g.links[i].wait_prepare(t, None), "a stale op in a PrepareMany") {
+        RemoteError::StaleGeneration { expected: 5, .. } => {}
+        e => panic!("stale op: {e:?}"),
+    }
+    g.links[i].prepare(TxnId(3), mv(now), &[], None).unwrap();
+    g.links[i].abort(g.cap(i), TxnId(3)).unwrap();
+    // A payload that does not match the ops' lengths is a typed refusal.
+    let apply = TxnOp::Apply {
+        to: g.member(K, A_AT, 1),
+    };
+    let t = g.links[K]
+        .send_prepare_many(TxnId(4), vec![apply.clone(), apply], &[&[0u8; 7]])
+        .unwrap();
+    match remote_err(g.links[K].wait_prepare(t, None), "a short payload") {
+        RemoteError::BadRequest(_) => {}
+        e => panic!("short payload: {e:?}"),
+    }
+    g.check_a(&g.folded(), &FOLDED_GENERATIONS, "after refused requests");
+    assert!(c.nodes().iter().all(|n| n.staged_transactions() == 0));
+}

@@ -473,6 +473,10 @@ impl Node {
                     crate::rebuild::rebuild(&self.regions, &peer, *cap, *k, *m, *want, sources, rows)?;
                 Ok((MemResponse::Rebuilt { bytes, checksums }, Vec::new()))
             }
+            MemRequest::PrepareMany { txn, ops } => {
+                let deltas = self.txn_ctx(sh).prepare_many(*txn, ops, payload)?;
+                Ok((MemResponse::Prepared, deltas))
+            }
             MemRequest::Prepare { txn, op } => {
                 let delta = self.txn_ctx(sh).prepare(*txn, op, payload)?;
                 Ok((MemResponse::Prepared, delta.unwrap_or_default()))
@@ -673,7 +677,10 @@ impl Conn {
         }
         let txn = matches!(
             req,
-            MemRequest::Prepare { .. } | MemRequest::Commit { .. } | MemRequest::Abort { .. }
+            MemRequest::Prepare { .. }
+                | MemRequest::PrepareMany { .. }
+                | MemRequest::Commit { .. }
+                | MemRequest::Abort { .. }
         );
         if txn && f.die_at_txn.load(Ordering::Acquire) >= 0 && f.die_at_txn.fetch_sub(1, Ordering::AcqRel) == 0 {
             if f.die_after_applying.load(Ordering::Acquire) {

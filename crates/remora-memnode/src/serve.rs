@@ -92,6 +92,7 @@ impl<'a> Conn<'a> {
                 | MemRequest::ReadV { .. }
                 | MemRequest::WriteV { .. }
                 | MemRequest::Prepare { .. }
+                | MemRequest::PrepareMany { .. }
                 | MemRequest::Commit { .. }
                 | MemRequest::Abort { .. }
                 | MemRequest::ReadMember { .. }
@@ -102,6 +103,7 @@ impl<'a> Conn<'a> {
             MemRequest::Write { .. }
                 | MemRequest::WriteV { .. }
                 | MemRequest::Prepare { .. }
+                | MemRequest::PrepareMany { .. }
                 | MemRequest::Read { .. }
                 | MemRequest::ReadV { .. }
         );
@@ -300,6 +302,18 @@ impl<'a> Conn<'a> {
                         Ok(())
                     }
                     Ok(None) => reply_ok(out, id, MemResponse::Prepared),
+                    Err(e) => reply_err(out, id, &e),
+                }
+            }
+            MemRequest::PrepareMany { txn, ops } => {
+                let payload = self.rd.read_vec(payload_len)?;
+                match self.txn_ctx().prepare_many(txn, &ops, &payload) {
+                    Ok(deltas) => {
+                        if let Some(o) = out {
+                            o.ok(id, &MemResponse::Prepared, &[&deltas])?;
+                        }
+                        Ok(())
+                    }
                     Err(e) => reply_err(out, id, &e),
                 }
             }

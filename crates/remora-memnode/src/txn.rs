@@ -23,7 +23,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use remora_ec::Codec;
-use remora_proto::msg::{DeltaTarget, Member};
+use remora_proto::msg::{DeltaTarget, MAX_PREPARE_MANY, Member};
 use remora_proto::{Cap, ComputeId, MemTransport, RegionId, RemoteError, Rights, TxnId, TxnOp};
 
 use crate::peer_traffic::PeerCounters;
@@ -145,6 +145,98 @@ where
         }
     }
 
+    /// Phase one of several ops at once (see `MemRequest::PrepareMany`):
+    /// stages them in order, then sends the delta shares of all of them,
+    /// one request per peer, all in flight at once. Returns the deltas
+    /// asked for, one after another. On a refusal, the replacements it
+    /// staged are taken back (deltas staged for a parity member may add up
+    /// with other requests' under the transaction: its abort drops them).
+    pub(crate) fn prepare_many(&self, txn: TxnId, ops: &[TxnOp], payload: &[u8]) -> Result<Vec<u8>, RemoteError> {
+        if ops.is_empty() || ops.len() > MAX_PREPARE_MANY {
+            return Err(bad(format!(
+                "{} ops in one PrepareMany (1 to {MAX_PREPARE_MANY})",
+                ops.len()
+            )));
+        }
+        let carried = |op: &TxnOp| match op {
+            TxnOp::Apply { to } | TxnOp::Put { to, .. } => to.len as usize,
+            TxnOp::Move { .. } => 0,
+        };
+        let need: usize = ops.iter().map(carried).sum();
+        if need != payload.len() {
+            return Err(bad(format!(
+                "ops carrying {need} bytes with a payload of {}",
+                payload.len()
+            )));
+        }
+        let mut rest = payload;
+        let mut out = Vec::new();
+        let mut mine: Vec<(ComputeId, RegionId, u64)> = Vec::new();
+        let mut shares = Shares::default();
+        let staged = (|| -> Result<(), RemoteError> {
+            for op in ops {
+                let (bytes, r) = rest.split_at(carried(op));
+                rest = r;
+                let (to, new, return_delta, targets) = match op {
+                    TxnOp::Apply { .. } => {
+                        self.prepare(txn, op, bytes)?;
+                        continue;
+                    }
+                    TxnOp::Move {
+                        to,
+                        from_cap,
+                        from,
+                        return_delta,
+                        targets,
+                    } => (to, self.read_owned(from_cap, *from, to.len)?, *return_delta, targets),
+                    TxnOp::Put {
+                        to,
+                        return_delta,
+                        targets,
+                    } => (to, bytes.to_vec(), *return_delta, targets),
+                };
+                let (owner, delta) = self.stage_local(txn, to, new, return_delta || !targets.is_empty())?;
+                mine.push((owner, to.cap.region, to.offset));
+                shares.add(&delta, targets)?;
+                if return_delta {
+                    out.extend_from_slice(&delta);
+                }
+            }
+            self.send_grouped(txn, shares)
+        })();
+        if let Err(e) = staged {
+            for (owner, region, offset) in mine {
+                self.unstage(owner, txn, region, offset);
+            }
+            return Err(e);
+        }
+        Ok(out)
+    }
+
+    /// Sends each peer the shares meant for it as one request, all in
+    /// flight before any is waited for.
+    fn send_grouped(&self, txn: TxnId, shares: Shares) -> Result<(), RemoteError> {
+        if shares.by_peer.is_empty() {
+            return Ok(());
+        }
+        let _in_flight = self.counters.deltas_sent(shares.count);
+        let mut sent = Vec::with_capacity(shares.by_peer.len());
+        for (addr, ops, bytes) in shares.by_peer {
+            let conn = (self.peer)(&addr)?;
+            let ticket = conn
+                .send_prepare_many(txn, ops, &[&bytes])
+                .map_err(|e| peer_err(&addr, e))?;
+            sent.push((conn, ticket, addr));
+        }
+        let mut first_err = None;
+        for (conn, ticket, addr) in sent {
+            if let Err(e) = conn.wait_prepare(ticket, None) {
+                first_err.get_or_insert(peer_err(&addr, e));
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
     /// Stages "member `to` becomes `new`", then sends each target its share
     /// of the delta; undoes its own staging if a target refuses.
     fn stage_replace(
@@ -155,8 +247,24 @@ where
         return_delta: bool,
         targets: &[DeltaTarget],
     ) -> Result<Option<Vec<u8>>, RemoteError> {
+        let (owner, delta) = self.stage_local(txn, to, new, return_delta || !targets.is_empty())?;
+        if let Err(e) = self.send_shares(txn, &delta, targets) {
+            self.unstage(owner, txn, to.cap.region, to.offset);
+            return Err(e);
+        }
+        Ok(return_delta.then_some(delta))
+    }
+
+    /// Stages "member `to` becomes `new`" here; returns the region's owner
+    /// and, when `want_delta`, the delta `new xor old` (else empty).
+    fn stage_local(
+        &self,
+        txn: TxnId,
+        to: &Member,
+        new: Vec<u8>,
+        want_delta: bool,
+    ) -> Result<(ComputeId, Vec<u8>), RemoteError> {
         let mut delta = Vec::new();
-        let want_delta = return_delta || !targets.is_empty();
         let owner = self.stage_member(txn, to, false, |mem| {
             if want_delta {
                 delta = new.clone();
@@ -169,11 +277,7 @@ where
                 bytes: new,
             })
         })?;
-        if let Err(e) = self.send_shares(txn, &delta, targets) {
-            self.unstage(owner, txn, to.cap.region, to.offset);
-            return Err(e);
-        }
-        Ok(return_delta.then_some(delta))
+        Ok((owner, delta))
     }
 
     /// Stages `A_ij · delta` on each target, all sent before any is waited for.
@@ -181,8 +285,6 @@ where
         if targets.is_empty() {
             return Ok(());
         }
-        // Any code: scale is plain GF(2^8) multiplication.
-        let codec = Codec::new(1, 1).map_err(|e| RemoteError::Internal(e.to_string()))?;
         let _in_flight = self.counters.deltas_sent(targets.len() as u64);
         let mut sent = Vec::with_capacity(targets.len());
         for t in targets {
@@ -190,9 +292,7 @@ where
                 return Err(bad("a delta target's length differs from the member's"));
             }
             let mut share = vec![0u8; delta.len()];
-            codec
-                .scale(t.coef, delta, &mut share)
-                .map_err(|e| RemoteError::Internal(e.to_string()))?;
+            scale(t.coef, delta, &mut share)?;
             let conn = (self.peer)(&t.addr)?;
             let ticket = conn
                 .send_prepare(txn, TxnOp::Apply { to: t.member }, &share)
@@ -471,6 +571,48 @@ fn clear_staged(regions: &RegionTable, key: (ComputeId, TxnId), region: RegionId
             }
         }
     }
+}
+
+/// Delta shares gathered for several ops, grouped by the peer they go to.
+#[derive(Default)]
+struct Shares {
+    /// Per peer address: its `Apply` ops and their shares, one after another.
+    by_peer: Vec<(String, Vec<TxnOp>, Vec<u8>)>,
+    count: u64,
+}
+
+impl Shares {
+    /// Adds `A_ij · delta` for each target.
+    fn add(&mut self, delta: &[u8], targets: &[DeltaTarget]) -> Result<(), RemoteError> {
+        for t in targets {
+            if t.member.len as usize != delta.len() {
+                return Err(bad("a delta target's length differs from the member's"));
+            }
+            let i = match self.by_peer.iter().position(|(a, _, _)| *a == t.addr) {
+                Some(i) => i,
+                None => {
+                    self.by_peer.push((t.addr.clone(), Vec::new(), Vec::new()));
+                    self.by_peer.len() - 1
+                }
+            };
+            let (_, ops, bytes) = &mut self.by_peer[i];
+            let at = bytes.len();
+            bytes.resize(at + delta.len(), 0);
+            scale(t.coef, delta, &mut bytes[at..])?;
+            ops.push(TxnOp::Apply { to: t.member });
+            self.count += 1;
+        }
+        Ok(())
+    }
+}
+
+/// `dst = c · src` in GF(2^8).
+fn scale(c: u8, src: &[u8], dst: &mut [u8]) -> Result<(), RemoteError> {
+    // Any code: scale is plain GF(2^8) multiplication.
+    let codec = Codec::new(1, 1).map_err(|e| RemoteError::Internal(e.to_string()))?;
+    codec
+        .scale(c, src, dst)
+        .map_err(|e| RemoteError::Internal(e.to_string()))
 }
 
 fn peer_err(addr: &str, e: remora_proto::RpcError) -> RemoteError {

@@ -51,7 +51,7 @@ pub const MAGIC: u16 = u16::from_le_bytes(*b"Rm");
 /// capabilities, `Grant`, `Revoke` and the `StaleEpoch` refusal) and the
 /// `Stats` request; 7, compute nodes report suspected memory nodes to the
 /// manager (`Suspect`, `Verdict`); 8, `Stats` answers carry the node's peer
-/// traffic.
+/// traffic, and `PrepareMany`.
 pub const VERSION: u8 = 8;
 /// The `kind` byte of a hello frame (see the module docs).
 pub const HELLO_KIND: u8 = 4;

@@ -157,7 +157,23 @@ pub enum MemRequest {
     /// What this node holds ([`MemResponse::Stats`]): for operators and
     /// tests. Answered even while the node's lease has lapsed.
     Stats,
+    /// Phase one of several changes under one transaction, as one
+    /// [`MemRequest::Prepare`] per op in order but in one round trip: the
+    /// payload is the ops' payloads one after another, and the answer,
+    /// [`MemResponse::Prepared`], carries the deltas asked for
+    /// (`return_delta`) one after another. A data node sends the shares of
+    /// all its moves for one parity node as one of these. All or nothing:
+    /// on a refusal, what the request staged is dropped.
+    PrepareMany {
+        /// The transaction.
+        txn: TxnId,
+        /// What to stage, at most [`MAX_PREPARE_MANY`].
+        ops: Vec<TxnOp>,
+    },
 }
+
+/// The most ops one [`MemRequest::PrepareMany`] may carry.
+pub const MAX_PREPARE_MANY: usize = 1024;
 
 /// A transaction of one compute node, unique among its transactions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

@@ -174,6 +174,12 @@ pub trait MemTransport: Send + Sync + std::fmt::Debug {
         self.send(&MemRequest::Prepare { txn, op }, &[payload])
     }
 
+    /// Starts phase one of several changes at once (see
+    /// [`MemRequest::PrepareMany`]); `payloads` are the ops' payloads in order.
+    fn send_prepare_many(&self, txn: TxnId, ops: Vec<TxnOp>, payloads: &[&[u8]]) -> Result<Ticket, RpcError> {
+        self.send(&MemRequest::PrepareMany { txn, ops }, payloads)
+    }
+
     /// Waits for a prepare; a returned delta goes to `delta` (exactly the
     /// member's length), which must be given for `return_delta` ops.
     fn wait_prepare(&self, t: Ticket, delta: Option<&mut [u8]>) -> Result<(), RpcError> {

@@ -190,6 +190,7 @@ fn mem_request_index(m: &MemRequest) -> u32 {
         MemRequest::ReadMember { .. } => 12,
         MemRequest::Load => 13,
         MemRequest::Stats => 14,
+        MemRequest::PrepareMany { .. } => 15,
     }
 }
 
@@ -354,6 +355,13 @@ fn mem_request() {
             ),
             (MemRequest::Load, "0d"),
             (MemRequest::Stats, "0e"),
+            (
+                MemRequest::PrepareMany {
+                    txn: TxnId(7),
+                    ops: vec![TxnOp::Apply { to: member() }, TxnOp::Apply { to: member() }],
+                },
+                "0f | 07 | 02 | 02 {CAP} ac02 10 02 | 02 {CAP} ac02 10 02",
+            ),
         ],
         mem_request_index,
     );

@@ -99,6 +99,19 @@ impl MemTransport for Counted {
                     tr.txn_bytes.fetch_add(n as u64, Ordering::Relaxed);
                 }
             }
+            MemRequest::PrepareMany { ops, .. } => {
+                tr.txn_requests.fetch_add(1, Ordering::Relaxed);
+                let n: usize = payload.iter().map(|p| p.len()).sum();
+                let put: usize = ops
+                    .iter()
+                    .map(|op| match op {
+                        TxnOp::Put { to, .. } => to.len as usize,
+                        _ => 0,
+                    })
+                    .sum();
+                tr.bytes_written.fetch_add(put.min(n) as u64, Ordering::Relaxed);
+                tr.txn_bytes.fetch_add(n.saturating_sub(put) as u64, Ordering::Relaxed);
+            }
             MemRequest::Commit { .. } | MemRequest::Abort { .. } => {
                 tr.txn_requests.fetch_add(1, Ordering::Relaxed);
             }

@@ -34,6 +34,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use remora_proto::msg::{DeltaTarget, MemRequest, Member as TxnMember};
+use remora_proto::rpc::Ticket;
 use remora_proto::{RpcError, TxnId, TxnOp};
 
 use super::adaptive::{Adaptive, Gate, Policy};
@@ -217,6 +218,16 @@ pub(super) fn run(sh: &Arc<Shared>, far: &Arc<FarMemory>, stop: &AtomicBool) {
         if few {
             sh.compaction.nap();
         }
+    }
+}
+
+/// Sends phase one of `ops` (with their payloads, in order) as one request.
+fn prepare(c: &Link, txn: TxnId, mut ops: Vec<TxnOp>, payloads: &[&[u8]]) -> Result<Ticket, RpcError> {
+    if ops.len() == 1 {
+        let op = ops.pop().expect("one op");
+        c.send_prepare(txn, op, payloads.first().copied().unwrap_or(&[]))
+    } else {
+        c.send_prepare_many(txn, ops, payloads)
     }
 }
 
@@ -446,19 +457,28 @@ impl Shared {
                     })
                     .collect()
             };
-            // Every move of every fold in flight at once.
-            let mut tickets = Vec::new();
+            // Each data node gets the moves of every fold at its position as
+            // one request (and sends each parity node their shares as one),
+            // all data nodes at once.
+            let mut by_pos: Vec<(Vec<TxnOp>, Vec<usize>)> = (0..k).map(|_| (Vec::new(), Vec::new())).collect();
             for (fi, f) in folds.iter().enumerate() {
                 for (i, &pos) in f.moves.iter().enumerate() {
-                    let (r, c) = link(pos);
-                    let op = TxnOp::Move {
+                    let (r, _) = link(pos);
+                    by_pos[pos].0.push(TxnOp::Move {
                         to: member(r, f.a_at[i].0, f.a_at[i].1, f.len),
                         from_cap: r.grant.cap,
                         from: offset(f.b_page[i]),
                         return_delta: mode == Mode::Local,
                         targets: targets(f, pos)?,
-                    };
-                    tickets.push((fi, pos, c.send_prepare(txn, op, &[])?));
+                    });
+                    by_pos[pos].1.push(fi);
+                }
+            }
+            let mut tickets = Vec::new();
+            for (pos, (ops, fis)) in by_pos.into_iter().enumerate() {
+                if !ops.is_empty() {
+                    let t = prepare(&link(pos).1, txn, ops, &[])?;
+                    tickets.push((pos, fis, t));
                 }
             }
             // Local: per fold, the parity deltas its moves add up to.
@@ -466,32 +486,40 @@ impl Shared {
             if mode == Mode::Local {
                 deltas = folds.iter().map(|f| vec![vec![0u8; f.len]; m]).collect();
             }
-            let mut delta = Vec::new();
-            for (fi, pos, t) in tickets {
+            let mut returned = Vec::new();
+            for (pos, fis, t) in tickets {
                 let (_, c) = link(pos);
                 if mode == Mode::Local {
-                    delta.resize(folds[fi].len, 0);
-                    shards::wait_prepared(far, c, t, Some(&mut delta)).map_err(blame(pos))?;
-                    for (j, d) in deltas[fi].iter_mut().enumerate() {
-                        self.c
-                            .codec
-                            .apply_delta(pos, j, &delta, d)
-                            .map_err(|e| RuntimeError::Config(e.to_string()))?;
+                    returned.resize(fis.iter().map(|&fi| folds[fi].len).sum(), 0);
+                    shards::wait_prepared(far, c, t, Some(&mut returned)).map_err(blame(pos))?;
+                    let mut rest = &returned[..];
+                    for &fi in &fis {
+                        let (delta, r) = rest.split_at(folds[fi].len);
+                        rest = r;
+                        for (j, d) in deltas[fi].iter_mut().enumerate() {
+                            self.c
+                                .codec
+                                .apply_delta(pos, j, delta, d)
+                                .map_err(|e| RuntimeError::Config(e.to_string()))?;
+                        }
                     }
                 } else {
                     shards::wait_prepared(far, c, t, None).map_err(blame(pos))?;
                 }
             }
             if mode == Mode::Local {
-                let mut tickets = Vec::with_capacity(folds.len() * m);
-                for (fi, f) in folds.iter().enumerate() {
-                    for (j, (d, &(page, generation))) in deltas[fi].iter().zip(&f.parity).enumerate() {
-                        let (r, c) = link(k + j);
-                        let op = TxnOp::Apply {
-                            to: member(r, page, generation, f.len),
-                        };
-                        tickets.push((k + j, c.send_prepare(txn, op, d)?));
-                    }
+                // Each parity node gets every fold's delta for it as one request.
+                let mut tickets = Vec::with_capacity(m);
+                for j in 0..m {
+                    let (r, c) = link(k + j);
+                    let ops = folds
+                        .iter()
+                        .map(|f| TxnOp::Apply {
+                            to: member(r, f.parity[j].0, f.parity[j].1, f.len),
+                        })
+                        .collect();
+                    let payloads: Vec<&[u8]> = deltas.iter().map(|d| d[j].as_slice()).collect();
+                    tickets.push((k + j, prepare(c, txn, ops, &payloads)?));
                 }
                 for (pos, t) in tickets {
                     shards::wait_prepared(far, &link(pos).1, t, None).map_err(blame(pos))?;
