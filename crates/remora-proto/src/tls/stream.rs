@@ -7,10 +7,13 @@
 //! clones of a TLS stream keep their own socket handles and share the
 //! rustls state behind a mutex that no one holds across a socket call:
 //!
-//! - a writer takes the write lock, then the rustls state just long enough
-//!   to encrypt into a buffer, and writes that buffer to the socket still
-//!   holding the write lock, so records reach the socket in the order they
-//!   were sealed;
+//! - a writer takes the write lock, then the rustls state to seal its
+//!   bytes, and sends the sealed records straight from rustls's buffer with
+//!   a send that never blocks (`MSG_DONTWAIT`); whatever the socket does
+//!   not take at once is copied out, the rustls state released, and the
+//!   rest written blocking, still under the write lock, so records reach
+//!   the socket in the order they were sealed. A whole frame is sealed in
+//!   one go ([`SEAL_LIMIT`]), so a reply is one send, not one per 64 KiB;
 //! - the reader reads ciphertext from its socket into a buffer of its own
 //!   (a read timeout, such as a client leader's poll, comes back as it does
 //!   on plain TCP, and no bytes are lost), then takes the rustls state to
@@ -26,6 +29,7 @@ use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use rustix::net::{SendAncillaryBuffer, SendFlags};
 use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, ClientConnection, Connection, ServerConfig, ServerConnection};
 
@@ -41,6 +45,16 @@ const REFUSAL_ALERT: [u8; 7] = [TLS_ALERT, 0x03, 0x03, 0x00, 0x02, 0x02, 70];
 
 /// Ciphertext read from the socket per read call.
 const CIPHERTEXT_BUF: usize = 64 * 1024;
+
+/// Plaintext a writer seals per round (rustls's send buffer limit). rustls's
+/// default, 64 KiB, split a 64 KiB read reply (frame header + payload) into
+/// two rounds and two sends; this takes a frame of up to 256 KiB whole.
+const SEAL_LIMIT: usize = 256 * 1024;
+
+/// Times a writer found the socket's send buffer full and fell back to a
+/// blocking write (tests check that they exercise that path).
+#[cfg(test)]
+pub(crate) static SEND_BUFFER_FULL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Every holder leaves the state consistent between calls into rustls;
@@ -165,7 +179,8 @@ impl Stream {
 }
 
 impl TlsStream {
-    fn new(sock: TcpStream, conn: Connection) -> Self {
+    fn new(sock: TcpStream, mut conn: Connection) -> Self {
+        conn.set_buffer_limit(Some(SEAL_LIMIT));
         Self {
             sock,
             shared: Arc::new(Shared {
@@ -198,12 +213,29 @@ impl TlsStream {
                 } else {
                     tls.writer().write_vectored(slices)?
                 };
+                // Straight from rustls's buffer, without the copy into
+                // `out`: a send that cannot block may run under the state
+                // lock (the reader waits for it no longer than the kernel
+                // takes to copy the records).
+                while tls.wants_write() {
+                    match tls.write_tls(&mut SendNow(&self.sock)) {
+                        Ok(_) => {}
+                        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {
+                            #[cfg(test)]
+                            SEND_BUFFER_FULL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            break;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
                 while tls.wants_write() {
                     tls.write_tls(&mut *out)?;
                 }
                 n
             };
-            (&self.sock).write_all(&out)?;
+            if !out.is_empty() {
+                (&self.sock).write_all(&out)?;
+            }
             if n == 0 {
                 return if slices.is_empty() {
                     Ok(total)
@@ -274,6 +306,34 @@ impl TlsStream {
                 Err(e) => return Err(e),
             }
         }
+    }
+}
+
+/// The socket as a writer whose sends never block (`MSG_DONTWAIT`, per call,
+/// so the socket's other handles stay blocking): a full send buffer comes
+/// back as `WouldBlock` with nothing lost. `MSG_NOSIGNAL` as std's own sends.
+struct SendNow<'a>(&'a TcpStream);
+
+impl SendNow<'_> {
+    const FLAGS: SendFlags = SendFlags::DONTWAIT.union(SendFlags::NOSIGNAL);
+}
+
+impl Write for SendNow<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        Ok(rustix::net::send(self.0, buf, Self::FLAGS)?)
+    }
+
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        Ok(rustix::net::sendmsg(
+            self.0,
+            bufs,
+            &mut SendAncillaryBuffer::default(),
+            Self::FLAGS,
+        )?)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
     }
 }
 
