@@ -43,8 +43,9 @@ pub(crate) const TLS_ALERT: u8 = 0x15;
 /// client recognises [`TLS_ALERT`] where it expects a hello.
 const REFUSAL_ALERT: [u8; 7] = [TLS_ALERT, 0x03, 0x03, 0x00, 0x02, 0x02, 70];
 
-/// Ciphertext read from the socket per read call.
-const CIPHERTEXT_BUF: usize = 64 * 1024;
+/// Ciphertext read from the socket per read call: with requests pipelined,
+/// several 64 KiB replies are often waiting, and one read takes them all.
+const CIPHERTEXT_BUF: usize = 256 * 1024;
 
 /// Plaintext a writer seals per round (rustls's send buffer limit). rustls's
 /// default, 64 KiB, split a 64 KiB read reply (frame header + payload) into
@@ -261,20 +262,28 @@ impl TlsStream {
         }
         let mut rb = lock(&self.shared.read);
         loop {
-            let mut answer = false;
-            let mut fed = false;
-            {
+            let (filled, answer) = {
                 let mut tls = lock(&self.shared.tls);
-                match tls.reader().read(dst) {
-                    Ok(n) => return Ok(n),
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-                    // The peer closed without close_notify: frames are
-                    // self-delimiting, so the frame layer tells a clean end
-                    // (between frames) from a cut one.
-                    Err(e) if e.kind() == ErrorKind::UnexpectedEof => return Ok(0),
-                    Err(e) => return Err(e),
-                }
-                if rb.pos < rb.end {
+                // One hold of the state fills as much of `dst` as the
+                // ciphertext already read allows (rustls keeps at most
+                // ~16 KiB of plaintext, so a 64 KiB payload used to take
+                // four calls and eight lock round trips).
+                let mut filled = 0;
+                let mut answer = false;
+                loop {
+                    match tls.reader().read(&mut dst[filled..]) {
+                        Ok(0) => return Ok(filled),
+                        Ok(n) => filled += n,
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                        // The peer closed without close_notify: frames are
+                        // self-delimiting, so the frame layer tells a clean
+                        // end (between frames) from a cut one.
+                        Err(e) if e.kind() == ErrorKind::UnexpectedEof => return Ok(filled),
+                        Err(e) => return Err(e),
+                    }
+                    if filled == dst.len() || rb.pos == rb.end {
+                        break;
+                    }
                     let ReadBuf { buf, pos, end, .. } = &mut *rb;
                     let took = tls.read_tls(&mut &buf[*pos..*end])?;
                     *pos += took;
@@ -284,19 +293,20 @@ impl TlsStream {
                         let _ = self.flush_queued();
                         return Err(io::Error::new(ErrorKind::InvalidData, e));
                     }
-                    answer = tls.wants_write();
-                    fed = true;
-                } else if rb.eof {
-                    return Ok(0);
+                    answer |= tls.wants_write();
                 }
-            }
+                (filled, answer)
+            };
             if answer {
                 self.flush_queued()?;
             }
-            if fed {
-                continue;
+            if filled > 0 {
+                return Ok(filled);
             }
             let ReadBuf { buf, pos, end, eof } = &mut *rb;
+            if *eof {
+                return Ok(0);
+            }
             match (&self.sock).read(buf) {
                 Ok(0) => *eof = true,
                 Ok(n) => {

@@ -307,3 +307,34 @@ fn full_send_buffer_loses_and_reorders_nothing() {
         "the test should fill the send buffer"
     );
 }
+
+/// A read takes as many records as the ciphertext already received holds:
+/// one call returns far more than the ~16 KiB of plaintext rustls keeps (one
+/// record's worth; the old loop returned no more), small reads in between
+/// lose nothing, and a peer's close after the data reads as the end.
+#[test]
+fn one_read_spans_many_records_and_ends_cleanly() {
+    const BIG: usize = 100 << 10;
+    let t = certs("spans", TlsMode::Data);
+    let (c, s) = pair_for_test(t.client_config(), &t.server).unwrap();
+    let data = pattern(3 + BIG + 1_000, 11);
+    (&c).write_all(&data).unwrap();
+    c.shutdown(std::net::Shutdown::Write).unwrap();
+    // Let it arrive (it fits a loopback receive buffer), so that one socket
+    // read takes most of it.
+    thread::sleep(Duration::from_millis(200));
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut got = vec![0u8; data.len()];
+    let mut small = [0u8; 3];
+    (&s).read_exact(&mut small).unwrap();
+    got[..3].copy_from_slice(&small);
+    let n = (&s).read(&mut got[3..3 + BIG]).unwrap();
+    assert!(n >= 48 << 10, "one read should take several records, took {n} bytes");
+    (&s).read_exact(&mut got[3 + n..]).unwrap();
+    assert!(got == data, "bytes differ");
+    assert_eq!(
+        (&s).read(&mut small).unwrap(),
+        0,
+        "the peer's close should read as the end"
+    );
+}
