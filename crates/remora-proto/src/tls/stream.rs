@@ -5,7 +5,8 @@
 //! remora connection is read by one thread (a client's leader, a server's
 //! connection thread) while others write (callers, reply threads). So the
 //! clones of a TLS stream keep their own socket handles and share the
-//! rustls state behind a mutex that no one holds across a socket call:
+//! rustls state behind a mutex that no one holds across a socket call that
+//! can block:
 //!
 //! - a writer takes the write lock, then the rustls state to seal its
 //!   bytes, and sends the sealed records straight from rustls's buffer with
@@ -17,9 +18,19 @@
 //! - the reader reads ciphertext from its socket into a buffer of its own
 //!   (a read timeout, such as a client leader's poll, comes back as it does
 //!   on plain TCP, and no bytes are lost), then takes the rustls state to
-//!   decrypt it, and copies the plaintext out. Any TLS message the reader
-//!   must answer (a key update) is flushed under the write lock, like a
-//!   writer's records.
+//!   decrypt it, and copies the plaintext out, as much as the ciphertext
+//!   read allows in one hold of the state. Any TLS message the reader must
+//!   answer (a key update) is flushed under the write lock, like a writer's
+//!   records.
+//!
+//! Why rustls's buffered API and not its unbuffered one (checked against
+//! rustls 0.23.46): the unbuffered `ReadTraffic` still copies each decrypted
+//! record into a `Vec` before handing it out, and `WriteTraffic::encrypt`
+//! seals into a `Vec` and copies that into the caller's buffer, so it would
+//! save only the feed copy on the read side. It would also have a writer
+//! reach `WriteTraffic` through `process_tls_records`, which wants the
+//! reader's unprocessed ciphertext (a handshake message split over records
+//! lives there) while the reader may be waiting on the socket with it.
 //!
 //! Plain TCP is the other arm of the same enum: a read or write is one
 //! `match` away from the socket call.
