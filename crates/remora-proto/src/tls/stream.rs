@@ -5,18 +5,32 @@
 //! remora connection is read by one thread (a client's leader, a server's
 //! connection thread) while others write (callers, reply threads). So the
 //! clones of a TLS stream keep their own socket handles and share the
-//! rustls state behind a mutex that no one holds across a socket call:
+//! rustls state behind a mutex that no one holds across a socket call that
+//! can block:
 //!
-//! - a writer takes the write lock, then the rustls state just long enough
-//!   to encrypt into a buffer, and writes that buffer to the socket still
-//!   holding the write lock, so records reach the socket in the order they
-//!   were sealed;
+//! - a writer takes the write lock, then the rustls state to seal its
+//!   bytes, and sends the sealed records straight from rustls's buffer with
+//!   a send that never blocks (`MSG_DONTWAIT`); whatever the socket does
+//!   not take at once is copied out, the rustls state released, and the
+//!   rest written blocking, still under the write lock, so records reach
+//!   the socket in the order they were sealed. A whole frame is sealed in
+//!   one go ([`SEAL_LIMIT`]), so a reply is one send, not one per 64 KiB;
 //! - the reader reads ciphertext from its socket into a buffer of its own
 //!   (a read timeout, such as a client leader's poll, comes back as it does
 //!   on plain TCP, and no bytes are lost), then takes the rustls state to
-//!   decrypt it, and copies the plaintext out. Any TLS message the reader
-//!   must answer (a key update) is flushed under the write lock, like a
-//!   writer's records.
+//!   decrypt it, and copies the plaintext out, as much as the ciphertext
+//!   read allows in one hold of the state. Any TLS message the reader must
+//!   answer (a key update) is flushed under the write lock, like a writer's
+//!   records.
+//!
+//! Why rustls's buffered API and not its unbuffered one (checked against
+//! rustls 0.23.46): the unbuffered `ReadTraffic` still copies each decrypted
+//! record into a `Vec` before handing it out, and `WriteTraffic::encrypt`
+//! seals into a `Vec` and copies that into the caller's buffer, so it would
+//! save only the feed copy on the read side. It would also have a writer
+//! reach `WriteTraffic` through `process_tls_records`, which wants the
+//! reader's unprocessed ciphertext (a handshake message split over records
+//! lives there) while the reader may be waiting on the socket with it.
 //!
 //! Plain TCP is the other arm of the same enum: a read or write is one
 //! `match` away from the socket call.
@@ -26,6 +40,7 @@ use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use rustix::net::{SendAncillaryBuffer, SendFlags};
 use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, ClientConnection, Connection, ServerConfig, ServerConnection};
 
@@ -39,8 +54,19 @@ pub(crate) const TLS_ALERT: u8 = 0x15;
 /// client recognises [`TLS_ALERT`] where it expects a hello.
 const REFUSAL_ALERT: [u8; 7] = [TLS_ALERT, 0x03, 0x03, 0x00, 0x02, 0x02, 70];
 
-/// Ciphertext read from the socket per read call.
-const CIPHERTEXT_BUF: usize = 64 * 1024;
+/// Ciphertext read from the socket per read call: with requests pipelined,
+/// several 64 KiB replies are often waiting, and one read takes them all.
+const CIPHERTEXT_BUF: usize = 256 * 1024;
+
+/// Plaintext a writer seals per round (rustls's send buffer limit). rustls's
+/// default, 64 KiB, split a 64 KiB read reply (frame header + payload) into
+/// two rounds and two sends; this takes a frame of up to 256 KiB whole.
+const SEAL_LIMIT: usize = 256 * 1024;
+
+/// Times a writer found the socket's send buffer full and fell back to a
+/// blocking write (tests check that they exercise that path).
+#[cfg(test)]
+pub(crate) static SEND_BUFFER_FULL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Every holder leaves the state consistent between calls into rustls;
@@ -165,7 +191,8 @@ impl Stream {
 }
 
 impl TlsStream {
-    fn new(sock: TcpStream, conn: Connection) -> Self {
+    fn new(sock: TcpStream, mut conn: Connection) -> Self {
+        conn.set_buffer_limit(Some(SEAL_LIMIT));
         Self {
             sock,
             shared: Arc::new(Shared {
@@ -198,12 +225,29 @@ impl TlsStream {
                 } else {
                     tls.writer().write_vectored(slices)?
                 };
+                // Straight from rustls's buffer, without the copy into
+                // `out`: a send that cannot block may run under the state
+                // lock (the reader waits for it no longer than the kernel
+                // takes to copy the records).
+                while tls.wants_write() {
+                    match tls.write_tls(&mut SendNow(&self.sock)) {
+                        Ok(_) => {}
+                        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {
+                            #[cfg(test)]
+                            SEND_BUFFER_FULL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            break;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
                 while tls.wants_write() {
                     tls.write_tls(&mut *out)?;
                 }
                 n
             };
-            (&self.sock).write_all(&out)?;
+            if !out.is_empty() {
+                (&self.sock).write_all(&out)?;
+            }
             if n == 0 {
                 return if slices.is_empty() {
                     Ok(total)
@@ -229,20 +273,28 @@ impl TlsStream {
         }
         let mut rb = lock(&self.shared.read);
         loop {
-            let mut answer = false;
-            let mut fed = false;
-            {
+            let (filled, answer) = {
                 let mut tls = lock(&self.shared.tls);
-                match tls.reader().read(dst) {
-                    Ok(n) => return Ok(n),
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-                    // The peer closed without close_notify: frames are
-                    // self-delimiting, so the frame layer tells a clean end
-                    // (between frames) from a cut one.
-                    Err(e) if e.kind() == ErrorKind::UnexpectedEof => return Ok(0),
-                    Err(e) => return Err(e),
-                }
-                if rb.pos < rb.end {
+                // One hold of the state fills as much of `dst` as the
+                // ciphertext already read allows (rustls keeps at most
+                // ~16 KiB of plaintext, so a 64 KiB payload used to take
+                // four calls and eight lock round trips).
+                let mut filled = 0;
+                let mut answer = false;
+                loop {
+                    match tls.reader().read(&mut dst[filled..]) {
+                        Ok(0) => return Ok(filled),
+                        Ok(n) => filled += n,
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                        // The peer closed without close_notify: frames are
+                        // self-delimiting, so the frame layer tells a clean
+                        // end (between frames) from a cut one.
+                        Err(e) if e.kind() == ErrorKind::UnexpectedEof => return Ok(filled),
+                        Err(e) => return Err(e),
+                    }
+                    if filled == dst.len() || rb.pos == rb.end {
+                        break;
+                    }
                     let ReadBuf { buf, pos, end, .. } = &mut *rb;
                     let took = tls.read_tls(&mut &buf[*pos..*end])?;
                     *pos += took;
@@ -252,19 +304,20 @@ impl TlsStream {
                         let _ = self.flush_queued();
                         return Err(io::Error::new(ErrorKind::InvalidData, e));
                     }
-                    answer = tls.wants_write();
-                    fed = true;
-                } else if rb.eof {
-                    return Ok(0);
+                    answer |= tls.wants_write();
                 }
-            }
+                (filled, answer)
+            };
             if answer {
                 self.flush_queued()?;
             }
-            if fed {
-                continue;
+            if filled > 0 {
+                return Ok(filled);
             }
             let ReadBuf { buf, pos, end, eof } = &mut *rb;
+            if *eof {
+                return Ok(0);
+            }
             match (&self.sock).read(buf) {
                 Ok(0) => *eof = true,
                 Ok(n) => {
@@ -274,6 +327,34 @@ impl TlsStream {
                 Err(e) => return Err(e),
             }
         }
+    }
+}
+
+/// The socket as a writer whose sends never block (`MSG_DONTWAIT`, per call,
+/// so the socket's other handles stay blocking): a full send buffer comes
+/// back as `WouldBlock` with nothing lost. `MSG_NOSIGNAL` as std's own sends.
+struct SendNow<'a>(&'a TcpStream);
+
+impl SendNow<'_> {
+    const FLAGS: SendFlags = SendFlags::DONTWAIT.union(SendFlags::NOSIGNAL);
+}
+
+impl Write for SendNow<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        Ok(rustix::net::send(self.0, buf, Self::FLAGS)?)
+    }
+
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        Ok(rustix::net::sendmsg(
+            self.0,
+            bufs,
+            &mut SendAncillaryBuffer::default(),
+            Self::FLAGS,
+        )?)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
     }
 }
 

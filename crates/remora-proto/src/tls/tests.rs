@@ -6,7 +6,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use super::certs::{CertsError, write_certs};
-use super::stream::pair_for_test;
+use super::stream::{SEND_BUFFER_FULL, pair_for_test};
 use super::*;
 use crate::msg::{MemRequest, MemResponse};
 use crate::server::{ConnGuard, Listener, serve_requests};
@@ -84,9 +84,11 @@ fn large_stream_survives_read_timeouts() {
     let d2 = Arc::clone(&data);
     let w = thread::spawn(move || {
         let mut c = c;
-        for chunk in d2.chunks(100_003) {
+        for (i, chunk) in d2.chunks(100_003).enumerate() {
             c.write_all(chunk).unwrap();
-            thread::sleep(Duration::from_micros(200));
+            // Now and then a pause well past the reader's timeout, so that
+            // timeouts happen however fast the two sides run.
+            thread::sleep(Duration::from_micros(if i % 8 == 0 { 5_000 } else { 200 }));
         }
         c
     });
@@ -248,4 +250,91 @@ fn small_messages_both_ways() {
     c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
     (&c).read_exact(&mut b).unwrap();
     assert_eq!(&b, b"world");
+}
+
+/// Writers on several clones of one stream, each sending frames larger than
+/// a sealing round, into a small send buffer that the peer only starts to
+/// drain later: records sent straight from rustls's buffer and the rest
+/// written blocking must arrive whole, and each writer's frames in order.
+#[test]
+fn full_send_buffer_loses_and_reorders_nothing() {
+    use std::sync::atomic::Ordering;
+    const WRITERS: u8 = 3;
+    const FRAMES: u32 = 3;
+    let t = certs("fullbuf", TlsMode::Data);
+    let (c, s) = pair_for_test(t.client_config(), &t.server).unwrap();
+    rustix::net::sockopt::set_socket_send_buffer_size(c.tcp(), 64 << 10).unwrap();
+    rustix::net::sockopt::set_socket_recv_buffer_size(s.tcp(), 64 << 10).unwrap();
+    let full_before = SEND_BUFFER_FULL.load(Ordering::Relaxed);
+    // A frame: writer, sequence number, length, then a pattern of both.
+    let frame = |w: u8, seq: u32| -> Vec<u8> {
+        let len = 300_000 + 7_777 * seq as usize + 1_001 * usize::from(w);
+        let mut f = vec![w];
+        f.extend_from_slice(&seq.to_le_bytes());
+        f.extend_from_slice(&(len as u32).to_le_bytes());
+        f.extend(pattern(len, w.wrapping_mul(17).wrapping_add(seq as u8)));
+        f
+    };
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let c = c.try_clone().unwrap();
+            thread::spawn(move || {
+                for seq in 0..FRAMES {
+                    (&c).write_all(&frame(w, seq)).unwrap();
+                }
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(200));
+    let mut next = [0u32; WRITERS as usize];
+    for _ in 0..u32::from(WRITERS) * FRAMES {
+        let mut head = [0u8; 9];
+        (&s).read_exact(&mut head).unwrap();
+        let (w, seq) = (head[0], u32::from_le_bytes(head[1..5].try_into().unwrap()));
+        let len = u32::from_le_bytes(head[5..9].try_into().unwrap()) as usize;
+        assert!(w < WRITERS, "frame from unknown writer {w}");
+        assert_eq!(seq, next[w as usize], "writer {w}: frames out of order");
+        next[w as usize] += 1;
+        let mut body = vec![0u8; len];
+        (&s).read_exact(&mut body).unwrap();
+        assert!(frame(w, seq)[9..] == body[..], "writer {w} frame {seq}: bytes differ");
+    }
+    for h in writers {
+        h.join().unwrap();
+    }
+    assert!(
+        SEND_BUFFER_FULL.load(Ordering::Relaxed) > full_before,
+        "the test should fill the send buffer"
+    );
+}
+
+/// A read takes as many records as the ciphertext already received holds:
+/// one call returns far more than the ~16 KiB of plaintext rustls keeps (one
+/// record's worth; the old loop returned no more), small reads in between
+/// lose nothing, and a peer's close after the data reads as the end.
+#[test]
+fn one_read_spans_many_records_and_ends_cleanly() {
+    const BIG: usize = 100 << 10;
+    let t = certs("spans", TlsMode::Data);
+    let (c, s) = pair_for_test(t.client_config(), &t.server).unwrap();
+    let data = pattern(3 + BIG + 1_000, 11);
+    (&c).write_all(&data).unwrap();
+    c.shutdown(std::net::Shutdown::Write).unwrap();
+    // Let it arrive (it fits a loopback receive buffer), so that one socket
+    // read takes most of it.
+    thread::sleep(Duration::from_millis(200));
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut got = vec![0u8; data.len()];
+    let mut small = [0u8; 3];
+    (&s).read_exact(&mut small).unwrap();
+    got[..3].copy_from_slice(&small);
+    let n = (&s).read(&mut got[3..3 + BIG]).unwrap();
+    assert!(n >= 48 << 10, "one read should take several records, took {n} bytes");
+    (&s).read_exact(&mut got[3 + n..]).unwrap();
+    assert!(got == data, "bytes differ");
+    assert_eq!(
+        (&s).read(&mut small).unwrap(),
+        0,
+        "the peer's close should read as the end"
+    );
 }
