@@ -2,6 +2,7 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -82,30 +83,45 @@ fn large_stream_survives_read_timeouts() {
     let (c, s) = pair_for_test(t.client_config(), &t.server).unwrap();
     let data = Arc::new(pattern(8 << 20, 7));
     let d2 = Arc::clone(&data);
+    // Timeouts the reader has seen: now and then the writer waits for one
+    // more before going on, so timeouts happen mid-stream however the two
+    // sides are scheduled (pauses alone missed on a loaded machine).
+    let timeouts = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&timeouts);
     let w = thread::spawn(move || {
         let mut c = c;
         for (i, chunk) in d2.chunks(100_003).enumerate() {
             c.write_all(chunk).unwrap();
-            // Now and then a pause well past the reader's timeout, so that
-            // timeouts happen however fast the two sides run.
-            thread::sleep(Duration::from_micros(if i % 8 == 0 { 5_000 } else { 200 }));
+            if i % 8 == 0 {
+                let before = seen.load(Ordering::Acquire);
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while seen.load(Ordering::Acquire) == before && Instant::now() < deadline {
+                    thread::sleep(Duration::from_micros(200));
+                }
+            }
         }
         c
     });
     s.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
     let mut got = vec![0u8; data.len()];
-    let (mut filled, mut timeouts) = (0, 0);
+    let mut filled = 0;
     while filled < got.len() {
         match (&s).read(&mut got[filled..]) {
             Ok(0) => panic!("closed early"),
             Ok(n) => filled += n,
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => timeouts += 1,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                timeouts.fetch_add(1, Ordering::AcqRel);
+            }
             Err(e) => panic!("{e}"),
         }
     }
     let _c = w.join().unwrap();
     assert!(got == *data, "bytes differ");
-    assert!(timeouts > 0, "the test should exercise read timeouts");
+    // Every eighth chunk waited for a timeout (or 10 s).
+    assert!(
+        timeouts.load(Ordering::Acquire) >= 8,
+        "the test should exercise read timeouts"
+    );
 }
 
 /// Both sides refresh their keys in the middle of traffic: the reader must
