@@ -57,6 +57,8 @@ pub(crate) enum Mode {
 
 /// Folds picked per look at the spansets.
 const BATCH: usize = 128;
+/// The longest a walk that found few folds holds the next one back.
+const WALK_AGAIN: Duration = Duration::from_millis(200);
 /// How long an idle compaction thread sleeps before looking again.
 const IDLE: Duration = Duration::from_millis(20);
 /// Commit attempts per participant once a fold is decided.
@@ -77,11 +79,13 @@ pub(crate) struct Compaction {
     trigger: f64,
     /// Between the trigger and its half: whether a burst is under way.
     active: AtomicBool,
-    /// `State::made` before which the spansets are not walked again: set
-    /// when a walk found few folds, since only new holes and new spansets
-    /// make new ones. A walk took 0.4 ms under the scheme's lock (5 500
-    /// spansets) and 45 % of walks found nothing in `bench micro`.
-    walk_after: AtomicU64,
+    /// Set when a walk found few folds: the `State::made` before which, and
+    /// the time before which, the spansets are not walked again (new holes
+    /// and new spansets make new folds; a stripe group usable again after
+    /// a suspicion does too, hence the time bound). A walk took 0.4 ms
+    /// under the scheme's lock (5 500 spansets) and 45 % of walks found
+    /// nothing in `bench micro`.
+    walk_after: Mutex<Option<(u64, Instant)>>,
     next_txn: AtomicU64,
     folds: AtomicU64,
     /// Of those, folds in each mode.
@@ -266,8 +270,8 @@ impl Shared {
         if st.hole_pages == 0 || !self.worth_folding(far, &st) {
             return Vec::new();
         }
-        let walk_after = &self.compaction.walk_after;
-        if st.made < walk_after.load(Ordering::Relaxed) {
+        let mut walk_after = self.compaction.walk_after.lock().unwrap_or_else(|p| p.into_inner());
+        if walk_after.is_some_and(|(made, at)| st.made < made && Instant::now() < at) {
             return Vec::new();
         }
         // Whether each stripe group may take part, looked up once per group.
@@ -343,10 +347,8 @@ impl Shared {
                 break;
             }
         }
-        walk_after.store(
-            if pairs.len() < max / 4 { st.made + max as u64 } else { 0 },
-            Ordering::Relaxed,
-        );
+        *walk_after = (pairs.len() < max / 4).then(|| (st.made + max as u64, Instant::now() + WALK_AGAIN));
+        drop(walk_after);
         pairs
             .into_iter()
             .map(|(a, b, live_b)| self.begin_fold(&mut st, a, b, live_b))
