@@ -72,9 +72,12 @@ fn gives_back(name: &str) {
     let n = 20_000u64;
     let mut objs: Vec<(u64, RemBox<Obj>)> = (0..n).map(|i| (i, rt.alloc(obj(i)).unwrap())).collect();
     rt.wait_for_eviction(Duration::from_secs(60)).unwrap();
-    verify(&rt, &objs);
+    // No read pass here: swapping every object in and out again would
+    // scatter the survivors over every stripe group (re-evictions go
+    // wherever there is room), and nothing could be given back. They are
+    // read back once the others are gone.
     // The manager and the runtime agree on regions held (once eviction
-    // after the verify pass has settled between the two readings).
+    // has settled between the two readings).
     let held_full = held_agreed(&rt, &c, name);
     let at_manager_full = held_full / REGION;
     assert!(
