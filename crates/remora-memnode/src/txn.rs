@@ -122,16 +122,25 @@ where
                 self.counters.staged_delta(to.cap.rights, payload.len() as u64);
                 Ok(None)
             }
+            TxnOp::Move { .. } | TxnOp::Put { .. } => {
+                let (to, new, return_delta, targets) = self.replacement(op, payload)?;
+                self.stage_replace(txn, to, new, return_delta, targets)
+            }
+        }
+    }
+
+    /// What a replacing op (`Move`, `Put`) stages: the member, its new
+    /// bytes (read here, or the payload), whether the delta goes back, and
+    /// the delta's targets.
+    fn replacement<'o>(&self, op: &'o TxnOp, payload: &[u8]) -> Result<Replacement<'o>, RemoteError> {
+        match op {
             TxnOp::Move {
                 to,
                 from_cap,
                 from,
                 return_delta,
                 targets,
-            } => {
-                let new = self.read_owned(from_cap, *from, to.len)?;
-                self.stage_replace(txn, to, new, *return_delta, targets)
-            }
+            } => Ok((to, self.read_owned(from_cap, *from, to.len)?, *return_delta, targets)),
             TxnOp::Put {
                 to,
                 return_delta,
@@ -140,8 +149,9 @@ where
                 if payload.len() != to.len as usize {
                     return Err(bad(format!("{} new bytes for a member of {}", payload.len(), to.len)));
                 }
-                self.stage_replace(txn, to, payload.to_vec(), *return_delta, targets)
+                Ok((to, payload.to_vec(), *return_delta, targets))
             }
+            TxnOp::Apply { .. } => Err(bad("a delta replaces nothing")),
         }
     }
 
@@ -177,24 +187,11 @@ where
             for op in ops {
                 let (bytes, r) = rest.split_at(carried(op));
                 rest = r;
-                let (to, new, return_delta, targets) = match op {
-                    TxnOp::Apply { .. } => {
-                        self.prepare(txn, op, bytes)?;
-                        continue;
-                    }
-                    TxnOp::Move {
-                        to,
-                        from_cap,
-                        from,
-                        return_delta,
-                        targets,
-                    } => (to, self.read_owned(from_cap, *from, to.len)?, *return_delta, targets),
-                    TxnOp::Put {
-                        to,
-                        return_delta,
-                        targets,
-                    } => (to, bytes.to_vec(), *return_delta, targets),
-                };
+                if let TxnOp::Apply { .. } = op {
+                    self.prepare(txn, op, bytes)?;
+                    continue;
+                }
+                let (to, new, return_delta, targets) = self.replacement(op, bytes)?;
                 let (owner, delta) = self.stage_local(txn, to, new, return_delta || !targets.is_empty())?;
                 mine.push((owner, to.cap.region, to.offset));
                 shares.add(&delta, targets)?;
@@ -572,6 +569,10 @@ fn clear_staged(regions: &RegionTable, key: (ComputeId, TxnId), region: RegionId
         }
     }
 }
+
+/// A replacing op's member, new bytes, whether its delta goes back, and the
+/// delta's targets.
+type Replacement<'o> = (&'o Member, Vec<u8>, bool, &'o [DeltaTarget]);
 
 /// Delta shares gathered for several ops, grouped by the peer they go to.
 #[derive(Default)]
