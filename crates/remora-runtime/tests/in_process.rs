@@ -85,6 +85,32 @@ fn non_ft_round_trip_counts_one_read_per_swap_in() {
     assert!(st.bytes_read_remote >= st.swap_in_bytes, "{st:?}");
 }
 
+/// A swap-out batch sends each memory node one write request (a vectored
+/// write of all its pieces), not one per span or per stripe: with batches
+/// of 32 spans over 7 nodes, at most 7 requests per 32 spans (one per span,
+/// as before, would be 1.0 for non-ft and 1.5 for ec-batch).
+#[test]
+fn a_swap_out_batch_sends_each_node_one_write() {
+    let _one_at_a_time = common::serial();
+    for name in ["non-ft", "ec-batch"] {
+        let c = cluster();
+        let mut cfg = RuntimeConfig::new("unused:0", MIB);
+        cfg.scheme = scheme::make(name, &SchemeOptions::default()).expect("known scheme");
+        cfg.patience = Duration::from_secs(5);
+        cfg.eviction_batch = 32;
+        let rt = Runtime::with_backend(cfg, c.backend()).expect("runtime starts");
+        let objs = fill(&rt, 8 * KIB as u64);
+        let st = rt.stats();
+        assert!(st.swap_outs > 500, "{name}: {st:?}");
+        let per_span = st.write_requests as f64 / st.swap_outs as f64;
+        assert!(
+            per_span <= 0.5,
+            "{name}: {per_span:.2} write requests per span swapped out: {st:?}"
+        );
+        verify(&rt, &objs, |_| 0).unwrap();
+    }
+}
+
 /// The schemes that survive a memory node's death, the bytes each writes
 /// per byte of data (RS(4,2): 1.5; three copies: 3), and the read requests
 /// a swap-in takes while every node is healthy (ec-split reads its k = 4

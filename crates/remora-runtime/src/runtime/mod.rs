@@ -92,7 +92,7 @@ impl RuntimeConfig {
             scheme: Box::new(NonFt::default()),
             policy: Box::new(Clock),
             eviction_threads: 2,
-            eviction_batch: 8,
+            eviction_batch: 32,
             conn: ConnOptions::default(),
             patience: Duration::from_secs(30),
             filtering_threads: 1,

@@ -21,6 +21,9 @@ pub struct Stats {
     pub bytes_read_remote: u64,
     /// Bytes written to memory nodes (swap-outs and repairs), counted at the transport.
     pub bytes_written_remote: u64,
+    /// Write requests sent to memory nodes (plain and vectored), counted at
+    /// the transport: a swap-out batch sends each node one.
+    pub write_requests: u64,
     /// Far bytes allocated to spans now.
     pub remote_bytes_used: u64,
     /// Far bytes held from the manager now: every region, in use or not.
@@ -184,6 +187,7 @@ impl Inner {
             lost_positions: rep.lost_positions,
             swap_ins: self.counters.swap_ins.load(StdOrdering::Relaxed),
             swap_in_reads: t.swap_reads.load(StdOrdering::Relaxed),
+            write_requests: t.writes.load(StdOrdering::Relaxed),
             swap_outs: self.counters.swap_outs.load(StdOrdering::Relaxed),
             evictions_aborted: self.counters.aborted.load(StdOrdering::Relaxed),
             bytes_evicted_data: self.counters.evicted_bytes.load(StdOrdering::Relaxed),

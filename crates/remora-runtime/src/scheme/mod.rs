@@ -36,6 +36,7 @@
 mod ec_2pc;
 mod ec_batch;
 mod ec_split;
+mod node_writes;
 mod non_ft;
 pub(crate) mod placement;
 pub(crate) mod recovery;

@@ -5,6 +5,7 @@ use remora_proto::{NodeId, RpcError};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::node_writes::{self, NodeWrites};
 use super::placement::Placement;
 use super::{Scheme, SchemeReport, SpanAddr};
 use crate::error::{LossCause, RuntimeError};
@@ -44,8 +45,11 @@ impl Scheme for NonFt {
 
     fn swap_out(&self, far: &FarMemory, spans: &[&[u8]], _sums: &[u64]) -> Result<Vec<SpanAddr>, RuntimeError> {
         let mut err: Option<(Option<NodeId>, RuntimeError)> = None;
-        let mut inflight = Vec::with_capacity(spans.len());
-        // All writes in flight at once (they may go to different nodes), then wait.
+        // Placed one by one (round robin over the nodes), then written with
+        // one request per memory node, all in flight at once: a batch costs
+        // each node one wake-up, not one per span.
+        let mut placed: Vec<(SpanAddr, u32)> = Vec::with_capacity(spans.len());
+        let mut batches: Vec<NodeWrites<'_, ()>> = Vec::new();
         for s in spans {
             let pages = (s.len() / PAGE_SIZE) as u32;
             let (g, at) = match self.place.place(far, &[pages], &[]) {
@@ -57,28 +61,38 @@ impl Scheme for NonFt {
             };
             let grp = self.place.group(g);
             let (region, page) = (grp.regions[0], at[0]);
+            placed.push((SpanAddr { region, page }, pages));
             // `client` reconnects when the region's connection broke earlier.
-            let sent = far
-                .regions
-                .client(region)
-                .and_then(|(r, c)| Ok((c.send_write(r.grant.cap, page as u64 * PAGE_SIZE as u64, s)?, c)));
-            match sent {
-                Ok((t, c)) => inflight.push((SpanAddr { region, page }, pages, t, c, grp.nodes[0])),
+            match far.regions.client(region) {
+                Ok((r, c)) => node_writes::add(
+                    &mut batches,
+                    (grp.nodes[0], c),
+                    r.grant.cap,
+                    page as u64 * PAGE_SIZE as u64,
+                    s,
+                    (),
+                ),
                 Err(e) => {
-                    far.pages.free(region, page, pages);
                     err = Some((Some(grp.nodes[0]), e));
                     break;
                 }
             }
         }
-        let mut placed = Vec::with_capacity(inflight.len());
-        for (at, pages, t, c, node) in inflight {
-            match c.wait_write(t) {
-                Ok(()) => placed.push((at, pages)),
-                Err(e) => {
-                    far.pages.free(at.region, at.page, pages);
-                    err.get_or_insert((Some(node), e.into()));
+        let mut inflight = Vec::with_capacity(batches.len());
+        if err.is_none() {
+            for b in batches {
+                match b.send() {
+                    Ok(t) => inflight.push((t, b.link, b.node)),
+                    Err(e) => {
+                        err = Some((Some(b.node), e.into()));
+                        break;
+                    }
                 }
+            }
+        }
+        for (t, c, node) in inflight {
+            if let Err(e) = c.wait_write(t) {
+                err.get_or_insert((Some(node), e.into()));
             }
         }
         if let Some((node, e)) = err {
@@ -96,20 +110,32 @@ impl Scheme for NonFt {
     }
 
     fn swap_in(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<(), RuntimeError> {
-        let (r, c) = far.regions.reader(at.region).map_err(|e| match e {
-            RuntimeError::Rpc(e) => lost(at, e),
-            other => other,
-        })?;
+        let reader = || {
+            far.regions.reader(at.region).map_err(|e| match e {
+                RuntimeError::Rpc(e) => lost(at, e),
+                other => other,
+            })
+        };
+        let (mut r, mut c) = reader()?;
         // A node whose lease lapsed (a long hiccup) says so and comes back
         // once it renews: wait for it as long as for a reply. The only copy
         // is there.
         let start = std::time::Instant::now();
         let mut pause = std::time::Duration::from_millis(5);
+        let mut reconnected = false;
         loop {
             match c.read(r.grant.cap, at.page as u64 * PAGE_SIZE as u64, dest) {
                 Err(RpcError::Remote(remora_proto::RemoteError::Unavailable)) if start.elapsed() < c.call_timeout() => {
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(std::time::Duration::from_millis(100));
+                }
+                // A broken connection is not a dead node: a read is
+                // idempotent, so try once more on a new connection (the
+                // region table opens one); only a node that cannot be
+                // reached again has lost the span.
+                Err(RpcError::Broken { .. }) if !reconnected => {
+                    reconnected = true;
+                    (r, c) = reader()?;
                 }
                 res => return res.map_err(|e| lost(at, e)),
             }

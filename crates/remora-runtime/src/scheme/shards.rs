@@ -8,9 +8,10 @@
 //!   candidate. With late binding, the first wave asks for one shard more
 //!   than needed and takes the first to arrive, so one straggler does not
 //!   hold the read up.
-//! - [`place_and_write`]: places a stripe on a stripe group and writes it,
-//!   every position in flight at once, re-placing it away from a node
-//!   that failed a write.
+//! - [`place_and_write`] / [`place_and_write_many`]: places stripes on
+//!   stripe groups and writes them, every position in flight at once and
+//!   one request per memory node, re-placing them away from a node that
+//!   failed a write.
 //! - [`Stripes`]: what every erasure-coded scheme holds besides its own
 //!   layout: the code, stripe-group placement, recovery, counters.
 //! - [`Waiters`]: the threads that wait for late-bound reads. A transport
@@ -25,10 +26,11 @@ use std::time::Instant;
 
 use remora_proto::msg::{MemRequest, MemResponse};
 use remora_proto::rpc::Ticket;
-use remora_proto::{Cap, NodeId, Range, RpcError};
+use remora_proto::{Cap, NodeId, RpcError};
 
 use remora_ec::Codec;
 
+use super::node_writes::{self, NodeWrites};
 use super::placement::Placement;
 use super::recovery::Recovery;
 use super::{SchemeReport, SpanAddr};
@@ -424,72 +426,80 @@ pub(crate) fn gather(
 /// (one piece: a plain write; several: one vectored write).
 pub(crate) type PositionWrite<'a> = (usize, Vec<(u64, &'a [u8])>);
 
+/// A request given up as overdue, with the `(stripe, position)` pieces it carried.
+type Late = (Vec<(usize, usize)>, Link, Ticket);
+
 /// A stripe write that failed: the node that failed first, and the
-/// positions whose writes were overdue (their outcome still unknown).
+/// requests that were overdue (their outcome still unknown).
 struct WriteFailure {
     node: NodeId,
     err: RuntimeError,
-    late: Vec<(usize, Link, Ticket)>,
+    late: Vec<Late>,
 }
 
-/// Writes to the positions of group `group`, all in flight at once. A
-/// write unanswered past the detector's write bound is given up as
-/// overdue (left in flight, in [`WriteFailure::late`]).
-fn write_positions(
+/// Writes the positions of placed stripes (`placed[s]` is stripe `s`'s
+/// group, `writes[s]` its writes), all in flight at once and one request
+/// per memory node ([`node_writes`]). A request unanswered past the
+/// detector's write bound is given up as overdue (left in flight, in
+/// [`WriteFailure::late`]).
+fn write_stripes(
     far: &FarMemory,
     place: &Placement,
-    group: usize,
-    writes: &[PositionWrite<'_>],
+    placed: &[usize],
+    writes: &[Vec<PositionWrite<'_>>],
 ) -> Result<(), WriteFailure> {
-    let g = place.group(group);
-    let mut inflight = Vec::with_capacity(writes.len());
     let mut first_err: Option<(NodeId, RuntimeError)> = None;
-    let mut late = Vec::new();
-    let sent_at = Instant::now();
-    for (pos, pieces) in writes {
-        let sent = far.regions.client(g.regions[*pos]).and_then(|(r, c)| {
-            let cap = r.grant.cap;
-            let t = match pieces.as_slice() {
-                [(offset, data)] => c.send_write(cap, *offset, data)?,
-                many => {
-                    let ranges = many
-                        .iter()
-                        .map(|&(offset, d)| Range {
-                            cap,
+    let mut batches: Vec<NodeWrites<'_, (usize, usize)>> = Vec::new();
+    for (s, (&group, ws)) in placed.iter().zip(writes).enumerate() {
+        let g = place.group(group);
+        for (pos, pieces) in ws {
+            match far.regions.client(g.regions[*pos]) {
+                Ok((r, link)) => {
+                    for &(offset, d) in pieces {
+                        node_writes::add(
+                            &mut batches,
+                            (g.nodes[*pos], Arc::clone(&link)),
+                            r.grant.cap,
                             offset,
-                            len: d.len() as u32,
-                        })
-                        .collect();
-                    let data: Vec<&[u8]> = many.iter().map(|p| p.1).collect();
-                    c.send(&MemRequest::WriteV { ranges }, &data)?
+                            d,
+                            (s, *pos),
+                        );
+                    }
                 }
-            };
-            Ok((t, c))
-        });
-        match sent {
-            Ok((t, c)) => inflight.push((*pos, c, t)),
-            Err(e) => {
-                first_err.get_or_insert((g.nodes[*pos], e));
+                Err(e) => {
+                    first_err.get_or_insert((g.nodes[*pos], e));
+                }
             }
         }
     }
-    for (pos, c, t) in inflight {
-        let full = c.call_timeout();
+    let mut inflight = Vec::with_capacity(batches.len());
+    let sent_at = Instant::now();
+    for b in batches {
+        match b.send() {
+            Ok(t) => inflight.push((t, b)),
+            Err(e) => {
+                first_err.get_or_insert((b.node, e.into()));
+            }
+        }
+    }
+    let mut late = Vec::new();
+    for (t, b) in inflight {
+        let full = b.link.call_timeout();
         let bound = far.detector.writes.bound(full);
         let left = bound.saturating_sub(sent_at.elapsed());
         let id = t.raw();
-        match c.wait_keeping(t, None, left) {
+        match b.link.wait_keeping(t, None, left) {
             Ok(MemResponse::Written) => far.detector.writes.record(sent_at.elapsed()),
             Ok(other) => {
-                first_err.get_or_insert((g.nodes[pos], RpcError::Unexpected(format!("{other:?}")).into()));
+                first_err.get_or_insert((b.node, RpcError::Unexpected(format!("{other:?}")).into()));
             }
             Err(e @ RpcError::Timeout { .. }) if bound < full => {
                 far.detector.writes.count_overdue();
-                first_err.get_or_insert((g.nodes[pos], e.into()));
-                late.push((pos, c, Ticket::from_raw(id)));
+                first_err.get_or_insert((b.node, e.into()));
+                late.push((b.tags, b.link, Ticket::from_raw(id)));
             }
             Err(e) => {
-                first_err.get_or_insert((g.nodes[pos], e.into()));
+                first_err.get_or_insert((b.node, e.into()));
             }
         }
     }
@@ -521,23 +531,26 @@ pub(crate) struct Settling {
 }
 
 impl Settling {
-    fn watch(&self, link: Link, t: Ticket, mut u: Unsettled, left: std::time::Duration) {
+    fn watch(&self, link: Link, t: Ticket, mut us: Vec<Unsettled>, left: std::time::Duration) {
         let outcomes = Arc::clone(&self.outcomes);
         let l = Arc::clone(&link);
         self.waiters.submit(
             &link,
             Box::new(move || {
-                u.done = match l.wait(t, None, left) {
+                let done = match l.wait(t, None, left) {
                     Ok(_) | Err(RpcError::Remote(_) | RpcError::Broken { .. }) => true,
                     Err(e) => {
+                        let pages: u32 = us.iter().map(|u| u.pages).sum();
                         tracing::warn!(
-                            "a write given up as overdue is still unanswered ({e}): keeping its {} pages",
-                            u.pages
+                            "a write given up as overdue is still unanswered ({e}): keeping its {pages} pages"
                         );
                         false
                     }
                 };
-                lock(&outcomes).push(u);
+                for u in &mut us {
+                    u.done = done;
+                }
+                lock(&outcomes).append(&mut us);
             }),
         );
     }
@@ -569,31 +582,73 @@ pub(crate) fn place_and_write<'a>(
     sizes: &[u32],
     writes: impl Fn(&[u32]) -> Vec<PositionWrite<'a>>,
 ) -> Result<(usize, Vec<u32>), RuntimeError> {
+    let mut placed = place_and_write_many(far, c, &[sizes], |_, pages| writes(pages))?;
+    Ok(placed.pop().expect("one placement per stripe"))
+}
+
+/// [`place_and_write`] for several stripes at once (`sizes[s]` and
+/// `writes(s, pages)` for stripe `s`): each is placed on its own, and
+/// all are written together, one request per memory node. All or
+/// nothing: when a write fails, every stripe is placed again without
+/// the node that failed.
+pub(crate) fn place_and_write_many<'a>(
+    far: &FarMemory,
+    c: &Stripes,
+    sizes: &[&[u32]],
+    writes: impl Fn(usize, &[u32]) -> Vec<PositionWrite<'a>>,
+) -> Result<Vec<(usize, Vec<u32>)>, RuntimeError> {
     let place = &c.place;
     c.settling.reap(far, place);
     let mut exclude: Vec<NodeId> = Vec::new();
     loop {
-        let (group, pages) = place.place(far, sizes, &exclude)?;
-        match write_positions(far, place, group, &writes(&pages)) {
-            Ok(()) => return Ok((group, pages)),
+        let mut placed: Vec<(usize, Vec<u32>)> = Vec::with_capacity(sizes.len());
+        for sz in sizes {
+            match place.place(far, sz, &exclude) {
+                Ok(p) => placed.push(p),
+                Err(e) => {
+                    for (s, (group, pages)) in placed.iter().enumerate() {
+                        for (p, &page) in pages.iter().enumerate() {
+                            place.free(far, *group, p, page, sizes[s][p]);
+                        }
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let ws: Vec<Vec<PositionWrite<'a>>> = placed
+            .iter()
+            .enumerate()
+            .map(|(s, (_, pages))| writes(s, pages))
+            .collect();
+        let groups: Vec<usize> = placed.iter().map(|p| p.0).collect();
+        match write_stripes(far, place, &groups, &ws) {
+            Ok(()) => return Ok(placed),
             Err(WriteFailure { node, err, late }) => {
                 tracing::warn!("{}: write to {node} failed ({err}); placing the stripe again", c.name);
                 far.detector.suspects.suspect(node);
-                for (p, &page) in pages.iter().enumerate() {
-                    if !late.iter().any(|(lp, _, _)| *lp == p) {
-                        place.free(far, group, p, page, sizes[p]);
+                let unsettled = |s: usize, p: usize| late.iter().any(|(carried, _, _)| carried.contains(&(s, p)));
+                for (s, (group, pages)) in placed.iter().enumerate() {
+                    for (p, &page) in pages.iter().enumerate() {
+                        if !unsettled(s, p) {
+                            place.free(far, *group, p, page, sizes[s][p]);
+                        }
                     }
                 }
-                for (p, link, t) in late {
+                for (carried, link, t) in late {
                     let left = link.call_timeout();
-                    let u = Unsettled {
-                        group,
-                        pos: p,
-                        page: pages[p],
-                        pages: sizes[p],
-                        done: false,
-                    };
-                    c.settling.watch(link, t, u, left);
+                    let mut us: Vec<Unsettled> = carried
+                        .iter()
+                        .map(|&(s, p)| Unsettled {
+                            group: placed[s].0,
+                            pos: p,
+                            page: placed[s].1[p],
+                            pages: sizes[s][p],
+                            done: false,
+                        })
+                        .collect();
+                    // A stripe's position may carry several pieces: free its run once.
+                    us.dedup_by_key(|u| (u.group, u.pos, u.page));
+                    c.settling.watch(link, t, us, left);
                 }
                 exclude.push(node);
                 if exclude.len() >= WRITE_ATTEMPTS {

@@ -332,102 +332,63 @@ impl EcBatch {
 }
 
 impl Shared {
-    /// Places and writes one spanset of up to k spans (`chunk` indexes
-    /// `spans`); records it and returns its id.
-    fn swap_out_one(
+    /// Places and writes one spanset per chunk of up to k spans (`chunks`
+    /// index `spans`), all written together with one request per memory
+    /// node; records them and returns their ids. All or nothing.
+    fn swap_out_many(
         &self,
         far: &FarMemory,
         spans: &[&[u8]],
         sums: &[u64],
-        chunk: &[usize],
-    ) -> Result<u64, RuntimeError> {
+        chunks: &[&[usize]],
+    ) -> Result<Vec<u64>, RuntimeError> {
         let (k, m) = (self.c.k, self.c.m);
-        let row_len = chunk.iter().map(|&i| spans[i].len()).max().unwrap_or(0);
-        let row_pages = (row_len / PAGE_SIZE) as u32;
-        // Zero-padded copies only for members shorter than the row.
-        let padded: Vec<Option<Vec<u8>>> = (0..k)
-            .map(|p| match chunk.get(p) {
-                Some(&i) if spans[i].len() == row_len => None,
-                Some(&i) => {
-                    let mut v = vec![0u8; row_len];
-                    v[..spans[i].len()].copy_from_slice(spans[i]);
-                    Some(v)
-                }
-                None => Some(vec![0u8; row_len]),
-            })
-            .collect();
-        let data: Vec<&[u8]> = (0..k)
-            .map(|p| match (&padded[p], chunk.get(p)) {
-                (Some(v), _) => v.as_slice(),
-                (None, Some(&i)) => spans[i],
-                (None, None) => unreachable!("missing members are padded"),
-            })
-            .collect();
-        let mut parity = vec![vec![0u8; row_len]; m];
-        {
-            let mut prefs: Vec<&mut [u8]> = parity.iter_mut().map(|v| v.as_mut_slice()).collect();
-            self.c
-                .codec
-                .encode(&data, &mut prefs)
-                .map_err(|e| RuntimeError::LocalMemory(format!("encode: {e}")))?;
+        let mut rows: Vec<Row<'_>> = Vec::with_capacity(chunks.len());
+        for chunk in chunks {
+            rows.push(Row::encode(&self.c, spans, chunk)?);
         }
-        let shards: Vec<Option<&[u8]>> = (0..k)
-            .map(|p| chunk.get(p).map(|&i| spans[i]))
-            .chain(parity.iter().map(|v| Some(v.as_slice())))
-            .collect();
-        let sizes: Vec<u32> = shards
-            .iter()
-            .map(|s| s.map_or(0, |s| (s.len() / PAGE_SIZE) as u32))
-            .collect();
-        let (group, pages) = shards::place_and_write(far, &self.c, &sizes, |pages| {
-            shards
-                .iter()
+        let sizes: Vec<&[u32]> = rows.iter().map(|r| r.sizes.as_slice()).collect();
+        let placed = shards::place_and_write_many(far, &self.c, &sizes, |s, pages| {
+            rows[s]
+                .shards()
                 .enumerate()
-                .filter_map(|(p, s)| s.map(|d| (p, vec![(offset(pages[p]), d)])))
+                .filter_map(|(p, d)| d.map(|d| (p, vec![(offset(pages[p]), d)])))
                 .collect()
         })?;
-        let regions = self.c.place.group(group).regions;
-        let mut members: Vec<Member> = (0..k)
-            .map(|p| Member {
-                page: pages[p],
-                pages: sizes[p],
-                name: 0,
-                generation: 0,
-                live: chunk.get(p).is_some(),
-                kept: false,
-                sum: chunk.get(p).map_or(0, |&i| sums[i]),
-            })
-            .collect();
-        let parity = parity
-            .iter()
-            .enumerate()
-            .map(|(j, p)| Parity {
-                page: pages[k + j],
-                sum: Some(remora_proto::checksum::checksum(p)),
-                generation: 0,
-            })
-            .collect();
+        let mut ids = Vec::with_capacity(chunks.len());
         let mut st = self.lock();
-        st.next_id += 1;
-        let id = st.next_id;
-        self.c.count_batch(chunk.len());
-        for (p, m) in members.iter_mut().enumerate().take(chunk.len()) {
-            m.name = self.name_for(&mut st, regions[p], m.page);
-            st.by_span.insert((regions[p], m.name), (id, p));
+        for ((row, chunk), (group, pages)) in rows.iter().zip(chunks).zip(placed) {
+            let regions = self.c.place.group(group).regions;
+            let mut members: Vec<Member> = (0..k)
+                .map(|p| Member {
+                    page: pages[p],
+                    pages: row.sizes[p],
+                    name: 0,
+                    generation: 0,
+                    live: chunk.get(p).is_some(),
+                    kept: false,
+                    sum: chunk.get(p).map_or(0, |&i| sums[i]),
+                })
+                .collect();
+            let parity = (0..m)
+                .map(|j| Parity {
+                    page: pages[k + j],
+                    sum: Some(remora_proto::checksum::checksum(&row.parity[j])),
+                    generation: 0,
+                })
+                .collect();
+            st.next_id += 1;
+            let id = st.next_id;
+            self.c.count_batch(chunk.len());
+            for (p, mb) in members.iter_mut().enumerate().take(chunk.len()) {
+                mb.name = self.name_for(&mut st, regions[p], mb.page);
+                st.by_span.insert((regions[p], mb.name), (id, p));
+            }
+            st.sets.insert(id, Spanset::new(group, row.pages, members, parity));
+            st.made += 1;
+            ids.push(id);
         }
-        st.sets.insert(id, Spanset::new(group, row_pages, members, parity));
-        st.made += 1;
-        Ok(id)
-    }
-
-    /// Frees a spanset just written (a later one of the same swap-out failed).
-    fn unplace(&self, far: &FarMemory, id: u64) {
-        let mut st = self.lock();
-        let ss = self.remove_set(&mut st, id);
-        drop(st);
-        if let Some(ss) = ss {
-            self.free_far(far, &ss);
-        }
+        Ok(ids)
     }
 }
 
@@ -446,27 +407,19 @@ impl Scheme for EcBatch {
         let mut order: Vec<usize> = (0..spans.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(spans[i].len()));
         let mut out = vec![SpanAddr { region: 0, page: 0 }; spans.len()];
-        let mut placed: Vec<u64> = Vec::new();
-        for chunk in order.chunks(sh.c.k) {
-            match sh.swap_out_one(far, spans, sums, chunk) {
-                Ok(id) => {
-                    placed.push(id);
-                    let st = sh.lock();
-                    let ss = &st.sets[&id]; // busy: nothing removes it meanwhile
-                    let regions = sh.c.place.group(ss.group).regions;
-                    for (p, &i) in chunk.iter().enumerate() {
-                        out[i] = SpanAddr {
-                            region: regions[p],
-                            page: ss.members[p].name,
-                        };
-                    }
-                }
-                Err(e) => {
-                    // All or nothing: the caller keeps every span local.
-                    for id in placed {
-                        sh.unplace(far, id);
-                    }
-                    return Err(e);
+        let chunks: Vec<&[usize]> = order.chunks(sh.c.k).collect();
+        // All or nothing: on an error the caller keeps every span local.
+        let placed = sh.swap_out_many(far, spans, sums, &chunks)?;
+        {
+            let st = sh.lock();
+            for (chunk, id) in chunks.iter().zip(&placed) {
+                let ss = &st.sets[id]; // busy: nothing removes it meanwhile
+                let regions = sh.c.place.group(ss.group).regions;
+                for (p, &i) in chunk.iter().enumerate() {
+                    out[i] = SpanAddr {
+                        region: regions[p],
+                        page: ss.members[p].name,
+                    };
                 }
             }
         }
@@ -642,5 +595,69 @@ impl Scheme for EcBatch {
             kept_bytes: kept_pages * PAGE_SIZE as u64,
             ..sh.compaction.report(sh.c.report())
         }
+    }
+}
+
+/// One spanset's row ready to write: its k data members (zero-padded
+/// copies only where a member is shorter than the row, or missing) and its
+/// m parity members.
+struct Row<'a> {
+    data: Vec<Option<&'a [u8]>>,
+    parity: Vec<Vec<u8>>,
+    /// Pages at each position (0 for a missing data member).
+    sizes: Vec<u32>,
+    /// Pages of the row.
+    pages: u32,
+}
+
+impl<'a> Row<'a> {
+    fn encode(c: &Stripes, spans: &[&'a [u8]], chunk: &[usize]) -> Result<Self, RuntimeError> {
+        let (k, m) = (c.k, c.m);
+        let row_len = chunk.iter().map(|&i| spans[i].len()).max().unwrap_or(0);
+        let padded: Vec<Option<Vec<u8>>> = (0..k)
+            .map(|p| match chunk.get(p) {
+                Some(&i) if spans[i].len() == row_len => None,
+                Some(&i) => {
+                    let mut v = vec![0u8; row_len];
+                    v[..spans[i].len()].copy_from_slice(spans[i]);
+                    Some(v)
+                }
+                None => Some(vec![0u8; row_len]),
+            })
+            .collect();
+        let inputs: Vec<&[u8]> = (0..k)
+            .map(|p| match (&padded[p], chunk.get(p)) {
+                (Some(v), _) => v.as_slice(),
+                (None, Some(&i)) => spans[i],
+                (None, None) => unreachable!("missing members are padded"),
+            })
+            .collect();
+        let mut parity = vec![vec![0u8; row_len]; m];
+        {
+            let mut prefs: Vec<&mut [u8]> = parity.iter_mut().map(|v| v.as_mut_slice()).collect();
+            c.codec
+                .encode(&inputs, &mut prefs)
+                .map_err(|e| RuntimeError::LocalMemory(format!("encode: {e}")))?;
+        }
+        let data: Vec<Option<&'a [u8]>> = (0..k).map(|p| chunk.get(p).map(|&i| spans[i])).collect();
+        let sizes = data
+            .iter()
+            .map(|d| d.map_or(0, |d| (d.len() / PAGE_SIZE) as u32))
+            .chain(parity.iter().map(|v| (v.len() / PAGE_SIZE) as u32))
+            .collect();
+        Ok(Row {
+            data,
+            parity,
+            sizes,
+            pages: (row_len / PAGE_SIZE) as u32,
+        })
+    }
+
+    /// The bytes to write at each position (`None`: nothing there).
+    fn shards(&self) -> impl Iterator<Item = Option<&[u8]>> + '_ {
+        self.data
+            .iter()
+            .copied()
+            .chain(self.parity.iter().map(|v| Some(v.as_slice())))
     }
 }
