@@ -234,6 +234,10 @@ pub struct MicroArgs {
     /// runtime's, 2.
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(0..=16))]
     pub compaction_threads: Vec<u32>,
+    /// Holes' share of the far data at which the compacting schemes start folding (they stop
+    /// below half of it). Default: the runtime's, 0.25.
+    #[arg(long, value_name = "SHARE")]
+    pub compaction_trigger: Option<f64>,
     /// Kill -9 one memory node holding the scheme's far data this long into each redundant
     /// scheme's first measured run (each scheme kills a node of its own; the cluster gets one
     /// spare per scheme). Schemes without redundancy (`non-ft`) run without a kill.
@@ -316,7 +320,7 @@ pub fn run(args: &MicroArgs) -> anyhow::Result<()> {
         cache_objects: (budget / layout.slot_bytes as u64).max(1),
         perm: permutation(n, args.seed),
         memnodes: schemes::memnodes(&names, args.ec) + if args.kill_at.is_some() { names.len() } else { 0 },
-        opts: schemes::options(args.ec, args.late_binding),
+        opts: schemes::options(args.ec, args.late_binding, args.compaction_trigger),
         loads: args.loads(),
     };
     if plan.budget_clamped {
@@ -575,7 +579,11 @@ fn check_args(args: &MicroArgs) -> anyhow::Result<()> {
             bail!("unknown scheme {s:?} (known: {})", schemes::known());
         }
     }
-    schemes::check_builds(&names, &schemes::options(args.ec, args.late_binding)).map_err(|e| anyhow!(e))?;
+    schemes::check_builds(
+        &names,
+        &schemes::options(args.ec, args.late_binding, args.compaction_trigger),
+    )
+    .map_err(|e| anyhow!(e))?;
     Ok(())
 }
 

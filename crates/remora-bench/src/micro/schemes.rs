@@ -154,12 +154,14 @@ pub(crate) fn known() -> String {
 }
 
 /// The options every remora scheme is built with.
-pub(crate) fn options(ec: Ec, late_binding: bool) -> SchemeOptions {
+pub(crate) fn options(ec: Ec, late_binding: bool, compaction_trigger: Option<f64>) -> SchemeOptions {
+    let d = SchemeOptions::default();
     SchemeOptions {
         k: ec.k,
         m: ec.m,
         late_binding,
-        ..SchemeOptions::default()
+        compaction_trigger: compaction_trigger.unwrap_or(d.compaction_trigger),
+        ..d
     }
 }
 
@@ -287,19 +289,22 @@ mod tests {
     #[test]
     fn schemes_build_with_the_code_or_say_why_not() {
         let all = expand(&["all".into()], &[]);
-        assert!(check_builds(&all, &options(Ec { k: 4, m: 2 }, false)).is_ok());
-        assert!(check_builds(&all, &options(Ec { k: 6, m: 3 }, false)).is_ok());
+        assert!(check_builds(&all, &options(Ec { k: 4, m: 2 }, false, None)).is_ok());
+        assert!(check_builds(&all, &options(Ec { k: 6, m: 3 }, false, None)).is_ok());
         // RS needs a parity span: the erasure-coded schemes refuse m = 0, by name.
-        let err = check_builds(&all, &options(Ec { k: 4, m: 0 }, false)).unwrap_err();
+        let err = check_builds(&all, &options(Ec { k: 4, m: 0 }, false, None)).unwrap_err();
         assert!(err.contains("--ec 4+0") && err.contains("ec-batch"), "{err}");
         // Schemes without a code ignore it.
         assert!(
             check_builds(
                 &["non-ft".into(), "replication".into()],
-                &options(Ec { k: 4, m: 0 }, false)
+                &options(Ec { k: 4, m: 0 }, false, None)
             )
             .is_ok()
         );
+        // A trigger that is not a share is refused before anything starts.
+        let err = check_builds(&all, &options(Ec { k: 4, m: 2 }, false, Some(1.5))).unwrap_err();
+        assert!(err.contains("trigger"), "{err}");
         assert_eq!(memnodes(&["non-ft".into()], Ec { k: 10, m: 6 }), MEMNODES);
         assert_eq!(memnodes(&all, Ec { k: 10, m: 6 }), 17);
         assert_eq!(memnodes(&all, Ec { k: 4, m: 2 }), MEMNODES);

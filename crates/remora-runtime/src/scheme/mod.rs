@@ -247,7 +247,7 @@ impl Default for SchemeOptions {
             m: 2,
             late_binding: false,
             compaction_threads: 2,
-            compaction_trigger: 0.15,
+            compaction_trigger: 0.25,
         }
     }
 }
