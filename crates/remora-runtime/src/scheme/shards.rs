@@ -602,15 +602,21 @@ pub(crate) fn place_and_write_many<'a>(
     let mut exclude: Vec<NodeId> = Vec::new();
     loop {
         let mut placed: Vec<(usize, Vec<u32>)> = Vec::with_capacity(sizes.len());
+        // Frees the runs of `placed` at the (stripe, position)s `free` picks.
+        let free_runs = |placed: &[(usize, Vec<u32>)], free: &dyn Fn(usize, usize) -> bool| {
+            for (s, (group, pages)) in placed.iter().enumerate() {
+                for (p, &page) in pages.iter().enumerate() {
+                    if free(s, p) {
+                        place.free(far, *group, p, page, sizes[s][p]);
+                    }
+                }
+            }
+        };
         for sz in sizes {
             match place.place(far, sz, &exclude) {
                 Ok(p) => placed.push(p),
                 Err(e) => {
-                    for (s, (group, pages)) in placed.iter().enumerate() {
-                        for (p, &page) in pages.iter().enumerate() {
-                            place.free(far, *group, p, page, sizes[s][p]);
-                        }
-                    }
+                    free_runs(&placed, &|_, _| true);
                     return Err(e);
                 }
             }
@@ -626,14 +632,10 @@ pub(crate) fn place_and_write_many<'a>(
             Err(WriteFailure { node, err, late }) => {
                 tracing::warn!("{}: write to {node} failed ({err}); placing the stripe again", c.name);
                 far.detector.suspects.suspect(node);
-                let unsettled = |s: usize, p: usize| late.iter().any(|(carried, _, _)| carried.contains(&(s, p)));
-                for (s, (group, pages)) in placed.iter().enumerate() {
-                    for (p, &page) in pages.iter().enumerate() {
-                        if !unsettled(s, p) {
-                            place.free(far, *group, p, page, sizes[s][p]);
-                        }
-                    }
-                }
+                // The runs an overdue request may still write stay allocated.
+                free_runs(&placed, &|s, p| {
+                    !late.iter().any(|(carried, _, _)| carried.contains(&(s, p)))
+                });
                 for (carried, link, t) in late {
                     let left = link.call_timeout();
                     let mut us: Vec<Unsettled> = carried

@@ -334,13 +334,15 @@ impl EcBatch {
 impl Shared {
     /// Places and writes one spanset per chunk of up to k spans (`chunks`
     /// index `spans`), all written together with one request per memory
-    /// node; records them and returns their ids. All or nothing.
+    /// node; records them, sets `out[i]` to where span `i` went and
+    /// returns the spansets' ids (busy until released). All or nothing.
     fn swap_out_many(
         &self,
         far: &FarMemory,
         spans: &[&[u8]],
         sums: &[u64],
         chunks: &[&[usize]],
+        out: &mut [SpanAddr],
     ) -> Result<Vec<u64>, RuntimeError> {
         let (k, m) = (self.c.k, self.c.m);
         let mut rows: Vec<Row<'_>> = Vec::with_capacity(chunks.len());
@@ -380,9 +382,13 @@ impl Shared {
             st.next_id += 1;
             let id = st.next_id;
             self.c.count_batch(chunk.len());
-            for (p, mb) in members.iter_mut().enumerate().take(chunk.len()) {
+            for ((p, mb), &i) in members.iter_mut().enumerate().zip(chunk.iter()) {
                 mb.name = self.name_for(&mut st, regions[p], mb.page);
                 st.by_span.insert((regions[p], mb.name), (id, p));
+                out[i] = SpanAddr {
+                    region: regions[p],
+                    page: mb.name,
+                };
             }
             st.sets.insert(id, Spanset::new(group, row.pages, members, parity));
             st.made += 1;
@@ -409,20 +415,7 @@ impl Scheme for EcBatch {
         let mut out = vec![SpanAddr { region: 0, page: 0 }; spans.len()];
         let chunks: Vec<&[usize]> = order.chunks(sh.c.k).collect();
         // All or nothing: on an error the caller keeps every span local.
-        let placed = sh.swap_out_many(far, spans, sums, &chunks)?;
-        {
-            let st = sh.lock();
-            for (chunk, id) in chunks.iter().zip(&placed) {
-                let ss = &st.sets[id]; // busy: nothing removes it meanwhile
-                let regions = sh.c.place.group(ss.group).regions;
-                for (p, &i) in chunk.iter().enumerate() {
-                    out[i] = SpanAddr {
-                        region: regions[p],
-                        page: ss.members[p].name,
-                    };
-                }
-            }
-        }
+        let placed = sh.swap_out_many(far, spans, sums, &chunks, &mut out)?;
         // Placed: compaction may fold them from now on.
         for id in placed {
             sh.release_busy(far, id);
