@@ -122,7 +122,6 @@ impl Scheme for NonFt {
         // is there.
         let start = std::time::Instant::now();
         let mut pause = std::time::Duration::from_millis(5);
-        let mut reconnected = false;
         loop {
             match c.read(r.grant.cap, at.page as u64 * PAGE_SIZE as u64, dest) {
                 Err(RpcError::Remote(remora_proto::RemoteError::Unavailable)) if start.elapsed() < c.call_timeout() => {
@@ -130,11 +129,13 @@ impl Scheme for NonFt {
                     pause = (pause * 2).min(std::time::Duration::from_millis(100));
                 }
                 // A broken connection is not a dead node: a read is
-                // idempotent, so try once more on a new connection (the
-                // region table opens one); only a node that cannot be
-                // reached again has lost the span.
-                Err(RpcError::Broken { .. }) if !reconnected => {
-                    reconnected = true;
+                // idempotent, so try again on a new connection (the region
+                // table opens one) for as long as a reply may take. Only a
+                // node that cannot be connected to again, or keeps breaking
+                // for that long, has lost the span.
+                Err(RpcError::Broken { .. }) if start.elapsed() < c.call_timeout() => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(std::time::Duration::from_millis(100));
                     (r, c) = reader()?;
                 }
                 res => return res.map_err(|e| lost(at, e)),

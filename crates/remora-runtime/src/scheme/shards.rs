@@ -18,11 +18,12 @@
 //!   waits for one ticket at a time, so "the first k of k+1 to arrive"
 //!   needs the waits to run in parallel: one thread per connection.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use remora_proto::msg::{MemRequest, MemResponse};
 use remora_proto::rpc::Ticket;
@@ -324,7 +325,10 @@ fn answered(s: &Shard, r: MemResponse) -> Result<(), RpcError> {
 /// `need` have arrived and passed `check(index, bytes)`; shard `i` lands in
 /// `dests[i][..len]` (the rest of `dests[i]` is left as it is: zero it for
 /// padding). A node whose read fails in the transport becomes a suspect.
-/// Returns fewer than `need` only when the candidates ran out.
+/// A read whose connection broke is tried again on a new connection, with
+/// backoff for as long as a reply may take, once the other candidates ran
+/// out: a broken connection to a live node is not a lost shard. Returns
+/// fewer than `need` only when the candidates ran out.
 pub(crate) fn gather(
     far: &FarMemory,
     cands: &[Shard],
@@ -337,12 +341,24 @@ pub(crate) fn gather(
         arrived: Vec::with_capacity(need),
         failed: 0,
     };
-    let mut next = 0;
+    let mut queue: VecDeque<usize> = (0..cands.len()).collect();
+    let mut broke: Vec<usize> = Vec::new();
+    let start = Instant::now();
+    let mut patience = None;
+    let mut pause = Duration::from_millis(5);
     let mut extra = usize::from(late.is_some());
-    while got.arrived.len() < need && next < cands.len() {
+    while got.arrived.len() < need {
+        if queue.is_empty() {
+            // Only connections that broke are left to try again.
+            if broke.is_empty() || patience.is_none_or(|p| start.elapsed() >= p) {
+                break;
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(100));
+            queue.extend(broke.drain(..));
+        }
         let want = need - got.arrived.len() + std::mem::take(&mut extra);
-        let wave: Vec<usize> = (next..cands.len()).take(want).collect();
-        next += wave.len();
+        let wave: Vec<usize> = queue.drain(..want.min(queue.len())).collect();
         let mut inflight = Vec::with_capacity(wave.len());
         for i in wave {
             let s = &cands[i];
@@ -351,7 +367,10 @@ pub(crate) fn gather(
                 continue;
             }
             match send(far, s) {
-                Ok((t, c)) => inflight.push((i, t, c)),
+                Ok((t, c)) => {
+                    patience.get_or_insert(c.call_timeout());
+                    inflight.push((i, t, c));
+                }
                 Err(e) => {
                     far.detector.suspects.suspect(s.node);
                     got.failed += 1;
@@ -366,6 +385,9 @@ pub(crate) fn gather(
                 if e.is_node_down() {
                     far.detector.suspects.suspect(cands[i].node);
                 }
+                if matches!(e, RpcError::Broken { .. }) {
+                    broke.push(i);
+                }
                 tracing::debug!("shard {} on {}: {e}", cands[i].pos, cands[i].node);
                 got.failed += 1;
             }
@@ -374,7 +396,7 @@ pub(crate) fn gather(
             None => {
                 // With candidates to spare, a shard overdue is read around
                 // rather than waited out.
-                let spare = next < cands.len();
+                let spare = !queue.is_empty();
                 for (i, t, c) in inflight {
                     let d = &mut dests[i][..cands[i].len];
                     let wait = if spare {
