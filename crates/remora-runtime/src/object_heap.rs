@@ -64,7 +64,7 @@ impl ObjectHeap {
     /// Allocates `size` bytes and runs `init` on the address while no
     /// eviction thread can look at the span.
     pub(crate) fn alloc_with(&self, size: usize, init: impl FnOnce(usize)) -> Result<(), RuntimeError> {
-        match SizeClass::for_size(size) {
+        match SizeClass::for_object(size) {
             Some(c) => self.class_list(c).alloc_with(init).map(|_| ()).map_err(local),
             None => {
                 let pages = size.div_ceil(PAGE_SIZE);

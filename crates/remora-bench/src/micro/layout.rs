@@ -5,7 +5,7 @@
 use remora_runtime::size_classes::{PAGE_SIZE, SizeClass};
 
 /// How objects of one size sit in local spans (TCMalloc size classes, with
-/// the runtime's 8-byte object header).
+/// the runtime's 8-byte object header, or a span each: `SizeClass::for_object`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SpanLayout {
     /// The object's value size.
@@ -22,7 +22,7 @@ impl SpanLayout {
     /// The layout of objects whose value is `object_size` bytes.
     pub fn for_object(object_size: usize) -> Self {
         let need = object_size + 8;
-        match SizeClass::for_size(need) {
+        match SizeClass::for_object(need) {
             Some(c) => {
                 let info = c.info();
                 Self {
@@ -65,5 +65,8 @@ mod tests {
         let l = SpanLayout::for_object(1 << 20);
         assert_eq!((l.span_bytes, l.objects_per_span), ((1 << 20) + PAGE_SIZE, 1));
         assert_eq!(SpanLayout::for_object(4096).bytes_for(11), 3 * 24576);
+        // Few per span in their class (two per 40 KiB): a span each.
+        let l = SpanLayout::for_object(16 << 10);
+        assert_eq!((l.slot_bytes, l.span_bytes, l.objects_per_span), (24576, 24576, 1));
     }
 }

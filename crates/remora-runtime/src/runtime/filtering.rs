@@ -63,9 +63,13 @@ const WINDOW: usize = 64;
 /// Spans with fewer slots are left alone: moving one of their objects
 /// moves a quarter of the span or more, and makes its copy dirty (no clean
 /// re-eviction), while what filtering saves, swap-in amplification, is at
-/// most this many objects' worth. The policy handles them (CLOCK evicts a
-/// span of large objects while at most half of them were touched).
-const MIN_SLOTS: usize = 4;
+/// most this many objects' worth. The allocator gives most such objects a
+/// span each instead ([`SizeClass::for_object`]); the policy handles the
+/// rest (CLOCK evicts a span of large objects while at most half of them
+/// were touched).
+///
+/// [`SizeClass::for_object`]: crate::size_classes::SizeClass::for_object
+const MIN_SLOTS: usize = crate::size_classes::MIN_SHARED_OBJECTS;
 /// A span with a kept far copy keeps its cold objects in place while they
 /// fill at least `KEPT_NUM / KEPT_DEN` of it (below that, its far copy is
 /// mostly holes, and rewriting them compactly frees it).
