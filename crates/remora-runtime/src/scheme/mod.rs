@@ -40,6 +40,7 @@ mod node_writes;
 mod non_ft;
 pub(crate) mod placement;
 pub(crate) mod recovery;
+mod retry;
 pub(crate) mod shards;
 
 use std::sync::Arc;

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::node_writes::{self, NodeWrites};
 use super::placement::Placement;
+use super::retry::Retry;
 use super::{Scheme, SchemeReport, SpanAddr};
 use crate::error::{LossCause, RuntimeError};
 use crate::far_memory::FarMemory;
@@ -120,22 +121,16 @@ impl Scheme for NonFt {
         // A node whose lease lapsed (a long hiccup) says so and comes back
         // once it renews: wait for it as long as for a reply. The only copy
         // is there.
-        let start = std::time::Instant::now();
-        let mut pause = std::time::Duration::from_millis(5);
+        let mut retry = Retry::new(c.call_timeout());
         loop {
             match c.read(r.grant.cap, at.page as u64 * PAGE_SIZE as u64, dest) {
-                Err(RpcError::Remote(remora_proto::RemoteError::Unavailable)) if start.elapsed() < c.call_timeout() => {
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(std::time::Duration::from_millis(100));
-                }
+                Err(RpcError::Remote(remora_proto::RemoteError::Unavailable)) if retry.wait() => {}
                 // A broken connection is not a dead node: a read is
                 // idempotent, so try again on a new connection (the region
                 // table opens one) for as long as a reply may take. Only a
                 // node that cannot be connected to again, or keeps breaking
                 // for that long, has lost the span.
-                Err(RpcError::Broken { .. }) if start.elapsed() < c.call_timeout() => {
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(std::time::Duration::from_millis(100));
+                Err(RpcError::Broken { .. }) if retry.wait() => {
                     (r, c) = reader()?;
                 }
                 res => return res.map_err(|e| lost(at, e)),

@@ -18,12 +18,11 @@
 //!   waits for one ticket at a time, so "the first k of k+1 to arrive"
 //!   needs the waits to run in parallel: one thread per connection.
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use remora_proto::msg::{MemRequest, MemResponse};
 use remora_proto::rpc::Ticket;
@@ -34,6 +33,7 @@ use remora_ec::Codec;
 use super::node_writes::{self, NodeWrites};
 use super::placement::Placement;
 use super::recovery::Recovery;
+use super::retry::Retry;
 use super::{SchemeReport, SpanAddr};
 use crate::error::{LossCause, RuntimeError};
 use crate::far_memory::FarMemory;
@@ -341,24 +341,27 @@ pub(crate) fn gather(
         arrived: Vec::with_capacity(need),
         failed: 0,
     };
-    let mut queue: VecDeque<usize> = (0..cands.len()).collect();
-    let mut broke: Vec<usize> = Vec::new();
-    let start = Instant::now();
-    let mut patience = None;
-    let mut pause = Duration::from_millis(5);
+    // Candidates go in order (`next`); reads whose connection broke are
+    // tried again (`again`) once the candidates ran out.
+    let mut next = 0;
+    let (mut broke, mut again): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
+    let mut retry: Option<Retry> = None;
     let mut extra = usize::from(late.is_some());
     while got.arrived.len() < need {
-        if queue.is_empty() {
-            // Only connections that broke are left to try again.
-            if broke.is_empty() || patience.is_none_or(|p| start.elapsed() >= p) {
+        if next == cands.len() && again.is_empty() {
+            if broke.is_empty() || !retry.as_mut().is_some_and(Retry::wait) {
                 break;
             }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(100));
-            queue.extend(broke.drain(..));
+            again = std::mem::take(&mut broke);
         }
         let want = need - got.arrived.len() + std::mem::take(&mut extra);
-        let wave: Vec<usize> = queue.drain(..want.min(queue.len())).collect();
+        let wave: Vec<usize> = if next < cands.len() {
+            let w: Vec<usize> = (next..cands.len()).take(want).collect();
+            next += w.len();
+            w
+        } else {
+            again.drain(..want.min(again.len())).collect()
+        };
         let mut inflight = Vec::with_capacity(wave.len());
         for i in wave {
             let s = &cands[i];
@@ -368,7 +371,7 @@ pub(crate) fn gather(
             }
             match send(far, s) {
                 Ok((t, c)) => {
-                    patience.get_or_insert(c.call_timeout());
+                    retry.get_or_insert_with(|| Retry::new(c.call_timeout()));
                     inflight.push((i, t, c));
                 }
                 Err(e) => {
@@ -396,7 +399,7 @@ pub(crate) fn gather(
             None => {
                 // With candidates to spare, a shard overdue is read around
                 // rather than waited out.
-                let spare = !queue.is_empty();
+                let spare = next < cands.len() || !again.is_empty();
                 for (i, t, c) in inflight {
                     let d = &mut dests[i][..cands[i].len];
                     let wait = if spare {
