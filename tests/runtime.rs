@@ -100,3 +100,54 @@ fn objects_survive_eviction_and_swap_in() {
     assert_eq!(rt.stats().far_objects, 0);
     assert_eq!(rt.stats().remote_bytes_used, 0);
 }
+
+/// A 16 KiB value (with its header, the 20 KiB class: two per 40 KiB span)
+/// gets a 24 KiB span of its own, so a miss reads that object alone, counted
+/// at the transport; every byte round-trips, updates included.
+#[derive(Clone, Copy)]
+struct Value16 {
+    id: u64,
+    version: u64,
+    words: [u64; 2046],
+}
+// SAFETY: integers only.
+unsafe impl Remotable for Value16 {}
+
+fn value16(id: u64, version: u64) -> Value16 {
+    let mut words = [0u64; 2046];
+    for (i, w) in words.iter_mut().enumerate() {
+        *w = (id << 32 | i as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93) ^ version;
+    }
+    Value16 { id, version, words }
+}
+
+#[test]
+fn few_per_span_objects_get_a_span_each_and_swap_in_alone() {
+    assert_eq!(std::mem::size_of::<Value16>(), 16 << 10);
+    let c = cluster(3, 256 << 20, 16 << 20);
+    let rt = runtime(&c, 8 * MIB);
+    let n = 2048u64; // 32 MiB of values, 4x the budget
+    let mut objs: Vec<RemBox<Value16>> = (0..n).map(|i| rt.alloc(value16(i, 0)).unwrap()).collect();
+    for (i, o) in objs.iter_mut().enumerate().filter(|(i, _)| i % 3 == 0) {
+        let scope = rt.scope();
+        *o.deref_mut(&scope).unwrap() = value16(i as u64, 1);
+    }
+    let before = rt.stats();
+    for (i, o) in objs.iter().enumerate() {
+        let scope = rt.scope();
+        let v = o.deref(&scope).unwrap();
+        let version = (i % 3 == 0) as u64;
+        assert!(
+            v.id == i as u64 && v.version == version && v.words == value16(i as u64, version).words,
+            "object {i}: wrong bytes"
+        );
+    }
+    let st = rt.stats();
+    let (swap_ins, read) = (
+        st.swap_ins - before.swap_ins,
+        st.bytes_read_remote - before.bytes_read_remote,
+    );
+    assert!(swap_ins > 500 && st.swap_in_reads == st.swap_ins, "{st:?}");
+    // One 24 KiB span per swap-in on the wire (40 KiB if two shared a span).
+    assert_eq!(read, swap_ins * 24576, "{st:?}");
+}
