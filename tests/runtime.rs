@@ -10,27 +10,36 @@ use remora_runtime::{RemBox, Remotable, Runtime, RuntimeConfig};
 
 const MIB: usize = 1 << 20;
 
+/// An object of `N` words after its id and version, each word derived from
+/// both, so a wrong or stale copy shows.
 #[derive(Clone, Copy)]
-struct Page {
+struct Words<const N: usize> {
     id: u64,
     version: u64,
-    words: [u64; 510],
+    words: [u64; N],
 }
 // SAFETY: integers only.
-unsafe impl Remotable for Page {}
+unsafe impl<const N: usize> Remotable for Words<N> {}
 
-fn page(id: u64, version: u64) -> Page {
-    let mut words = [0u64; 510];
+/// A 4 KiB object (with its header, the 4 736-byte class).
+type Page = Words<510>;
+
+fn words<const N: usize>(id: u64, version: u64) -> Words<N> {
+    let mut words = [0u64; N];
     for (i, w) in words.iter_mut().enumerate() {
         *w = (id << 32 | i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ version;
     }
-    Page { id, version, words }
+    Words { id, version, words }
 }
 
-fn check(p: &Page, id: u64, version: u64) {
+fn page(id: u64, version: u64) -> Page {
+    words(id, version)
+}
+
+fn check<const N: usize>(p: &Words<N>, id: u64, version: u64) {
     assert_eq!(p.id, id);
     assert_eq!(p.version, version);
-    let want = page(id, version);
+    let want = words::<N>(id, version);
     assert!(p.words == want.words, "object {id} v{version}: payload differs");
 }
 
@@ -101,25 +110,8 @@ fn objects_survive_eviction_and_swap_in() {
     assert_eq!(rt.stats().remote_bytes_used, 0);
 }
 
-/// A 16 KiB value (with its header, the 20 KiB class: two per 40 KiB span)
-/// gets a 24 KiB span of its own, so a miss reads that object alone, counted
-/// at the transport; every byte round-trips, updates included.
-#[derive(Clone, Copy)]
-struct Value16 {
-    id: u64,
-    version: u64,
-    words: [u64; 2046],
-}
-// SAFETY: integers only.
-unsafe impl Remotable for Value16 {}
-
-fn value16(id: u64, version: u64) -> Value16 {
-    let mut words = [0u64; 2046];
-    for (i, w) in words.iter_mut().enumerate() {
-        *w = (id << 32 | i as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93) ^ version;
-    }
-    Value16 { id, version, words }
-}
+/// A 16 KiB value (with its header, the 20 KiB class: two per 40 KiB span).
+type Value16 = Words<2046>;
 
 #[test]
 fn few_per_span_objects_get_a_span_each_and_swap_in_alone() {
@@ -127,20 +119,17 @@ fn few_per_span_objects_get_a_span_each_and_swap_in_alone() {
     let c = cluster(3, 256 << 20, 16 << 20);
     let rt = runtime(&c, 8 * MIB);
     let n = 2048u64; // 32 MiB of values, 4x the budget
-    let mut objs: Vec<RemBox<Value16>> = (0..n).map(|i| rt.alloc(value16(i, 0)).unwrap()).collect();
+    let mut objs: Vec<RemBox<Value16>> = (0..n).map(|i| rt.alloc(words(i, 0)).unwrap()).collect();
     for (i, o) in objs.iter_mut().enumerate().filter(|(i, _)| i % 3 == 0) {
         let scope = rt.scope();
-        *o.deref_mut(&scope).unwrap() = value16(i as u64, 1);
+        *o.deref_mut(&scope).unwrap() = words(i as u64, 1);
     }
+    // A 16 KiB value gets a 24 KiB span of its own, so a miss reads that
+    // object alone (counted at the transport); every byte round-trips.
     let before = rt.stats();
     for (i, o) in objs.iter().enumerate() {
         let scope = rt.scope();
-        let v = o.deref(&scope).unwrap();
-        let version = (i % 3 == 0) as u64;
-        assert!(
-            v.id == i as u64 && v.version == version && v.words == value16(i as u64, version).words,
-            "object {i}: wrong bytes"
-        );
+        check(o.deref(&scope).unwrap(), i as u64, (i % 3 == 0) as u64);
     }
     let st = rt.stats();
     let (swap_ins, read) = (
