@@ -471,3 +471,69 @@ fn concurrent_evictions_share_a_new_stripe_group() {
         }
     }
 }
+
+/// `Runtime::pause_background` stops compaction and filtering while the
+/// application goes on (swap-ins leave holes nobody folds, every byte still
+/// reads back), and they pick up again on resume.
+#[test]
+fn paused_runtime_folds_nothing_until_resumed() {
+    let c = quick_cluster(7, 64 << 20, 8 << 20);
+    let rt = scheme_runtime(&c, "ec-batch-local", 2 << 20, Duration::from_secs(20));
+    let n = 8192u64; // 16 MiB of 2 KiB objects: 8x the budget
+    let mut objs: Vec<RemBox<Obj>> = (0..n).map(|i| rt.alloc(obj(i, 0)).unwrap()).collect();
+    let mut versions = vec![0u64; n as usize];
+    // Random accesses (a write in 5): cold spans come back and leave holes
+    // scattered over the spansets; checks every byte read.
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    let mut sweep = |objs: &mut Vec<RemBox<Obj>>, rounds: u64| {
+        for _ in 0..rounds * n {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let i = (x >> 8) as usize % objs.len();
+            let o = &mut objs[i];
+            {
+                let scope = rt.scope();
+                let v = versions[i];
+                if x % 5 == 0 {
+                    let got = o.deref_mut(&scope).unwrap();
+                    assert!(matches(got, i as u64, v), "object {i} v{v}");
+                    *got = obj(i as u64, v + 1);
+                    versions[i] = v + 1;
+                } else {
+                    assert!(matches(o.deref(&scope).unwrap(), i as u64, v), "object {i} v{v}");
+                }
+            }
+        }
+    };
+    let until = |what: &str, f: &dyn Fn(&remora_runtime::Stats) -> bool| {
+        let t = Instant::now();
+        while !f(&rt.stats()) {
+            assert!(t.elapsed() < Duration::from_secs(20), "{what}: {:?}", rt.stats());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    sweep(&mut objs, 1);
+    until("a fold before the pause", &|s| s.compactions > 0);
+
+    rt.pause_background(true);
+    let paused = rt.stats();
+    sweep(&mut objs, 2);
+    std::thread::sleep(Duration::from_millis(300));
+    let st = rt.stats();
+    assert!(st.swap_ins > paused.swap_ins, "the sweep swapped nothing in: {st:?}");
+    assert_eq!(st.compactions, paused.compactions, "folded while paused: {st:?}");
+    assert_eq!(
+        st.spans_filtered, paused.spans_filtered,
+        "filtered while paused: {st:?}"
+    );
+    assert!(st.hole_bytes > 0, "swap-ins left no hole: {st:?}");
+
+    rt.pause_background(false);
+    until("a fold after resuming", &|s| s.compactions > paused.compactions);
+    sweep(&mut objs, 1);
+    let scope = rt.scope();
+    for (i, o) in objs.iter().enumerate() {
+        assert!(matches(o.deref(&scope).unwrap(), i as u64, versions[i]), "object {i}");
+    }
+}

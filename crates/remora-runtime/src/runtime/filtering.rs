@@ -124,9 +124,12 @@ pub(super) fn filtering_loop(weak: &std::sync::Weak<Inner>, index: usize, interv
         if inner.stop.load(StdOrdering::Acquire) {
             return;
         }
-        inner.filter_round(&mut filter);
-        if inner.swapped_in.len() >= BATCH {
-            continue; // behind on fresh spans: no sleep
+        let paused = inner.filtering_paused.load(StdOrdering::Acquire);
+        if !paused {
+            inner.filter_round(&mut filter);
+            if inner.swapped_in.len() >= BATCH {
+                continue; // behind on fresh spans: no sleep
+            }
         }
         // Sleep, waking early when the runtime stops (its drop kicks).
         let deadline = Instant::now() + interval;

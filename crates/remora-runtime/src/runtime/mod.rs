@@ -137,6 +137,8 @@ pub(crate) struct Inner {
     swapped_in: filtering::SwappedIn,
     /// Filtering threads run (else nobody drains `swapped_in`).
     filtering: bool,
+    /// Filtering rounds are paused (see `Runtime::pause_background`).
+    filtering_paused: AtomicBool,
 }
 
 /// A connection to far memory and the local heap: the handle applications use.
@@ -220,6 +222,7 @@ impl Runtime {
             kept: kept::KeptTable::default(),
             swapped_in: filtering::SwappedIn::default(),
             filtering: cfg.filtering_threads > 0,
+            filtering_paused: AtomicBool::new(false),
         });
         if let Err(e) = inner.scheme.start(&inner.far) {
             inner.scheme.stop();
@@ -307,6 +310,21 @@ impl Runtime {
     /// The scheme's name.
     pub fn scheme(&self) -> &'static str {
         self.inner.scheme.name()
+    }
+
+    /// Pauses (`true`) or resumes (`false`) the background work that only
+    /// reorganises memory: filtering rounds and the scheme's compaction.
+    /// Returns once no fold is in flight; a filtering round under way ends
+    /// within its batch. Eviction, swap-ins, frees, failure detection and
+    /// recovery go on, so nothing waits on a paused runtime, but swap-ins
+    /// leave holes that are not reclaimed until it resumes.
+    ///
+    /// For quiescing a runtime while another one on the same machine is
+    /// measured or latency-critical: `remora bench micro` alternates
+    /// runtimes this way so their background work never overlaps.
+    pub fn pause_background(&self, paused: bool) {
+        self.inner.filtering_paused.store(paused, StdOrdering::SeqCst);
+        self.inner.scheme.pause(paused);
     }
 
     /// Changes the local memory budget.

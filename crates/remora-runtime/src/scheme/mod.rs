@@ -203,6 +203,11 @@ pub trait Scheme: Send + Sync {
     /// work and join it. Called once, after every other call has returned.
     fn stop(&self) {}
 
+    /// Pauses (`true`) or resumes (`false`) background work that only
+    /// reorganises far memory (compaction), returning once none is in
+    /// flight. Recovery is never paused. Default: nothing to pause.
+    fn pause(&self, _paused: bool) {}
+
     /// Gives regions that hold nothing back to the manager (keeping a
     /// spare); returns the bytes given back. Called now and then from a
     /// runtime thread with no lock held.

@@ -29,7 +29,7 @@
 //! member is rebuilt from the others, which hold the new state). Before
 //! that point any failure aborts the fold and nothing changed.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -97,6 +97,11 @@ pub(crate) struct Compaction {
     busy_ns: AtomicU64,
     /// Wakes idle threads early (shutdown).
     bell: (Mutex<()>, Condvar),
+    /// Folding is paused (`Scheme::pause`).
+    paused: AtomicBool,
+    /// Threads between their pause check and the end of their batches: a
+    /// pause waits for this to reach 0.
+    in_flight: AtomicUsize,
 }
 
 impl Compaction {
@@ -123,6 +128,28 @@ impl Compaction {
     pub(super) fn wake(&self) {
         let _g = self.bell.0.lock().unwrap_or_else(|p| p.into_inner());
         self.bell.1.notify_all();
+    }
+
+    /// Pauses or resumes folding; a pause returns once no fold is in flight.
+    pub(super) fn pause(&self, paused: bool) {
+        // SeqCst pairs with `enter`: either a thread sees the flag, or the
+        // pause sees that thread in flight and waits for it.
+        self.paused.store(paused, Ordering::SeqCst);
+        if paused {
+            while self.in_flight.load(Ordering::SeqCst) > 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        } else {
+            self.wake();
+        }
+    }
+
+    /// Whether a thread may fold now; if so it is counted in flight until
+    /// the guard drops.
+    fn enter(&self) -> Option<InFlight<'_>> {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let g = InFlight(&self.in_flight);
+        (!self.paused.load(Ordering::SeqCst)).then_some(g)
     }
 
     fn nap(&self) {
@@ -173,11 +200,16 @@ pub(super) fn run(sh: &Arc<Shared>, far: &Arc<FarMemory>, stop: &AtomicBool) {
     let c = &sh.compaction;
     let Some(gate) = &c.gate else { return };
     while !stop.load(Ordering::Acquire) {
+        let Some(in_flight) = c.enter() else {
+            c.nap();
+            continue;
+        };
         if let Some(a) = &c.adaptive {
             a.tick(far, gate);
         }
         let folds = sh.pick_folds(far, BATCH);
         if folds.is_empty() {
+            drop(in_flight);
             sh.compaction.nap();
             continue;
         }
@@ -219,9 +251,19 @@ pub(super) fn run(sh: &Arc<Shared>, far: &Arc<FarMemory>, stop: &AtomicBool) {
                 .busy_ns
                 .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
         }
+        drop(in_flight);
         if few {
             sh.compaction.nap();
         }
+    }
+}
+
+/// A compaction thread counted in flight (see [`Compaction::pause`]).
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

@@ -569,6 +569,10 @@ impl Scheme for EcBatch {
         self.sh.c.stop();
     }
 
+    fn pause(&self, paused: bool) {
+        self.sh.compaction.pause(paused);
+    }
+
     fn remote_bytes_used(&self, far: &FarMemory) -> u64 {
         far.used_bytes()
     }
