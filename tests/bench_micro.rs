@@ -433,3 +433,83 @@ fn micro_redundant_schemes_survive_a_kill_mid_run() {
         );
     }
 }
+
+/// `--compaction-threads 0,2` measures the two counts of a compacting scheme
+/// in alternating rounds: one record each, every round's throughput, its
+/// ratio to the 0-thread count per round, folds only where threads run.
+#[test]
+fn micro_compaction_counts_alternate_in_rounds() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("rounds.json");
+    let (stdout, stderr) = remora_ok(&[
+        "bench",
+        "micro",
+        "--scheme",
+        "ec-batch-local",
+        "--compaction-threads",
+        "0,2",
+        "--compaction-trigger",
+        "0",
+        "--rounds",
+        "3",
+        "--objects",
+        "4000",
+        "--object-size",
+        "1KiB",
+        "--local-ratio",
+        "0.25",
+        "--threads",
+        "2",
+        "--write-ratio",
+        "0.2",
+        "--duration",
+        "1500ms",
+        "--warmup",
+        "200ms",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(stderr.contains("3 alternating rounds of 0.5 s"), "{stderr}");
+    assert!(stdout.contains("compaction's cost in 3 alternating rounds"), "{stdout}");
+    let v = read_json(&json);
+    let results = v["results"].as_array().expect("results array");
+    let ran: Vec<&str> = results.iter().map(|r| r["scheme"].as_str().unwrap()).collect();
+    assert_eq!(ran, ["ec-batch-local:c0", "ec-batch-local:c2"]);
+    for r in results {
+        assert_eq!(r["errors"], 0, "{r}");
+        assert_eq!(r["wrong_bytes"], 0, "{r}");
+        let rounds = r["rounds"]["ops_per_s"].as_array().expect("rounds");
+        assert_eq!(rounds.len(), 3, "{r}");
+        assert!(rounds.iter().all(|x| x.as_f64().unwrap() > 0.0), "{r}");
+        // The windows add up to --duration (each closed-loop window ends
+        // when its time is up, a little after).
+        let measured = r["measured_s"].as_f64().unwrap();
+        assert!((1.5..2.5).contains(&measured), "measured {measured} s: {r}");
+        // Whole-run throughput is the windows' operations over their time.
+        let ops = r["completed_in_window"].as_f64().unwrap();
+        assert!(
+            (r["throughput_ops"].as_f64().unwrap() - ops / measured).abs() < 1.0,
+            "{r}"
+        );
+    }
+    let (c0, c2) = (&results[0], &results[1]);
+    assert_eq!(c0["compactions"], 0, "no thread folds: {c0}");
+    assert!(c2["compactions"].as_u64().unwrap() > 0, "two threads fold: {c2}");
+    assert!(c0["rounds"]["base"].is_null(), "{c0}");
+    assert_eq!(c2["rounds"]["base"], "ec-batch-local:c0", "{c2}");
+    let ratios = c2["rounds"]["throughput_ratio_to_base"].as_array().expect("ratios");
+    assert_eq!(ratios.len(), 3, "{c2}");
+    for (i, x) in ratios.iter().enumerate() {
+        let want = rounds_of(c2)[i] / rounds_of(c0)[i];
+        assert!((x.as_f64().unwrap() - want).abs() < 1e-9, "round {i}: {c2}");
+    }
+}
+
+fn rounds_of(r: &serde_json::Value) -> Vec<f64> {
+    r["rounds"]["ops_per_s"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect()
+}

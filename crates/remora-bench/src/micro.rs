@@ -89,6 +89,7 @@ mod redis_cache;
 mod redis_server;
 mod remora_store;
 mod report;
+mod rounds;
 mod schemes;
 mod sweep;
 mod timeline;
@@ -114,7 +115,6 @@ use self::objects::permutation;
 pub(crate) use self::objects::{alloc_parallel, base, check, fill, join_all, splitmix};
 use self::open_loop::MAX_RATE;
 use self::record::{Figures, Record};
-use self::remora_store::run_scheme;
 pub use self::schemes::Ec;
 use self::schemes::Spec;
 pub use self::sweep::Sweep;
@@ -234,6 +234,16 @@ pub struct MicroArgs {
     /// runtime's, 2.
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(0..=16))]
     pub compaction_threads: Vec<u32>,
+    /// With a list of compaction-thread counts, in the closed loop: each
+    /// compacting scheme's counts are measured in this many rounds, each
+    /// giving every count a window of `--duration` ÷ rounds in turn (the
+    /// order reversed every other round) while the others' runtimes are
+    /// paused; each count's throughput ratio to the first count is reported
+    /// per round, with the median and range beside the whole run's. Each
+    /// runtime's first window warms up for `--warmup` or a window,
+    /// whichever is longer.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub rounds: u32,
     /// Holes' share of the far data at which the compacting schemes start folding (they stop
     /// below half of it). Default: the runtime's, 0.25.
     #[arg(long, value_name = "SHARE")]
@@ -376,10 +386,14 @@ pub fn run(args: &MicroArgs) -> anyhow::Result<()> {
     };
     let run_all = |plan: &Plan| -> anyhow::Result<Vec<Record>> {
         let mut records: Vec<Record> = Vec::new();
-        for (name, spec) in names.iter().zip(&specs) {
-            let r = match (spec, &cluster, &redis_bin) {
-                (Spec::Remora(scheme), Some(cluster), _) => run_remora(args, plan, cluster, scheme),
-                (Spec::Redis(replicas), _, Some(bin)) => redis_cache::run_scheme(args, plan, bin, *replicas),
+        // Closed loop without a kill: the counts of a compacting scheme
+        // alternate in rounds (see `remora_store::run_paired`).
+        let pair = plan.loads == [None] && args.kill_at.is_none();
+        for group in schemes::groups(&names, pair) {
+            let name = group.join(", ");
+            let r = match (Spec::parse(&group[0]), &cluster, &redis_bin) {
+                (Some(Spec::Remora(_)), Some(cluster), _) => run_remora(args, plan, cluster, &group),
+                (Some(Spec::Redis(replicas)), _, Some(bin)) => redis_cache::run_scheme(args, plan, bin, replicas),
                 _ => continue,
             }
             .with_context(|| format!("scheme {name}"))?;
@@ -406,6 +420,7 @@ pub fn run(args: &MicroArgs) -> anyhow::Result<()> {
 
     report::print_report(args, &plan, &records, &skipped);
     ratios::print(&records);
+    rounds::print(&records);
     let summary = args.sweep.as_ref().and_then(|_| sweep::Summary::of(&records));
     let mut plot = None;
     if let (Some(s), Some(path)) = (&summary, args.plot_path()) {
@@ -444,6 +459,7 @@ pub fn run(args: &MicroArgs) -> anyhow::Result<()> {
                 let mut v = r.to_json(args, &plan);
                 if let Some(m) = v.as_object_mut() {
                     m.insert("ratio_to_non_ft".into(), ratios::to_json(r, &records));
+                    m.insert("rounds".into(), rounds::to_json(r, &records));
                 }
                 v
             })
@@ -501,19 +517,24 @@ fn start_cluster_for(far_need: u64, memnodes: usize) -> anyhow::Result<LocalClus
 }
 
 /// Runs a remora scheme with objects of `--object-size` (a const generic).
-fn run_remora(args: &MicroArgs, plan: &Plan, cluster: &LocalCluster, scheme: &str) -> anyhow::Result<Vec<Record>> {
+fn run_remora(
+    args: &MicroArgs,
+    plan: &Plan,
+    cluster: &LocalCluster,
+    schemes: &[String],
+) -> anyhow::Result<Vec<Record>> {
     match args.object_size.0 {
-        64 => run_scheme::<8>(args, plan, cluster, scheme),
-        128 => run_scheme::<16>(args, plan, cluster, scheme),
-        256 => run_scheme::<32>(args, plan, cluster, scheme),
-        512 => run_scheme::<64>(args, plan, cluster, scheme),
-        1024 => run_scheme::<128>(args, plan, cluster, scheme),
-        2048 => run_scheme::<256>(args, plan, cluster, scheme),
-        4096 => run_scheme::<512>(args, plan, cluster, scheme),
-        8192 => run_scheme::<1024>(args, plan, cluster, scheme),
-        16384 => run_scheme::<2048>(args, plan, cluster, scheme),
-        32768 => run_scheme::<4096>(args, plan, cluster, scheme),
-        65536 => run_scheme::<8192>(args, plan, cluster, scheme),
+        64 => remora_store::run::<8>(args, plan, cluster, schemes),
+        128 => remora_store::run::<16>(args, plan, cluster, schemes),
+        256 => remora_store::run::<32>(args, plan, cluster, schemes),
+        512 => remora_store::run::<64>(args, plan, cluster, schemes),
+        1024 => remora_store::run::<128>(args, plan, cluster, schemes),
+        2048 => remora_store::run::<256>(args, plan, cluster, schemes),
+        4096 => remora_store::run::<512>(args, plan, cluster, schemes),
+        8192 => remora_store::run::<1024>(args, plan, cluster, schemes),
+        16384 => remora_store::run::<2048>(args, plan, cluster, schemes),
+        32768 => remora_store::run::<4096>(args, plan, cluster, schemes),
+        65536 => remora_store::run::<8192>(args, plan, cluster, schemes),
         other => Err(anyhow!("unsupported object size {other}")),
     }
 }

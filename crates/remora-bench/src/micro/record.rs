@@ -22,6 +22,9 @@ pub(crate) struct Record {
     pub(crate) figures: Figures,
     /// Ideal LRU and S3-FIFO over the run's access stream.
     pub(crate) sim: SimMisses,
+    /// Throughput of each round's window, in the order they ran, when the
+    /// run was measured in alternating rounds (`--rounds`); else empty.
+    pub(crate) rounds: Vec<f64>,
 }
 
 /// The figures only one kind of store has.
@@ -132,7 +135,7 @@ fn extend(a: &mut Value, b: Value) {
 
 impl Record {
     pub(crate) fn throughput(&self) -> f64 {
-        self.run.completed as f64 / self.run.elapsed.as_secs_f64().max(1e-9)
+        self.run.throughput()
     }
 
     pub(crate) fn us(&self, q: f64) -> f64 {

@@ -496,6 +496,7 @@ pub(super) fn run_scheme(args: &MicroArgs, plan: &Plan, bin: &Path, replicas: u3
                 figures: Figures::Redis(store.figures(&snaps, &version)),
                 run,
                 sim,
+                rounds: Vec::new(),
             });
         }
     }

@@ -13,7 +13,9 @@ use remora_proto::msg::PeerTraffic;
 use remora_runtime::{RemBox, Runtime, RuntimeConfig, Stats};
 
 use super::record::{Figures, Record, RemoraFigures, delta};
-use super::worker::{self, Outcome, Store};
+use rand_distr::Zipf;
+
+use super::worker::{self, Outcome, Run, Snaps, Store};
 use super::{MicroArgs, Plan, alloc_parallel, bar, base, check, fill, progress};
 
 /// One object of the array behind its lock.
@@ -154,13 +156,8 @@ fn kill_a_node(cluster: &LocalCluster, rt: &Runtime, scheme: &str, after: Durati
     }
 }
 
-/// Fills the array under `scheme` on `cluster` and measures it at every load.
-pub(super) fn run_scheme<const W: usize>(
-    args: &MicroArgs,
-    plan: &Plan,
-    cluster: &LocalCluster,
-    scheme: &str,
-) -> anyhow::Result<Vec<Record>> {
+/// A runtime for `scheme` on `cluster`, configured by the bench's flags.
+fn connect(args: &MicroArgs, plan: &Plan, cluster: &LocalCluster, scheme: &str) -> anyhow::Result<Runtime> {
     let mut cfg = RuntimeConfig::new(cluster.manager_addr(), usize::try_from(plan.budget)?);
     cfg.conn = cluster.conn_options();
     cfg.name = format!("bench-micro-{scheme}");
@@ -195,9 +192,17 @@ pub(super) fn run_scheme<const W: usize>(
             cfg.high_watermark
         );
     }
-    let rt = Runtime::connect(cfg).context("connecting the runtime")?;
+    Runtime::connect(cfg).context("connecting the runtime")
+}
 
-    // Fill.
+/// Fills the array of `plan` into `rt`; returns it and how long the fill took.
+fn fill_array<'a, const W: usize>(
+    args: &MicroArgs,
+    plan: &Plan,
+    cluster: &'a LocalCluster,
+    rt: &'a Runtime,
+    scheme: &str,
+) -> anyhow::Result<(Array<'a, W>, Duration)> {
     let n = plan.n;
     let threads = u64::from(args.threads);
     progress(format_args!(
@@ -212,7 +217,7 @@ pub(super) fn run_scheme<const W: usize>(
         "{prefix:>6} [{bar:30}] {pos}/{len} objects ({per_sec}, eta {eta})",
     );
     let fill_start = Instant::now();
-    let cells: Vec<Cell<W>> = alloc_parallel(&rt, n, threads, "micro-fill", &pb, RwLock::new)?;
+    let cells: Vec<Cell<W>> = alloc_parallel(rt, n, threads, "micro-fill", &pb, RwLock::new)?;
     if let Err(e) = rt.wait_for_eviction(Duration::from_secs(60)) {
         tracing::warn!("eviction did not settle after the fill: {e}");
     }
@@ -227,20 +232,102 @@ pub(super) fn run_scheme<const W: usize>(
         st.swap_outs
     ));
     let array = Array::<W> {
-        rt: &rt,
+        rt,
         cells,
         versions: (0..n).map(|_| AtomicU64::new(0)).collect(),
         servers: cluster.memnodes().iter().map(|m| m.pid).collect(),
         cluster,
         peer: Mutex::new(Vec::new()),
     };
-    let zipf = worker::zipf(args, n)?;
+    Ok((array, fill_time))
+}
+
+impl<const W: usize> Array<'_, W> {
+    /// Peer traffic over the measured phases so far (marks are pushed in
+    /// pairs, as each begins and ends; what memory nodes sent each other
+    /// between them, for other runtimes, is not counted).
+    fn measured_peer(&self) -> anyhow::Result<PeerTraffic> {
+        let marks = self.peer.lock().unwrap_or_else(PoisonError::into_inner);
+        anyhow::ensure!(
+            marks.len() >= 2 && marks.len() % 2 == 0,
+            "the measured phases left {} peer-traffic marks",
+            marks.len()
+        );
+        let mut sum = PeerTraffic::default();
+        for m in marks.chunks_exact(2) {
+            sum.rebuild_reads += m[1].rebuild_reads.saturating_sub(m[0].rebuild_reads);
+            sum.rebuild_bytes += m[1].rebuild_bytes.saturating_sub(m[0].rebuild_bytes);
+            sum.delta_applies += m[1].delta_applies.saturating_sub(m[0].delta_applies);
+            sum.delta_bytes += m[1].delta_bytes.saturating_sub(m[0].delta_bytes);
+        }
+        Ok(sum)
+    }
+
+    fn clear_marks(&self) {
+        self.peer.lock().unwrap_or_else(PoisonError::into_inner).clear();
+    }
+}
+
+/// The record of one measured run of `array` (its snapshots, and the
+/// simulated caches over its access stream).
+fn record<const W: usize>(
+    args: &MicroArgs,
+    plan: &Plan,
+    scheme: &str,
+    (array, fill_time): (&Array<'_, W>, Duration),
+    mut run: Run,
+    snaps: &Snaps<Stats>,
+    zipf: Option<&Zipf<f64>>,
+) -> anyhow::Result<Record> {
+    let sim = super::simulate(args, plan, scheme, &mut run, zipf);
+    // The measured phases' own boundaries (not the warm-ups'): compaction
+    // counters are taken there too.
+    let peer = array.measured_peer()?;
+    Ok(Record {
+        scheme: scheme.to_string(),
+        fill_time,
+        figures: Figures::Remora(Box::new(RemoraFigures {
+            peer_bytes: peer.bytes(),
+            peer_delta_bytes: peer.delta_bytes,
+            timeline: super::timeline::points(snaps),
+            ..figures(&snaps.first, &snaps.last, &snaps.samples)
+        })),
+        run,
+        sim,
+        rounds: Vec::new(),
+    })
+}
+
+/// Measures `schemes`: one alone at every load, several in alternating rounds.
+pub(super) fn run<const W: usize>(
+    args: &MicroArgs,
+    plan: &Plan,
+    cluster: &LocalCluster,
+    schemes: &[String],
+) -> anyhow::Result<Vec<Record>> {
+    match schemes {
+        [one] => run_scheme::<W>(args, plan, cluster, one),
+        _ => run_paired::<W>(args, plan, cluster, schemes),
+    }
+}
+
+/// Fills the array under `scheme` on `cluster` and measures it at every load.
+fn run_scheme<const W: usize>(
+    args: &MicroArgs,
+    plan: &Plan,
+    cluster: &LocalCluster,
+    scheme: &str,
+) -> anyhow::Result<Vec<Record>> {
+    let rt = connect(args, plan, cluster, scheme)?;
+    let (array, fill_time) = fill_array::<W>(args, plan, cluster, &rt, scheme)?;
+    let zipf = worker::zipf(args, plan.n)?;
 
     // One measured run per load, each after its own warm-up.
     let mut records = Vec::new();
     for (i, &offered) in plan.loads.iter().enumerate() {
         let redundant = super::schemes::info(scheme).is_some_and(|s| s.redundant);
         let kill = args.kill_at.filter(|_| i == 0 && redundant);
+        array.clear_marks();
         let measured = std::thread::scope(|s| {
             if let Some(at) = kill {
                 let (rt, after) = (&rt, args.warmup + at);
@@ -248,34 +335,134 @@ pub(super) fn run_scheme<const W: usize>(
             }
             worker::measure(args, &array, &plan.perm, zipf.as_ref(), offered)
         });
-        let (mut run, snaps) = measured.with_context(|| match offered {
+        let (run, snaps) = measured.with_context(|| match offered {
             Some(rate) => format!("open loop at {rate} ops/s"),
             None => "closed loop".to_string(),
         })?;
-        let sim = super::simulate(args, plan, scheme, &mut run, zipf.as_ref());
-        // The measured phase's own boundaries (not the warm-up's): compaction
-        // counters are taken there too.
-        let (peer0, peer1) = {
-            let marks = array.peer.lock().unwrap_or_else(PoisonError::into_inner);
-            let n = marks.len();
-            anyhow::ensure!(n >= 2, "the measured phase left no peer-traffic marks");
-            (marks[n - 2], marks[n - 1])
-        };
-        records.push(Record {
-            scheme: scheme.to_string(),
-            fill_time,
-            figures: Figures::Remora(Box::new(RemoraFigures {
-                peer_bytes: peer1.bytes().saturating_sub(peer0.bytes()),
-                peer_delta_bytes: peer1.delta_bytes.saturating_sub(peer0.delta_bytes),
-                timeline: super::timeline::points(&snaps),
-                ..figures(&snaps.first, &snaps.last, &snaps.samples)
-            })),
+        records.push(record(
+            args,
+            plan,
+            scheme,
+            (&array, fill_time),
             run,
-            sim,
-        });
+            &snaps,
+            zipf.as_ref(),
+        )?);
     }
     // Free the objects (and their far copies) before the runtime goes.
     drop(array);
     drop(rt);
     Ok(records)
+}
+
+/// Measures `schemes` (one compacting scheme at several compaction-thread
+/// counts) closed-loop in `args.rounds` alternating rounds: every runtime
+/// is filled first and paused (`Runtime::pause_background`); each round
+/// gives each one a window of `duration / rounds`, in turn (reversed every
+/// other round, so a drift of the machine over the run weighs on every
+/// count alike), while the others stay paused, so their compaction never
+/// runs in another's window. One record per scheme, its windows merged,
+/// with each window's throughput in `Record::rounds`.
+fn run_paired<const W: usize>(
+    args: &MicroArgs,
+    plan: &Plan,
+    cluster: &LocalCluster,
+    schemes: &[String],
+) -> anyhow::Result<Vec<Record>> {
+    let rts = schemes
+        .iter()
+        .map(|s| connect(args, plan, cluster, s))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut arrays = Vec::new();
+    for (rt, s) in rts.iter().zip(schemes) {
+        arrays.push(fill_array::<W>(args, plan, cluster, rt, s)?);
+        rt.pause_background(true);
+    }
+    let zipf = worker::zipf(args, plan.n)?;
+    let rounds = args.rounds.max(1);
+    let window = args.duration / rounds;
+    progress(format_args!(
+        "[{}] {rounds} alternating rounds of {:.1} s each",
+        schemes.join(", "),
+        window.as_secs_f64()
+    ));
+    let mut windows: Vec<Vec<(Run, Snaps<Stats>)>> = schemes.iter().map(|_| Vec::new()).collect();
+    for r in 0..rounds {
+        let mut order: Vec<usize> = (0..schemes.len()).collect();
+        if r % 2 == 1 {
+            order.reverse();
+        }
+        for i in order {
+            // The first window warms the runtime up for at least a window
+            // (after a 1 s warm-up, a first 6 s window ran 18 % below the
+            // later ones with no fold in any window; after 5 s, it did not);
+            // later ones resume a runtime frozen in its steady state after
+            // a short settle. Neither is counted (the stats of the gaps
+            // between windows are taken out).
+            let a = MicroArgs {
+                duration: window,
+                warmup: if r == 0 {
+                    args.warmup.max(window)
+                } else {
+                    args.warmup.min(SETTLE)
+                },
+                seed: args.seed.wrapping_add(u64::from(r)),
+                ..args.clone()
+            };
+            rts[i].pause_background(false);
+            let measured = worker::measure(&a, &arrays[i].0, &plan.perm, zipf.as_ref(), None);
+            rts[i].pause_background(true);
+            windows[i].push(measured.with_context(|| format!("{}: round {}", schemes[i], r + 1))?);
+        }
+    }
+    let mut records = Vec::new();
+    for ((s, (array, fill_time)), ws) in schemes.iter().zip(&arrays).zip(windows) {
+        let rates: Vec<f64> = ws.iter().map(|(run, _)| run.throughput()).collect();
+        let (run, snaps) = join_windows(ws)?;
+        let mut rec = record(args, plan, s, (array, *fill_time), run, &snaps, zipf.as_ref())?;
+        rec.rounds = rates;
+        records.push(rec);
+    }
+    drop(arrays);
+    drop(rts);
+    Ok(records)
+}
+
+/// Warm-up of every window after a runtime's first (capped by `--warmup`).
+const SETTLE: Duration = Duration::from_millis(300);
+
+/// One store's windows as one run: counts add up, the counters' deltas
+/// leave out what happened between windows, samples join end to end (their
+/// times shifted by the windows before).
+fn join_windows(ws: Vec<(Run, Snaps<Stats>)>) -> anyhow::Result<(Run, Snaps<Stats>)> {
+    let mut it = ws.into_iter();
+    let (mut run, mut snaps) = it.next().ok_or_else(|| anyhow!("no window measured"))?;
+    // Counters between windows (the settles, and anything a paused runtime
+    // did), taken out of the whole span's at the end.
+    let mut gaps = Vec::new();
+    for (r, s) in it {
+        let shift = run.elapsed.as_secs_f64();
+        let ops_shift = snaps.at.last().map_or(snaps.ops0, |&(_, o)| o);
+        gaps.push(delta(&snaps.last, &s.first));
+        snaps.at.extend(
+            s.at.iter()
+                .map(|&(t, o)| (t + shift, ops_shift + o.saturating_sub(s.ops0))),
+        );
+        snaps.samples.extend(s.samples);
+        snaps.last = s.last;
+        run.append(r)?;
+    }
+    let mut counted = delta(&snaps.first, &snaps.last);
+    for g in &gaps {
+        counted = delta(g, &counted);
+    }
+    // `figures` takes deltas from first to last: hand it a zero base.
+    snaps.last = counted;
+    snaps.first = zero_counters(&snaps.last);
+    Ok((run, snaps))
+}
+
+/// `s` with every counter at 0 (its levels kept): `delta(&zero_counters(s), s) == s`.
+fn zero_counters(s: &Stats) -> Stats {
+    delta(s, s)
 }

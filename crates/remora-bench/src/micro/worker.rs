@@ -116,6 +116,42 @@ pub(crate) struct Run {
     pub(crate) cpu: Option<Duration>,
 }
 
+impl Run {
+    /// Adds a later measured window of the same store at the same load (a
+    /// round of [`MicroArgs::rounds`]): counts and times add up, histograms
+    /// merge, and the access streams join end to end (up to the trace cap).
+    pub(crate) fn append(&mut self, o: Run) -> anyhow::Result<()> {
+        self.lat
+            .hist
+            .add(&o.lat.hist)
+            .map_err(|e| anyhow!("merging histograms: {e:?}"))?;
+        self.late
+            .hist
+            .add(&o.late.hist)
+            .map_err(|e| anyhow!("merging histograms: {e:?}"))?;
+        self.lag.merge(&o.lag);
+        self.ops += o.ops;
+        self.reads += o.reads;
+        self.writes += o.writes;
+        self.completed += o.completed;
+        self.scheduled += o.scheduled;
+        self.unissued += o.unissued;
+        self.elapsed += o.elapsed;
+        self.op_errors += o.op_errors;
+        self.wrong_bytes += o.wrong_bytes;
+        let room = TRACE_CAP.saturating_sub(self.trace.len()).min(o.trace.len());
+        self.trace.extend_from_slice(&o.trace[..room]);
+        self.trace_dropped += o.trace_dropped + (o.trace.len() - room) as u64;
+        self.cpu = self.cpu.zip(o.cpu).map(|(a, b)| a + b);
+        Ok(())
+    }
+
+    /// Operations completed per second of the measured phase.
+    pub(crate) fn throughput(&self) -> f64 {
+        self.completed as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
 /// A store's snapshots around and during the measured phase.
 pub(crate) struct Snaps<S> {
     /// Just before the measured phase.

@@ -1,0 +1,109 @@
+//! What compaction costs, read off runs measured in alternating rounds
+//! (`--rounds`): each round gives every compaction-thread count of a scheme
+//! a window in turn, so each round yields one ratio of a count's throughput
+//! to the first count's (normally 0) taken minutes apart at most, not one
+//! ratio of two runs that the machine's drift can move by 10 %. The median
+//! of the rounds, with their range, is the figure; the whole run's ratio
+//! stands beside it.
+
+use serde_json::{Value, json};
+
+use super::record::Record;
+use super::schemes::split_label;
+
+/// The record `r`'s rounds are compared with: the first record of the same
+/// scheme at another compaction-thread count, measured in as many rounds.
+fn base<'a>(r: &Record, records: &'a [Record]) -> Option<&'a Record> {
+    let (name, Some(_)) = split_label(&r.scheme) else {
+        return None;
+    };
+    records
+        .iter()
+        .find(|b| split_label(&b.scheme).0 == name && !b.rounds.is_empty() && b.rounds.len() == r.rounds.len())
+        .filter(|b| !std::ptr::eq(*b, r))
+}
+
+/// Each round's throughput ratio of `r` to `b`.
+fn per_round(r: &Record, b: &Record) -> Vec<f64> {
+    r.rounds
+        .iter()
+        .zip(&b.rounds)
+        .filter(|(_, b)| **b > 0.0)
+        .map(|(x, b)| x / b)
+        .collect()
+}
+
+/// The median of `xs` (the mean of the middle two for an even count).
+fn median(xs: &[f64]) -> Option<f64> {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
+}
+
+/// The rounds of `r` and their ratios to its base, as JSON (`null` for a
+/// record not measured in rounds).
+pub(crate) fn to_json(r: &Record, records: &[Record]) -> Value {
+    if r.rounds.is_empty() {
+        return Value::Null;
+    }
+    let b = base(r, records);
+    let ratios = b.map(|b| per_round(r, b));
+    json!({
+        "ops_per_s": r.rounds,
+        "base": b.map(|b| b.scheme.clone()),
+        "throughput_ratio_to_base": ratios,
+        "median_ratio": ratios.as_deref().and_then(median),
+        "whole_run_ratio": b.map(|b| r.throughput() / b.throughput().max(1e-9)),
+    })
+}
+
+/// Prints the table, if any record was measured in rounds.
+pub(crate) fn print(records: &[Record]) {
+    let rows: Vec<(&Record, &Record)> = records.iter().filter_map(|r| Some((r, base(r, records)?))).collect();
+    let Some(n) = rows.first().map(|(r, _)| r.rounds.len()) else {
+        return;
+    };
+    println!();
+    println!(
+        "compaction's cost in {n} alternating rounds: each round measures every compaction-thread count of a scheme \
+         in turn (order reversed every other round) while the others' runtimes are paused; throughput ÷ the first \
+         count's, per round, their median [min, max], and the whole run's"
+    );
+    let w = records.iter().map(|r| r.scheme.len()).max().unwrap_or(0).max(10);
+    println!(
+        "{:<w$} {:<w$} {:>8} {:>22} {:>10}   per round",
+        "scheme", "÷", "median", "[min, max]", "whole"
+    );
+    for (r, b) in rows {
+        let x = per_round(r, b);
+        let lo = x.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let list: Vec<String> = x.iter().map(|v| format!("{v:.3}")).collect();
+        println!(
+            "{:<w$} {:<w$} {:>8} {:>22} {:>10.3}   {}",
+            r.scheme,
+            b.scheme,
+            median(&x).map_or("-".into(), |m| format!("{m:.3}")),
+            format!("[{lo:.3}, {hi:.3}]"),
+            r.throughput() / b.throughput().max(1e-9),
+            list.join(" ")
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
+    }
+}
