@@ -121,14 +121,8 @@ impl Run {
     /// round of [`MicroArgs::rounds`]): counts and times add up, histograms
     /// merge, and the access streams join end to end (up to the trace cap).
     pub(crate) fn append(&mut self, o: Run) -> anyhow::Result<()> {
-        self.lat
-            .hist
-            .add(&o.lat.hist)
-            .map_err(|e| anyhow!("merging histograms: {e:?}"))?;
-        self.late
-            .hist
-            .add(&o.late.hist)
-            .map_err(|e| anyhow!("merging histograms: {e:?}"))?;
+        self.lat.merge(&o.lat)?;
+        self.late.merge(&o.late)?;
         self.lag.merge(&o.lag);
         self.ops += o.ops;
         self.reads += o.reads;
@@ -223,6 +217,30 @@ impl WorkerOut {
             trace_cap,
             trace_dropped: 0,
         })
+    }
+
+    /// This thread's counts as a run (no time, CPU or access stream yet),
+    /// and its access stream: issue times and object indices.
+    fn into_run(self, offered: Option<f64>) -> (Run, (Vec<u64>, Vec<u32>)) {
+        let run = Run {
+            offered,
+            ops: self.reads + self.writes,
+            reads: self.reads,
+            writes: self.writes,
+            completed: self.completed,
+            scheduled: self.scheduled,
+            unissued: self.unissued,
+            elapsed: Duration::ZERO,
+            lat: self.lat,
+            late: self.late,
+            lag: self.lag,
+            op_errors: self.op_errors,
+            wrong_bytes: self.wrong_bytes,
+            trace: Vec::new(),
+            trace_dropped: self.trace_dropped,
+            cpu: Some(Duration::ZERO),
+        };
+        (run, (self.trace_t, self.trace_i))
     }
 
     /// Adds a measured operation on object `i` issued at `at` to the access stream.
@@ -536,46 +554,21 @@ pub(crate) fn measure<S: Store>(
     })?;
     pb.finish_and_clear();
     let (elapsed, cpu, snaps) = measured;
-    let mut all = WorkerOut::new(0)?;
+    // Each thread's counts as a run of its own, added up; the access
+    // streams merged in issue order across threads.
+    let mut run: Option<Run> = None;
     let mut traces = Vec::new();
     for o in outs {
-        let o = o?;
-        all.lat
-            .hist
-            .add(&o.lat.hist)
-            .map_err(|e| anyhow!("merging histograms: {e:?}"))?;
-        all.late
-            .hist
-            .add(&o.late.hist)
-            .map_err(|e| anyhow!("merging histograms: {e:?}"))?;
-        all.lag.merge(&o.lag);
-        all.reads += o.reads;
-        all.writes += o.writes;
-        all.completed += o.completed;
-        all.scheduled += o.scheduled;
-        all.unissued += o.unissued;
-        all.op_errors += o.op_errors;
-        all.wrong_bytes += o.wrong_bytes;
-        all.trace_dropped += o.trace_dropped;
-        traces.push((o.trace_t, o.trace_i));
+        let (r, trace) = o?.into_run(offered);
+        traces.push(trace);
+        match &mut run {
+            Some(all) => all.append(r)?,
+            None => run = Some(r),
+        }
     }
-    let run = Run {
-        offered,
-        ops: all.reads + all.writes,
-        reads: all.reads,
-        writes: all.writes,
-        completed: all.completed,
-        scheduled: all.scheduled,
-        unissued: all.unissued,
-        elapsed,
-        lat: all.lat,
-        late: all.late,
-        lag: all.lag,
-        op_errors: all.op_errors,
-        wrong_bytes: all.wrong_bytes,
-        trace: cache_sim::merge(traces),
-        trace_dropped: all.trace_dropped,
-        cpu,
-    };
+    let mut run = run.ok_or_else(|| anyhow!("no worker thread ran"))?;
+    run.elapsed = elapsed;
+    run.cpu = cpu;
+    run.trace = cache_sim::merge(traces);
     Ok((run, snaps))
 }

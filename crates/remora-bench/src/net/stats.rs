@@ -25,6 +25,13 @@ impl Latency {
             .saturating_record(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1));
     }
 
+    /// Adds the samples of `other` (another thread's, or a later window's).
+    pub(crate) fn merge(&mut self, other: &Latency) -> anyhow::Result<()> {
+        self.hist
+            .add(&other.hist)
+            .map_err(|e| anyhow::anyhow!("merging histograms: {e:?}"))
+    }
+
     /// Number of samples.
     pub(crate) fn samples(&self) -> u64 {
         self.hist.len()
