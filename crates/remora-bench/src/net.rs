@@ -806,11 +806,37 @@ struct TputRow {
     op: Op,
     raw: Tally,
     remora: Tally,
+    /// Each window pair's ratio (subject ÷ base), in the order they ran.
+    windows: Vec<f64>,
 }
 
 impl TputRow {
+    /// The whole phase's ratio: all bytes over all time, per side.
     fn ratio(&self) -> f64 {
         self.remora.gbps() / self.raw.gbps().max(1e-12)
+    }
+
+    /// The median of the window pairs' ratios (the whole ratio without
+    /// windows): a window the machine disturbs moves it little.
+    fn median_ratio(&self) -> f64 {
+        let mut v = self.windows.clone();
+        v.sort_by(f64::total_cmp);
+        match v.len() {
+            0 => self.ratio(),
+            n if n % 2 == 1 => v[n / 2],
+            n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+        }
+    }
+
+    /// The smallest and largest window pair ratio.
+    fn window_range(&self) -> (f64, f64) {
+        let lo = self.windows.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = self.windows.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        if self.windows.is_empty() {
+            (self.ratio(), self.ratio())
+        } else {
+            (lo, hi)
+        }
     }
 }
 
@@ -843,8 +869,10 @@ fn throughput_phase<B: Endpoint>(
         op,
         raw: Tally::default(),
         remora: Tally::default(),
+        windows: Vec::new(),
     };
     for (s, dur) in std::iter::once((None, tp.warmup)).chain((0..tp.slices).map(|s| (Some(s), tp.slice))) {
+        let mut pair = [0.0f64; 2];
         for side in Side::order(s.unwrap_or(0) % 2 == 0) {
             let (t, checked) = match side {
                 Side::Raw => run_side(tp, op, raw, &mut raw_stripes, dur, src)?,
@@ -853,10 +881,19 @@ fn throughput_phase<B: Endpoint>(
             verified.replies += checked;
             if s.is_some() {
                 match side {
-                    Side::Raw => row.raw.add(t),
-                    Side::Remora => row.remora.add(t),
+                    Side::Raw => {
+                        pair[0] = t.gbps();
+                        row.raw.add(t);
+                    }
+                    Side::Remora => {
+                        pair[1] = t.gbps();
+                        row.remora.add(t);
+                    }
                 }
             }
+        }
+        if s.is_some() && pair[0] > 0.0 {
+            row.windows.push(pair[1] / pair[0]);
         }
     }
     progress(format_args!(
@@ -1186,5 +1223,29 @@ impl Report<'_> {
             "replies_checked": self.verified,
             "elapsed_s": self.elapsed.as_secs_f64(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tput_tests {
+    use super::*;
+
+    #[test]
+    fn median_and_range_of_window_ratios() {
+        let tally = |bytes| Tally {
+            ops: 1,
+            bytes,
+            time: Duration::from_secs(1),
+        };
+        let mut row = TputRow {
+            op: Op::Read,
+            raw: tally(4),
+            remora: tally(3),
+            windows: Vec::new(),
+        };
+        assert_eq!(row.median_ratio(), 0.75, "no windows: the whole ratio");
+        row.windows = vec![0.9, 0.5, 0.7, 1.3];
+        assert!((row.median_ratio() - 0.8).abs() < 1e-12);
+        assert_eq!(row.window_range(), (0.5, 1.3));
     }
 }

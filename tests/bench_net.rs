@@ -1,0 +1,57 @@
+//! `remora bench net --tls` end to end: both sides measured, every window
+//! pair's throughput ratio reported beside the whole phase's.
+
+use std::process::Command;
+
+#[test]
+fn net_tls_reports_window_ratios_beside_the_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("net.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_remora"))
+        .args([
+            "bench",
+            "net",
+            "--tls",
+            "--sizes",
+            "4KiB",
+            "--samples",
+            "50",
+            "--duration",
+            "300ms",
+            "--slices",
+            "3",
+            "--connects",
+            "0",
+            "--json",
+            json.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("over 3 window pairs: median"), "{stdout}");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(v["replies_checked"].as_u64().unwrap() > 0, "{v}");
+    let t = &v["tls"]["throughput"];
+    let (plain, tls) = (
+        t["plain"]["gb_per_s"].as_f64().unwrap(),
+        t["tls"]["gb_per_s"].as_f64().unwrap(),
+    );
+    assert!(plain > 0.0 && tls > 0.0, "{t}");
+    assert!((t["gbps_ratio"].as_f64().unwrap() - tls / plain).abs() < 1e-9, "{t}");
+    let w: Vec<f64> = t["window_ratios"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+    assert_eq!(w.len(), 3, "{t}");
+    let mut sorted = w.clone();
+    sorted.sort_by(f64::total_cmp);
+    assert!(sorted[0] > 0.0, "{t}");
+    assert_eq!(t["median_window_ratio"].as_f64(), Some(sorted[1]), "{t}");
+}
