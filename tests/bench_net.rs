@@ -1,14 +1,17 @@
 //! `remora bench net --tls` end to end: both sides measured, every window
 //! pair's throughput ratio reported beside the whole phase's.
 
-use std::process::Command;
+mod common;
+
+use common::{run_remora, stderr};
 
 #[test]
 fn net_tls_reports_window_ratios_beside_the_whole() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("net.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_remora"))
-        .args([
+    let json_path = json.to_str().unwrap();
+    let out = run_remora(
+        &[
             "bench",
             "net",
             "--tls",
@@ -23,16 +26,12 @@ fn net_tls_reports_window_ratios_beside_the_whole() {
             "--connects",
             "0",
             "--json",
-            json.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+            json_path,
+        ],
+        &[],
     );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", stderr(&out));
     assert!(stdout.contains("over 3 window pairs: median"), "{stdout}");
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert!(v["replies_checked"].as_u64().unwrap() > 0, "{v}");
