@@ -819,24 +819,12 @@ impl TputRow {
     /// The median of the window pairs' ratios (the whole ratio without
     /// windows): a window the machine disturbs moves it little.
     fn median_ratio(&self) -> f64 {
-        let mut v = self.windows.clone();
-        v.sort_by(f64::total_cmp);
-        match v.len() {
-            0 => self.ratio(),
-            n if n % 2 == 1 => v[n / 2],
-            n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-        }
+        stats::median(&self.windows).unwrap_or_else(|| self.ratio())
     }
 
     /// The smallest and largest window pair ratio.
     fn window_range(&self) -> (f64, f64) {
-        let lo = self.windows.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = self.windows.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        if self.windows.is_empty() {
-            (self.ratio(), self.ratio())
-        } else {
-            (lo, hi)
-        }
+        stats::range(&self.windows).unwrap_or((self.ratio(), self.ratio()))
     }
 }
 

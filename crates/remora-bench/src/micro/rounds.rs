@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 
 use super::record::Record;
 use super::schemes::split_label;
+use crate::net::stats::{median, range};
 
 /// The record `r`'s rounds are compared with: the first record of the same
 /// scheme at another compaction-thread count, measured in as many rounds.
@@ -31,18 +32,6 @@ fn per_round(r: &Record, b: &Record) -> Vec<f64> {
         .filter(|(_, b)| **b > 0.0)
         .map(|(x, b)| x / b)
         .collect()
-}
-
-/// The median of `xs` (the mean of the middle two for an even count).
-fn median(xs: &[f64]) -> Option<f64> {
-    let mut v = xs.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(v[n / 2]),
-        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
-    }
 }
 
 /// The rounds of `r` and their ratios to its base, as JSON (`null` for a
@@ -81,8 +70,7 @@ pub(crate) fn print(records: &[Record]) {
     );
     for (r, b) in rows {
         let x = per_round(r, b);
-        let lo = x.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let (lo, hi) = range(&x).unwrap_or((f64::NAN, f64::NAN));
         let list: Vec<String> = x.iter().map(|v| format!("{v:.3}")).collect();
         println!(
             "{:<w$} {:<w$} {:>8} {:>22} {:>10.3}   {}",
@@ -93,17 +81,5 @@ pub(crate) fn print(records: &[Record]) {
             r.throughput() / b.throughput().max(1e-9),
             list.join(" ")
         );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::median;
-
-    #[test]
-    fn median_of_odd_and_even_counts() {
-        assert_eq!(median(&[]), None);
-        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
-        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
     }
 }

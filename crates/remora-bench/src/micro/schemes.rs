@@ -90,7 +90,7 @@ pub(crate) fn groups(names: &[String], pair: bool) -> Vec<Vec<String>> {
         };
         match out
             .iter_mut()
-            .find(|g| split_label(&g[0]).0 == base && split_label(&g[0]).1.is_some())
+            .find(|g| matches!(split_label(&g[0]), (b, Some(_)) if b == base))
         {
             Some(g) => g.push(n.clone()),
             None => out.push(vec![n.clone()]),

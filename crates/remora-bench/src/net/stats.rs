@@ -6,6 +6,25 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 
+/// The median of `xs` (the mean of the middle two for an even count).
+pub(crate) fn median(xs: &[f64]) -> Option<f64> {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
+}
+
+/// The smallest and largest of `xs`.
+pub(crate) fn range(xs: &[f64]) -> Option<(f64, f64)> {
+    let lo = xs.iter().copied().reduce(f64::min)?;
+    let hi = xs.iter().copied().reduce(f64::max)?;
+    Some((lo, hi))
+}
+
 /// Latencies of one side at one size, in nanoseconds.
 pub(crate) struct Latency {
     pub(crate) hist: Histogram<u64>,
@@ -120,6 +139,15 @@ impl Tally {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
+        assert_eq!(range(&[]), None);
+        assert_eq!(range(&[0.9, 0.5, 1.3]), Some((0.5, 1.3)));
+    }
 
     #[test]
     fn ci_brackets_the_quantile() {
