@@ -64,6 +64,12 @@
 //! `redis_cache.rs`. Without `redis-server` the scheme is skipped with
 //! install instructions (`REMORA_REQUIRE_REDIS=1` makes that an error).
 //!
+//! **Alternating rounds.** With several stores in the closed loop (and no
+//! `--kill-at`), every store is filled first and then measured in
+//! `--rounds` alternating windows while the others are paused
+//! (`alternate.rs`), so every pair of stores gets a throughput ratio per
+//! round, taken seconds apart; their medians are printed (`rounds.rs`).
+//!
 //! **Comparing schemes.** After the per-record tables, each figure Figure 5
 //! and Table 2 compare (throughput, p50/p99/p99.9, reads per swap-in, bytes
 //! written per byte evicted, far memory, misses per op) is divided by
@@ -78,6 +84,7 @@
 //! (remora: dereferences that waited for a swap-in; the baseline: cache
 //! misses), so a policy's distance from an ideal one is read off one run.
 
+mod alternate;
 mod cache_sim;
 mod layout;
 mod objects;
@@ -234,14 +241,14 @@ pub struct MicroArgs {
     /// runtime's, 2.
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(0..=16))]
     pub compaction_threads: Vec<u32>,
-    /// With a list of compaction-thread counts, in the closed loop: each
-    /// compacting scheme's counts are measured in this many rounds, each
-    /// giving every count a window of `--duration` ÷ rounds in turn (the
-    /// order reversed every other round) while the others' runtimes are
-    /// paused; each count's throughput ratio to the first count is reported
-    /// per round, with the median and range beside the whole run's. Each
-    /// runtime's first window warms up for `--warmup` or a window,
-    /// whichever is longer.
+    /// With several stores (schemes, compaction-thread counts, the Redis
+    /// baseline) in the closed loop without `--kill-at`: every store is
+    /// filled first and paused, and measured in this many rounds, each
+    /// giving every store a window of `--duration` ÷ rounds in turn (the
+    /// order reversed every other round) while the others are paused; the
+    /// median of each pair's per-round throughput ratios is reported beside
+    /// the whole run's. Each store's first window warms up for `--warmup`
+    /// or a window, whichever is longer.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub rounds: u32,
     /// Holes' share of the far data at which the compacting schemes start folding (they stop
@@ -385,14 +392,28 @@ pub fn run(args: &MicroArgs) -> anyhow::Result<()> {
         None
     };
     let run_all = |plan: &Plan| -> anyhow::Result<Vec<Record>> {
+        // Closed loop without a kill: several stores alternate in rounds
+        // (see `alternate.rs`); otherwise each runs alone at every load.
+        let pair = plan.loads == [None] && args.kill_at.is_none() && names.len() > 1;
+        if pair {
+            let mut stores: Vec<Box<dyn alternate::Contestant + '_>> = Vec::new();
+            for name in &names {
+                let made = match (Spec::parse(name), &cluster, &redis_bin) {
+                    (Some(Spec::Remora(_)), Some(cluster), _) => vec![remora_contestant(args, plan, cluster, name)?],
+                    (Some(Spec::Redis(replicas)), _, Some(bin)) => redis_cache::contestants(args, plan, bin, replicas)?,
+                    _ => continue,
+                };
+                for s in made {
+                    s.pause(true);
+                    stores.push(s);
+                }
+            }
+            return alternate::run(args, plan, stores);
+        }
         let mut records: Vec<Record> = Vec::new();
-        // Closed loop without a kill: the counts of a compacting scheme
-        // alternate in rounds (see `remora_store::run_paired`).
-        let pair = plan.loads == [None] && args.kill_at.is_none();
-        for group in schemes::groups(&names, pair) {
-            let name = group.join(", ");
-            let r = match (Spec::parse(&group[0]), &cluster, &redis_bin) {
-                (Some(Spec::Remora(_)), Some(cluster), _) => run_remora(args, plan, cluster, &group),
+        for name in &names {
+            let r = match (Spec::parse(name), &cluster, &redis_bin) {
+                (Some(Spec::Remora(_)), Some(cluster), _) => run_remora(args, plan, cluster, name),
                 (Some(Spec::Redis(replicas)), _, Some(bin)) => redis_cache::run_scheme(args, plan, bin, replicas),
                 _ => continue,
             }
@@ -516,27 +537,48 @@ fn start_cluster_for(far_need: u64, memnodes: usize) -> anyhow::Result<LocalClus
     Ok(cluster)
 }
 
-/// Runs a remora scheme with objects of `--object-size` (a const generic).
-fn run_remora(
+/// Calls `$f::<W>($args...)` with `[u64; W]` the object type of `--object-size`.
+macro_rules! by_object_size {
+    ($size:expr, $m:ident :: $f:ident, ($($a:expr),*)) => {
+        match $size {
+            64 => $m::$f::<8>($($a),*),
+            128 => $m::$f::<16>($($a),*),
+            256 => $m::$f::<32>($($a),*),
+            512 => $m::$f::<64>($($a),*),
+            1024 => $m::$f::<128>($($a),*),
+            2048 => $m::$f::<256>($($a),*),
+            4096 => $m::$f::<512>($($a),*),
+            8192 => $m::$f::<1024>($($a),*),
+            16384 => $m::$f::<2048>($($a),*),
+            32768 => $m::$f::<4096>($($a),*),
+            65536 => $m::$f::<8192>($($a),*),
+            other => Err(anyhow!("unsupported object size {other}")),
+        }
+    };
+}
+
+/// Runs a remora scheme alone at every load.
+fn run_remora(args: &MicroArgs, plan: &Plan, cluster: &LocalCluster, scheme: &str) -> anyhow::Result<Vec<Record>> {
+    by_object_size!(
+        args.object_size.0,
+        remora_store::run_scheme,
+        (args, plan, cluster, scheme)
+    )
+}
+
+/// A remora scheme filled and paused, to alternate with other stores.
+fn remora_contestant<'a>(
     args: &MicroArgs,
     plan: &Plan,
-    cluster: &LocalCluster,
-    schemes: &[String],
-) -> anyhow::Result<Vec<Record>> {
-    match args.object_size.0 {
-        64 => remora_store::run::<8>(args, plan, cluster, schemes),
-        128 => remora_store::run::<16>(args, plan, cluster, schemes),
-        256 => remora_store::run::<32>(args, plan, cluster, schemes),
-        512 => remora_store::run::<64>(args, plan, cluster, schemes),
-        1024 => remora_store::run::<128>(args, plan, cluster, schemes),
-        2048 => remora_store::run::<256>(args, plan, cluster, schemes),
-        4096 => remora_store::run::<512>(args, plan, cluster, schemes),
-        8192 => remora_store::run::<1024>(args, plan, cluster, schemes),
-        16384 => remora_store::run::<2048>(args, plan, cluster, schemes),
-        32768 => remora_store::run::<4096>(args, plan, cluster, schemes),
-        65536 => remora_store::run::<8192>(args, plan, cluster, schemes),
-        other => Err(anyhow!("unsupported object size {other}")),
-    }
+    cluster: &'a LocalCluster,
+    scheme: &str,
+) -> anyhow::Result<Box<dyn alternate::Contestant + 'a>> {
+    by_object_size!(
+        args.object_size.0,
+        remora_store::contestant,
+        (args, plan, cluster, scheme)
+    )
+    .with_context(|| format!("scheme {scheme}"))
 }
 
 /// Simulates LRU and S3-FIFO over a finished run's access stream (and frees

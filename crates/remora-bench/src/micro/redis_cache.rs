@@ -38,6 +38,8 @@ use quick_cache::sync::{Cache, DefaultLifecycle};
 use quick_cache::{DefaultHashBuilder, OptionsBuilder, UnitWeighter};
 use remora_proto::ByteSize;
 
+use super::alternate::{Contestant, Counters, Entry, Recorded};
+use super::cache_sim::SimMisses;
 use super::record::{Figures, Record};
 use super::redis_server::{RedisGroup, info_field};
 use super::worker::{self, Outcome, Store};
@@ -91,8 +93,13 @@ struct ThreadCounters {
 }
 
 /// The cache, the shadow versions and the servers.
-struct RedisCache<'a> {
-    group: &'a RedisGroup,
+struct RedisCache {
+    /// Its own servers (the `+wait` variant gets a group of its own, so
+    /// both can be measured in alternating rounds without sharing keys or
+    /// `used_memory`); dropping the store kills them.
+    group: RedisGroup,
+    /// The servers' version.
+    version: String,
     words: usize,
     cache: Cache<u32, Arc<[u64]>>,
     locks: Vec<RwLock<()>>,
@@ -112,6 +119,7 @@ struct Worker {
 }
 
 /// Counters and levels of the baseline at one instant.
+#[derive(Clone, Copy)]
 struct Snap {
     hits: u64,
     misses: u64,
@@ -185,14 +193,14 @@ enum Fetched {
     Bad,
 }
 
-impl<'a> RedisCache<'a> {
-    fn new(group: &'a RedisGroup, args: &MicroArgs, plan: &Plan, wait: bool) -> anyhow::Result<Self> {
+impl RedisCache {
+    fn new(group: RedisGroup, args: &MicroArgs, plan: &Plan, wait: bool) -> anyhow::Result<Self> {
         let info = group
             .servers()
             .map(|s| connect(&s.url()))
             .collect::<anyhow::Result<Vec<_>>>()?;
         Ok(Self {
-            group,
+            version: server_version(&group),
             words: plan.layout.object_size / 8,
             cache: bounded_cache(plan.cache_objects)?,
             locks: (0..plan.n).map(|_| RwLock::new(())).collect(),
@@ -200,6 +208,7 @@ impl<'a> RedisCache<'a> {
             wait: if wait { group.replicas.len() as u32 } else { 0 },
             counters: (0..args.threads).map(|_| ThreadCounters::default()).collect(),
             info: Mutex::new(info),
+            group,
         })
     }
 
@@ -308,14 +317,14 @@ impl<'a> RedisCache<'a> {
         Ok(took)
     }
 
-    fn figures(&self, snaps: &worker::Snaps<Snap>, version: &str) -> RedisFigures {
+    fn figures(&self, snaps: &worker::Snaps<Snap>) -> RedisFigures {
         let (a, b) = (&snaps.first, &snaps.last);
         let k = snaps.samples.len().max(1) as f64;
         let avg = |f: fn(&Snap) -> u64| snaps.samples.iter().map(|s| f(s) as f64).sum::<f64>() / k;
         RedisFigures {
             replicas: self.group.replicas.len() as u32,
             wait: self.wait > 0,
-            version: version.to_string(),
+            version: self.version.clone(),
             pids: self.group.servers().map(|s| s.pid()).collect(),
             ports: self.group.servers().map(|s| s.port()).collect(),
             cache_capacity: self.cache.capacity(),
@@ -332,7 +341,7 @@ impl<'a> RedisCache<'a> {
     }
 }
 
-impl Store for RedisCache<'_> {
+impl Store for RedisCache {
     type Worker = Worker;
     type Snap = Snap;
 
@@ -467,22 +476,89 @@ fn server_version(group: &RedisGroup) -> String {
         .unwrap_or_else(|| "?".to_string())
 }
 
-/// Runs `redis-cache:R` (and `redis-cache:R+wait` when R > 0) at every load.
-pub(super) fn run_scheme(args: &MicroArgs, plan: &Plan, bin: &Path, replicas: u32) -> anyhow::Result<Vec<Record>> {
+impl Counters for Snap {
+    fn since(&self, earlier: &Self) -> Self {
+        Self {
+            hits: self.hits - earlier.hits,
+            misses: self.misses - earlier.misses,
+            short_waits: self.short_waits - earlier.short_waits,
+            ..*self
+        }
+    }
+}
+
+impl Recorded for RedisCache {
+    fn record(
+        &self,
+        scheme: &str,
+        fill_time: Duration,
+        run: worker::Run,
+        sim: SimMisses,
+        snaps: &worker::Snaps<Snap>,
+    ) -> anyhow::Result<Record> {
+        Ok(Record {
+            scheme: scheme.to_string(),
+            fill_time,
+            figures: Figures::Redis(self.figures(snaps)),
+            run,
+            sim,
+            rounds: Vec::new(),
+        })
+    }
+}
+
+/// The records of `redis-cache:R`: the asynchronous variant and, when
+/// R > 0, the `+wait` one, each with its name.
+fn variants(replicas: u32) -> Vec<(String, bool)> {
     let name = format!("redis-cache:{replicas}");
+    let mut v = vec![(name.clone(), false)];
+    if replicas > 0 {
+        v.push((format!("{name}+wait"), true));
+    }
+    v
+}
+
+/// Starts a primary with `replicas` replicas for `scheme`, and fills a store on it.
+fn open(
+    args: &MicroArgs,
+    plan: &Plan,
+    bin: &Path,
+    replicas: u32,
+    scheme: &str,
+    wait: bool,
+) -> anyhow::Result<(RedisCache, Duration)> {
     progress(format_args!(
-        "[{name}] starting redis-server ({}) with {replicas} replica(s) on loopback",
+        "[{scheme}] starting redis-server ({}) with {replicas} replica(s) on loopback",
         bin.display()
     ));
-    let group = RedisGroup::start(bin, replicas).with_context(|| format!("starting redis-server for {name}"))?;
-    let version = server_version(&group);
+    let group = RedisGroup::start(bin, replicas).with_context(|| format!("starting redis-server for {scheme}"))?;
+    let store = RedisCache::new(group, args, plan, wait)?;
+    let fill_time = store.fill(args, plan, scheme)?;
+    Ok((store, fill_time))
+}
+
+/// `redis-cache:R`'s stores, filled, to be measured in alternating rounds
+/// beside other stores.
+pub(super) fn contestants(
+    args: &MicroArgs,
+    plan: &Plan,
+    bin: &Path,
+    replicas: u32,
+) -> anyhow::Result<Vec<Box<dyn Contestant>>> {
+    let mut out: Vec<Box<dyn Contestant>> = Vec::new();
+    for (scheme, wait) in variants(replicas) {
+        let (store, fill_time) = open(args, plan, bin, replicas, &scheme, wait)?;
+        out.push(Box::new(Entry::new(&scheme, store, fill_time)));
+    }
+    Ok(out)
+}
+
+/// Runs `redis-cache:R` (and `redis-cache:R+wait` when R > 0) at every load.
+pub(super) fn run_scheme(args: &MicroArgs, plan: &Plan, bin: &Path, replicas: u32) -> anyhow::Result<Vec<Record>> {
     let zipf = worker::zipf(args, plan.n)?;
     let mut records = Vec::new();
-    let variants: &[bool] = if replicas > 0 { &[false, true] } else { &[false] };
-    for &wait in variants {
-        let scheme = if wait { format!("{name}+wait") } else { name.clone() };
-        let store = RedisCache::new(&group, args, plan, wait)?;
-        let fill_time = store.fill(args, plan, &scheme)?;
+    for (scheme, wait) in variants(replicas) {
+        let (store, fill_time) = open(args, plan, bin, replicas, &scheme, wait)?;
         for &offered in &plan.loads {
             let (mut run, snaps) =
                 worker::measure(args, &store, &plan.perm, zipf.as_ref(), offered).with_context(|| match offered {
@@ -490,18 +566,10 @@ pub(super) fn run_scheme(args: &MicroArgs, plan: &Plan, bin: &Path, replicas: u3
                     None => format!("{scheme}: closed loop"),
                 })?;
             let sim = super::simulate(args, plan, &scheme, &mut run, zipf.as_ref());
-            records.push(Record {
-                scheme: scheme.clone(),
-                fill_time,
-                figures: Figures::Redis(store.figures(&snaps, &version)),
-                run,
-                sim,
-                rounds: Vec::new(),
-            });
+            records.push(store.record(&scheme, fill_time, run, sim, &snaps)?);
         }
+        // Dropping the store kills and reaps its servers.
     }
-    // Kill and reap every server.
-    drop(group);
     Ok(records)
 }
 

@@ -12,9 +12,9 @@ use remora_proto::ByteSize;
 use remora_proto::msg::PeerTraffic;
 use remora_runtime::{RemBox, Runtime, RuntimeConfig, Stats};
 
+use super::alternate::{Contestant, Counters, Entry, Recorded};
+use super::cache_sim::SimMisses;
 use super::record::{Figures, Record, RemoraFigures, delta};
-use rand_distr::Zipf;
-
 use super::worker::{self, Outcome, Run, Snaps, Store};
 use super::{MicroArgs, Plan, alloc_parallel, bar, base, check, fill, progress};
 
@@ -23,8 +23,10 @@ type Cell<const W: usize> = RwLock<RemBox<[u64; W]>>;
 
 /// The objects, their shadow versions and the runtime that holds them.
 struct Array<'a, const W: usize> {
-    rt: &'a Runtime,
+    /// Declared before `rt`, so the objects (and their far copies) are
+    /// freed before the runtime goes.
     cells: Vec<Cell<W>>,
+    rt: Runtime,
     versions: Vec<AtomicU64>,
     /// The memory nodes' process ids.
     servers: Vec<u32>,
@@ -200,7 +202,7 @@ fn fill_array<'a, const W: usize>(
     args: &MicroArgs,
     plan: &Plan,
     cluster: &'a LocalCluster,
-    rt: &'a Runtime,
+    rt: Runtime,
     scheme: &str,
 ) -> anyhow::Result<(Array<'a, W>, Duration)> {
     let n = plan.n;
@@ -217,7 +219,7 @@ fn fill_array<'a, const W: usize>(
         "{prefix:>6} [{bar:30}] {pos}/{len} objects ({per_sec}, eta {eta})",
     );
     let fill_start = Instant::now();
-    let cells: Vec<Cell<W>> = alloc_parallel(rt, n, threads, "micro-fill", &pb, RwLock::new)?;
+    let cells: Vec<Cell<W>> = alloc_parallel(&rt, n, threads, "micro-fill", &pb, RwLock::new)?;
     if let Err(e) = rt.wait_for_eviction(Duration::from_secs(60)) {
         tracing::warn!("eviction did not settle after the fill: {e}");
     }
@@ -232,8 +234,8 @@ fn fill_array<'a, const W: usize>(
         st.swap_outs
     ));
     let array = Array::<W> {
-        rt,
         cells,
+        rt,
         versions: (0..n).map(|_| AtomicU64::new(0)).collect(),
         servers: cluster.memnodes().iter().map(|m| m.pid).collect(),
         cluster,
@@ -268,58 +270,69 @@ impl<const W: usize> Array<'_, W> {
     }
 }
 
-/// The record of one measured run of `array` (its snapshots, and the
-/// simulated caches over its access stream).
-fn record<const W: usize>(
-    args: &MicroArgs,
-    plan: &Plan,
-    scheme: &str,
-    (array, fill_time): (&Array<'_, W>, Duration),
-    mut run: Run,
-    snaps: &Snaps<Stats>,
-    zipf: Option<&Zipf<f64>>,
-) -> anyhow::Result<Record> {
-    let sim = super::simulate(args, plan, scheme, &mut run, zipf);
-    // The measured phases' own boundaries (not the warm-ups'): compaction
-    // counters are taken there too.
-    let peer = array.measured_peer()?;
-    Ok(Record {
-        scheme: scheme.to_string(),
-        fill_time,
-        figures: Figures::Remora(Box::new(RemoraFigures {
-            peer_bytes: peer.bytes(),
-            peer_delta_bytes: peer.delta_bytes,
-            timeline: super::timeline::points(snaps),
-            ..figures(&snaps.first, &snaps.last, &snaps.samples)
-        })),
-        run,
-        sim,
-        rounds: Vec::new(),
-    })
-}
-
-/// Measures `schemes`: one alone at every load, several in alternating rounds.
-pub(super) fn run<const W: usize>(
-    args: &MicroArgs,
-    plan: &Plan,
-    cluster: &LocalCluster,
-    schemes: &[String],
-) -> anyhow::Result<Vec<Record>> {
-    match schemes {
-        [one] => run_scheme::<W>(args, plan, cluster, one),
-        _ => run_paired::<W>(args, plan, cluster, schemes),
+impl Counters for Stats {
+    fn since(&self, earlier: &Self) -> Self {
+        delta(earlier, self)
     }
 }
 
+impl<const W: usize> Recorded for Array<'_, W> {
+    fn pause(&self, on: bool) {
+        self.rt.pause_background(on);
+    }
+
+    /// The record of a measured run (its snapshots, and the simulated
+    /// caches over its access stream).
+    fn record(
+        &self,
+        scheme: &str,
+        fill_time: Duration,
+        run: Run,
+        sim: SimMisses,
+        snaps: &Snaps<Stats>,
+    ) -> anyhow::Result<Record> {
+        // The measured phases' own boundaries (not the warm-ups'): compaction
+        // counters are taken there too.
+        let peer = self.measured_peer()?;
+        Ok(Record {
+            scheme: scheme.to_string(),
+            fill_time,
+            figures: Figures::Remora(Box::new(RemoraFigures {
+                peer_bytes: peer.bytes(),
+                peer_delta_bytes: peer.delta_bytes,
+                timeline: super::timeline::points(snaps),
+                ..figures(&snaps.first, &snaps.last, &snaps.samples)
+            })),
+            run,
+            sim,
+            rounds: Vec::new(),
+        })
+    }
+}
+
+/// `scheme` filled on `cluster` and paused, to be measured in alternating
+/// rounds beside other stores.
+pub(super) fn contestant<'a, const W: usize>(
+    args: &MicroArgs,
+    plan: &Plan,
+    cluster: &'a LocalCluster,
+    scheme: &str,
+) -> anyhow::Result<Box<dyn Contestant + 'a>> {
+    let rt = connect(args, plan, cluster, scheme)?;
+    let (array, fill_time) = fill_array::<W>(args, plan, cluster, rt, scheme)?;
+    array.pause(true);
+    Ok(Box::new(Entry::new(scheme, array, fill_time)))
+}
+
 /// Fills the array under `scheme` on `cluster` and measures it at every load.
-fn run_scheme<const W: usize>(
+pub(super) fn run_scheme<const W: usize>(
     args: &MicroArgs,
     plan: &Plan,
     cluster: &LocalCluster,
     scheme: &str,
 ) -> anyhow::Result<Vec<Record>> {
     let rt = connect(args, plan, cluster, scheme)?;
-    let (array, fill_time) = fill_array::<W>(args, plan, cluster, &rt, scheme)?;
+    let (array, fill_time) = fill_array::<W>(args, plan, cluster, rt, scheme)?;
     let zipf = worker::zipf(args, plan.n)?;
 
     // One measured run per load, each after its own warm-up.
@@ -330,139 +343,17 @@ fn run_scheme<const W: usize>(
         array.clear_marks();
         let measured = std::thread::scope(|s| {
             if let Some(at) = kill {
-                let (rt, after) = (&rt, args.warmup + at);
+                let (rt, after) = (&array.rt, args.warmup + at);
                 s.spawn(move || kill_a_node(cluster, rt, scheme, after));
             }
             worker::measure(args, &array, &plan.perm, zipf.as_ref(), offered)
         });
-        let (run, snaps) = measured.with_context(|| match offered {
+        let (mut run, snaps) = measured.with_context(|| match offered {
             Some(rate) => format!("open loop at {rate} ops/s"),
             None => "closed loop".to_string(),
         })?;
-        records.push(record(
-            args,
-            plan,
-            scheme,
-            (&array, fill_time),
-            run,
-            &snaps,
-            zipf.as_ref(),
-        )?);
+        let sim = super::simulate(args, plan, scheme, &mut run, zipf.as_ref());
+        records.push(array.record(scheme, fill_time, run, sim, &snaps)?);
     }
-    // Free the objects (and their far copies) before the runtime goes.
-    drop(array);
-    drop(rt);
     Ok(records)
-}
-
-/// Measures `schemes` (one compacting scheme at several compaction-thread
-/// counts) closed-loop in `args.rounds` alternating rounds: every runtime
-/// is filled first and paused (`Runtime::pause_background`); each round
-/// gives each one a window of `duration / rounds`, in turn (reversed every
-/// other round, so a drift of the machine over the run weighs on every
-/// count alike), while the others stay paused, so their compaction never
-/// runs in another's window. One record per scheme, its windows merged,
-/// with each window's throughput in `Record::rounds`.
-fn run_paired<const W: usize>(
-    args: &MicroArgs,
-    plan: &Plan,
-    cluster: &LocalCluster,
-    schemes: &[String],
-) -> anyhow::Result<Vec<Record>> {
-    let rts = schemes
-        .iter()
-        .map(|s| connect(args, plan, cluster, s))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let mut arrays = Vec::new();
-    for (rt, s) in rts.iter().zip(schemes) {
-        arrays.push(fill_array::<W>(args, plan, cluster, rt, s)?);
-        rt.pause_background(true);
-    }
-    let zipf = worker::zipf(args, plan.n)?;
-    let rounds = args.rounds.max(1);
-    let window = args.duration / rounds;
-    progress(format_args!(
-        "[{}] {rounds} alternating rounds of {:.1} s each",
-        schemes.join(", "),
-        window.as_secs_f64()
-    ));
-    let mut windows: Vec<Vec<(Run, Snaps<Stats>)>> = schemes.iter().map(|_| Vec::new()).collect();
-    for r in 0..rounds {
-        let mut order: Vec<usize> = (0..schemes.len()).collect();
-        if r % 2 == 1 {
-            order.reverse();
-        }
-        for i in order {
-            // The first window warms the runtime up for at least a window
-            // (after a 1 s warm-up, a first 6 s window ran 18 % below the
-            // later ones with no fold in any window; after 5 s, it did not);
-            // later ones resume a runtime frozen in its steady state after
-            // a short settle. Neither is counted (the stats of the gaps
-            // between windows are taken out).
-            let a = MicroArgs {
-                duration: window,
-                warmup: if r == 0 {
-                    args.warmup.max(window)
-                } else {
-                    args.warmup.min(SETTLE)
-                },
-                seed: args.seed.wrapping_add(u64::from(r)),
-                ..args.clone()
-            };
-            rts[i].pause_background(false);
-            let measured = worker::measure(&a, &arrays[i].0, &plan.perm, zipf.as_ref(), None);
-            rts[i].pause_background(true);
-            windows[i].push(measured.with_context(|| format!("{}: round {}", schemes[i], r + 1))?);
-        }
-    }
-    let mut records = Vec::new();
-    for ((s, (array, fill_time)), ws) in schemes.iter().zip(&arrays).zip(windows) {
-        let rates: Vec<f64> = ws.iter().map(|(run, _)| run.throughput()).collect();
-        let (run, snaps) = join_windows(ws)?;
-        let mut rec = record(args, plan, s, (array, *fill_time), run, &snaps, zipf.as_ref())?;
-        rec.rounds = rates;
-        records.push(rec);
-    }
-    drop(arrays);
-    drop(rts);
-    Ok(records)
-}
-
-/// Warm-up of every window after a runtime's first (capped by `--warmup`).
-const SETTLE: Duration = Duration::from_millis(300);
-
-/// One store's windows as one run: counts add up, the counters' deltas
-/// leave out what happened between windows, samples join end to end (their
-/// times shifted by the windows before).
-fn join_windows(ws: Vec<(Run, Snaps<Stats>)>) -> anyhow::Result<(Run, Snaps<Stats>)> {
-    let mut it = ws.into_iter();
-    let (mut run, mut snaps) = it.next().ok_or_else(|| anyhow!("no window measured"))?;
-    // Counters between windows (the settles, and anything a paused runtime
-    // did), taken out of the whole span's at the end.
-    let mut gaps = Vec::new();
-    for (r, s) in it {
-        let shift = run.elapsed.as_secs_f64();
-        let ops_shift = snaps.at.last().map_or(snaps.ops0, |&(_, o)| o);
-        gaps.push(delta(&snaps.last, &s.first));
-        snaps.at.extend(
-            s.at.iter()
-                .map(|&(t, o)| (t + shift, ops_shift + o.saturating_sub(s.ops0))),
-        );
-        snaps.samples.extend(s.samples);
-        snaps.last = s.last;
-        run.append(r)?;
-    }
-    let mut counted = delta(&snaps.first, &snaps.last);
-    for g in &gaps {
-        counted = delta(g, &counted);
-    }
-    // `figures` takes deltas from first to last: hand it a zero base.
-    snaps.last = counted;
-    snaps.first = zero_counters(&snaps.last);
-    Ok((run, snaps))
-}
-
-/// `s` with every counter at 0 (its levels kept): `delta(&zero_counters(s), s) == s`.
-fn zero_counters(s: &Stats) -> Stats {
-    delta(s, s)
 }

@@ -75,30 +75,6 @@ pub(crate) fn parse_ec(s: &str) -> Result<Ec, String> {
     Ok(Ec { k, m })
 }
 
-/// The runs of `names`, in order: each name alone, except that with `pair`
-/// the labels of one compacting scheme at several compaction-thread counts
-/// (`NAME:cN`) form one group, where the first of them stands.
-pub(crate) fn groups(names: &[String], pair: bool) -> Vec<Vec<String>> {
-    let mut out: Vec<Vec<String>> = Vec::new();
-    for n in names {
-        let base = match split_label(n) {
-            (base, Some(_)) if pair => base,
-            _ => {
-                out.push(vec![n.clone()]);
-                continue;
-            }
-        };
-        match out
-            .iter_mut()
-            .find(|g| matches!(split_label(&g[0]), (b, Some(_)) if b == base))
-        {
-            Some(g) => g.push(n.clone()),
-            None => out.push(vec![n.clone()]),
-        }
-    }
-    out
-}
-
 /// What one `--scheme` names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Spec {
@@ -304,15 +280,6 @@ mod tests {
         for s in &got {
             assert_eq!(Spec::parse(s), Some(Spec::Remora(s.clone())), "{s}");
         }
-        assert_eq!(
-            groups(&got, true),
-            [
-                vec!["non-ft"],
-                vec!["ec-batch-local:c0", "ec-batch-local:c2"],
-                vec!["ec-batch-remote:c0", "ec-batch-remote:c2"]
-            ]
-        );
-        assert_eq!(groups(&got, false).len(), got.len());
         assert_eq!(split_label("ec-batch-local:c2"), ("ec-batch-local", Some(2)));
         assert_eq!(split_label("ec-batch"), ("ec-batch", None));
         // A count on a scheme that does not compact is not a scheme.
