@@ -78,20 +78,17 @@ pub struct RuntimeConfig {
 
 impl RuntimeConfig {
     /// Defaults for a manager at `manager` and a local budget in bytes:
-    /// `non-ft`, CLOCK, two eviction threads, one filtering thread, watermarks 99 % / 98 %
+    /// `non-ft`, CLOCK, two eviction threads, one filtering thread, watermarks 97 % / 94 %
     /// (with the filter's cold spans queued for eviction, the gap between them
     /// only needs to absorb a burst of swap-ins; every byte under the
-    /// watermark is cache: in bench micro, 1 KiB objects, 4 threads, moving
-    /// from 97 % / 94 % held 3.6 % more objects local, cut misses per op
-    /// from 0.101 to 0.096 and CPU per op by 8 %, and application threads
-    /// still waited for room 0.0 % of their time).
+    /// watermark is cache).
     pub fn new(manager: impl Into<String>, local_budget: usize) -> Self {
         Self {
             manager: manager.into(),
             name: format!("remora-runtime-{}", std::process::id()),
             local_budget,
-            high_watermark: 0.99,
-            low_watermark: 0.98,
+            high_watermark: 0.97,
+            low_watermark: 0.94,
             scheme: Box::new(NonFt::default()),
             policy: Box::new(Clock),
             eviction_threads: 2,
