@@ -277,6 +277,56 @@ fn micro_open_loop_times_from_the_schedule() {
     assert!(r["samples"].as_u64().unwrap() > 1000, "{r}");
 }
 
+/// Several stores at one open-loop rate alternate in rounds too, each
+/// window open loop at that rate.
+#[test]
+fn micro_open_loop_stores_alternate_at_one_rate() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("open-rounds.json");
+    let (_, stderr) = remora_ok(&[
+        "bench",
+        "micro",
+        "--scheme",
+        "non-ft,ec-batch",
+        "--objects",
+        "2000",
+        "--object-size",
+        "4KiB",
+        "--local-ratio",
+        "0.25",
+        "--threads",
+        "1",
+        "--open-loop",
+        "2000",
+        "--rounds",
+        "2",
+        "--duration",
+        "2",
+        "--warmup",
+        "200ms",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(
+        stderr.contains("[non-ft, ec-batch] 2 alternating rounds of 1.0 s"),
+        "{stderr}"
+    );
+    let v = read_json(&json);
+    let results = v["results"].as_array().expect("results array");
+    assert_eq!(results.len(), 2, "{v}");
+    for r in results {
+        assert_eq!(r["latency_mode"], "open-loop", "{r}");
+        assert_eq!(r["open_loop_rate"].as_f64(), Some(2000.0), "{r}");
+        assert_eq!(r["errors"], 0, "{r}");
+        assert_eq!(r["wrong_bytes"], 0, "{r}");
+        assert_eq!(rounds_of(r).len(), 2, "{r}");
+        // The samples are the arrivals scheduled in two 1 s windows at
+        // 2000/s (Poisson), not what a closed loop would issue.
+        let samples = r["samples"].as_u64().unwrap();
+        assert!((3000..=5000).contains(&samples), "{samples} samples: {r}");
+    }
+}
+
 #[test]
 fn micro_rejects_bad_open_loop_flags() {
     for args in [

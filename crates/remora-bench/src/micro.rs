@@ -64,8 +64,8 @@
 //! `redis_cache.rs`. Without `redis-server` the scheme is skipped with
 //! install instructions (`REMORA_REQUIRE_REDIS=1` makes that an error).
 //!
-//! **Alternating rounds.** With several stores in the closed loop (and no
-//! `--kill-at`), every store is filled first and then measured in
+//! **Alternating rounds.** With several stores at one load (the closed
+//! loop or one `--open-loop` rate; no `--kill-at`), every store is filled first and then measured in
 //! `--rounds` alternating windows while the others are paused
 //! (`alternate.rs`), so every pair of stores gets a throughput ratio per
 //! round, taken seconds apart; their medians are printed (`rounds.rs`).
@@ -242,7 +242,8 @@ pub struct MicroArgs {
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(0..=16))]
     pub compaction_threads: Vec<u32>,
     /// With several stores (schemes, compaction-thread counts, the Redis
-    /// baseline) in the closed loop without `--kill-at`: every store is
+    /// baseline) at one load (the closed loop, or one `--open-loop` rate)
+    /// without `--kill-at`: every store is
     /// filled first and paused, and measured in this many rounds, each
     /// giving every store a window of `--duration` ÷ rounds in turn (the
     /// order reversed every other round) while the others are paused; the
@@ -392,9 +393,10 @@ pub fn run(args: &MicroArgs) -> anyhow::Result<()> {
         None
     };
     let run_all = |plan: &Plan| -> anyhow::Result<Vec<Record>> {
-        // Closed loop without a kill: several stores alternate in rounds
-        // (see `alternate.rs`); otherwise each runs alone at every load.
-        let pair = plan.loads == [None] && args.kill_at.is_none() && names.len() > 1;
+        // One load (closed loop, or one open-loop rate) without a kill:
+        // several stores alternate in rounds (see `alternate.rs`);
+        // otherwise each runs alone at every load.
+        let pair = plan.loads.len() == 1 && args.kill_at.is_none() && names.len() > 1;
         if pair {
             let mut stores: Vec<Box<dyn alternate::Contestant + '_>> = Vec::new();
             for name in &names {
@@ -408,7 +410,7 @@ pub fn run(args: &MicroArgs) -> anyhow::Result<()> {
                     stores.push(s);
                 }
             }
-            return alternate::run(args, plan, stores);
+            return alternate::run(args, plan, stores, plan.loads[0]);
         }
         let mut records: Vec<Record> = Vec::new();
         for name in &names {

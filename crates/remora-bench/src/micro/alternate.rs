@@ -1,4 +1,5 @@
-//! Several stores measured closed-loop in alternating rounds (`--rounds`).
+//! Several stores measured in alternating rounds (`--rounds`), closed loop
+//! or open loop at one offered rate.
 //!
 //! On this shared 2-core machine one store's throughput moves by 10–20 %
 //! from one 10 s run to the next, so the ratio of two runs taken one after
@@ -74,8 +75,15 @@ impl<S: Recorded> Entry<S> {
 pub(crate) trait Contestant {
     fn scheme(&self) -> &str;
     fn pause(&self, on: bool);
-    /// Measures one closed-loop window with `args`' warm-up and duration.
-    fn window(&mut self, args: &MicroArgs, plan: &Plan, zipf: Option<&Zipf<f64>>) -> anyhow::Result<()>;
+    /// Measures one window with `args`' warm-up and duration, closed loop or
+    /// open loop at `offered` ops/s.
+    fn window(
+        &mut self,
+        args: &MicroArgs,
+        plan: &Plan,
+        zipf: Option<&Zipf<f64>>,
+        offered: Option<f64>,
+    ) -> anyhow::Result<()>;
     /// One record of every window, each window's throughput in `rounds`.
     fn finish(self: Box<Self>, args: &MicroArgs, plan: &Plan, zipf: Option<&Zipf<f64>>) -> anyhow::Result<Record>;
 }
@@ -89,8 +97,14 @@ impl<S: Recorded> Contestant for Entry<S> {
         self.store.pause(on);
     }
 
-    fn window(&mut self, args: &MicroArgs, plan: &Plan, zipf: Option<&Zipf<f64>>) -> anyhow::Result<()> {
-        let w = worker::measure(args, &self.store, &plan.perm, zipf, None)?;
+    fn window(
+        &mut self,
+        args: &MicroArgs,
+        plan: &Plan,
+        zipf: Option<&Zipf<f64>>,
+        offered: Option<f64>,
+    ) -> anyhow::Result<()> {
+        let w = worker::measure(args, &self.store, &plan.perm, zipf, offered)?;
         self.windows.push(w);
         Ok(())
     }
@@ -106,11 +120,13 @@ impl<S: Recorded> Contestant for Entry<S> {
 }
 
 /// Measures `stores` (each filled and paused) in `args.rounds` alternating
-/// rounds; one record per store, in order.
+/// rounds, closed loop or open loop at `offered` ops/s; one record per
+/// store, in order.
 pub(crate) fn run(
     args: &MicroArgs,
     plan: &Plan,
     mut stores: Vec<Box<dyn Contestant + '_>>,
+    offered: Option<f64>,
 ) -> anyhow::Result<Vec<Record>> {
     let zipf = worker::zipf(args, plan.n)?;
     let rounds = args.rounds.max(1);
@@ -144,7 +160,7 @@ pub(crate) fn run(
             };
             let s = &mut stores[i];
             s.pause(false);
-            let measured = s.window(&a, plan, zipf.as_ref());
+            let measured = s.window(&a, plan, zipf.as_ref(), offered);
             s.pause(true);
             measured.with_context(|| format!("{}: round {}", s.scheme(), r + 1))?;
         }
