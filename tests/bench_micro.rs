@@ -231,30 +231,35 @@ fn runtime_bench_reports_both_ratios() {
     );
 }
 
+/// A small array at 2000 ops/s offered by one thread, 2 s measured.
+const SMALL_OPEN_LOOP: &[&str] = &[
+    "--objects",
+    "2000",
+    "--object-size",
+    "4KiB",
+    "--local-ratio",
+    "0.25",
+    "--threads",
+    "1",
+    "--open-loop",
+    "2000",
+    "--duration",
+    "2",
+    "--warmup",
+    "200ms",
+];
+
 #[test]
 fn micro_open_loop_times_from_the_schedule() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("open.json");
-    let (stdout, _) = remora_ok(&[
-        "bench",
-        "micro",
-        "--objects",
-        "2000",
-        "--object-size",
-        "4KiB",
-        "--local-ratio",
-        "0.25",
-        "--threads",
-        "1",
-        "--open-loop",
-        "2000",
-        "--duration",
-        "2",
-        "--warmup",
-        "200ms",
-        "--json",
-        json.to_str().unwrap(),
-    ]);
+    let args = [
+        &["bench", "micro"],
+        SMALL_OPEN_LOOP,
+        &["--json", json.to_str().unwrap()],
+    ]
+    .concat();
+    let (stdout, _) = remora_ok(&args);
     assert!(stdout.contains("open-loop"), "{stdout}");
     let v = read_json(&json);
     let r = &v["results"][0];
@@ -283,30 +288,13 @@ fn micro_open_loop_times_from_the_schedule() {
 fn micro_open_loop_stores_alternate_at_one_rate() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("open-rounds.json");
-    let (_, stderr) = remora_ok(&[
-        "bench",
-        "micro",
-        "--scheme",
-        "non-ft,ec-batch",
-        "--objects",
-        "2000",
-        "--object-size",
-        "4KiB",
-        "--local-ratio",
-        "0.25",
-        "--threads",
-        "1",
-        "--open-loop",
-        "2000",
-        "--rounds",
-        "2",
-        "--duration",
-        "2",
-        "--warmup",
-        "200ms",
-        "--json",
-        json.to_str().unwrap(),
-    ]);
+    let args = [
+        &["bench", "micro", "--scheme", "non-ft,ec-batch", "--rounds", "2"],
+        SMALL_OPEN_LOOP,
+        &["--json", json.to_str().unwrap()],
+    ]
+    .concat();
+    let (_, stderr) = remora_ok(&args);
     assert!(
         stderr.contains("[non-ft, ec-batch] 2 alternating rounds of 1.0 s"),
         "{stderr}"
