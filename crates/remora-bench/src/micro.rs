@@ -405,10 +405,7 @@ pub fn run(args: &MicroArgs) -> anyhow::Result<()> {
                     (Some(Spec::Redis(replicas)), _, Some(bin)) => redis_cache::contestants(args, plan, bin, replicas)?,
                     _ => continue,
                 };
-                for s in made {
-                    s.pause(true);
-                    stores.push(s);
-                }
+                stores.extend(made);
             }
             return alternate::run(args, plan, stores, plan.loads[0]);
         }

@@ -61,7 +61,11 @@ pub(crate) struct Entry<S: Recorded> {
 }
 
 impl<S: Recorded> Entry<S> {
+    /// A filled store, paused at once: its background work (a remora
+    /// runtime's filtering and compaction) must not run while the other
+    /// stores fill, nor between its windows.
     pub(crate) fn new(scheme: &str, store: S, fill_time: Duration) -> Self {
+        store.pause(true);
         Self {
             scheme: scheme.to_string(),
             store,
@@ -119,7 +123,7 @@ impl<S: Recorded> Contestant for Entry<S> {
     }
 }
 
-/// Measures `stores` (each filled and paused) in `args.rounds` alternating
+/// Measures `stores` (each filled and paused by [`Entry::new`]) in `args.rounds` alternating
 /// rounds, closed loop or open loop at `offered` ops/s; one record per
 /// store, in order.
 pub(crate) fn run(

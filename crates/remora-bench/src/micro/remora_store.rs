@@ -310,8 +310,8 @@ impl<const W: usize> Recorded for Array<'_, W> {
     }
 }
 
-/// `scheme` filled on `cluster` and paused, to be measured in alternating
-/// rounds beside other stores.
+/// `scheme` filled on `cluster`, to be measured in alternating rounds
+/// beside other stores (paused until its first window).
 pub(super) fn contestant<'a, const W: usize>(
     args: &MicroArgs,
     plan: &Plan,
@@ -320,7 +320,6 @@ pub(super) fn contestant<'a, const W: usize>(
 ) -> anyhow::Result<Box<dyn Contestant + 'a>> {
     let rt = connect(args, plan, cluster, scheme)?;
     let (array, fill_time) = fill_array::<W>(args, plan, cluster, rt, scheme)?;
-    array.pause(true);
     Ok(Box::new(Entry::new(scheme, array, fill_time)))
 }
 
