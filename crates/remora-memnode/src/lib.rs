@@ -14,6 +14,7 @@ mod fault;
 pub mod in_process;
 mod lease;
 mod load;
+mod mem;
 mod peer_traffic;
 mod rebuild;
 mod region;
@@ -125,6 +126,7 @@ pub struct MemNode {
     mgr: Arc<ManagerConn>,
     heartbeat: Option<thread::JoinHandle<()>>,
     cpu_meter: Option<thread::JoinHandle<()>>,
+    populator: Option<mem::Populator>,
 }
 
 impl MemNode {
@@ -171,6 +173,9 @@ impl MemNode {
             cluster_key: cfg.cluster_key,
             tls: cfg.tls.clone(),
         });
+        let (populator, queue) = mem::Populator::start()
+            .map_err(|e| MemNodeError::Config(format!("cannot spawn the populate thread: {e}")))?;
+        shared.regions.populate_through(queue);
         let s2 = Arc::clone(&shared);
         let server_tls = cfg.tls.as_ref().map(|t| t.server(Plane::Data));
         let listener = Listener::start_tls(sock, "memnode", cfg.cluster_key, server_tls, move |stream, guard| {
@@ -228,6 +233,7 @@ impl MemNode {
             mgr,
             heartbeat: Some(heartbeat),
             cpu_meter: Some(cpu_meter),
+            populator: Some(populator),
         })
     }
 
@@ -282,6 +288,10 @@ impl MemNode {
         for h in [self.heartbeat.take(), self.cpu_meter.take()].into_iter().flatten() {
             h.thread().unpark();
             let _ = h.join();
+        }
+        self.shared.regions.stop_populating();
+        if let Some(p) = self.populator.take() {
+            p.join();
         }
         if deregister {
             let req = MgrRequest::Deregister {

@@ -14,8 +14,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use crate::mem::{PopulateQueue, RegionMem};
 use remora_proto::{Cap, ComputeId, Epoch, RegionId, RemoteError, Rights, Token, TxnId};
 
 /// Who may use a region.
@@ -37,10 +38,15 @@ pub(crate) struct MemberState {
     pub(crate) staged: Option<(ComputeId, TxnId)>,
 }
 
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The guarded value is replaced whole: a panic leaves nothing half done.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// A region's contents and grant, behind one lock.
 #[derive(Debug, Default)]
 pub(crate) struct RegionInner {
-    pub(crate) mem: Vec<u8>,
+    pub(crate) mem: RegionMem,
     pub(crate) grant: Option<Grant>,
     /// The epoch of the region's current assignment (0: never granted).
     pub(crate) epoch: Epoch,
@@ -109,7 +115,9 @@ impl Region {
         }
         // Always fresh memory: the previous owner's bytes may still be here
         // if its revoke was lost, and must never reach the new owner.
-        g.mem = vec![0u8; self.size as usize];
+        g.mem = RegionMem::zeroed(self.size as usize).map_err(|e| {
+            RemoteError::Internal(format!("cannot map {} bytes for region {}: {e}", self.size, self.id))
+        })?;
         g.members.clear();
         g.epoch = epoch;
         let previous = g.grant.take().map(|p| p.owner);
@@ -126,7 +134,7 @@ impl Region {
     /// `epoch` if that is newer. Returns the old owner.
     pub(crate) fn revoke(&self, epoch: Epoch) -> Option<ComputeId> {
         let mut g = self.write();
-        g.mem = Vec::new();
+        g.mem = RegionMem::default();
         g.members.clear();
         g.epoch = g.epoch.max(epoch);
         g.grant.take().map(|g| g.owner)
@@ -262,6 +270,9 @@ impl RegionInner {
 #[derive(Debug, Default)]
 pub(crate) struct RegionTable {
     by_id: RwLock<HashMap<RegionId, Arc<Region>>>,
+    /// Where granted regions go to be mapped in ahead of use (a daemon's;
+    /// none in an in-process node, whose pages fault in on use).
+    populate: Mutex<Option<PopulateQueue>>,
     /// Transactions staged on these regions.
     pub(crate) txns: crate::txn::Txns,
 }
@@ -301,10 +312,25 @@ impl RegionTable {
     /// Grants region `id` to `owner` in `epoch` (see [`Region::grant`]);
     /// what a previous owner still had staged on it is dropped.
     pub(crate) fn grant(&self, id: RegionId, owner: ComputeId, token: Token, epoch: Epoch) -> Result<(), RemoteError> {
-        if let Some(previous) = self.get(id)?.grant(owner, token, epoch)? {
+        let region = self.get(id)?;
+        if let Some(previous) = region.grant(owner, token, epoch)? {
             self.txns.region_revoked(self, previous, id);
         }
+        if let Some(q) = lock(&self.populate).as_ref() {
+            q.push(region, epoch);
+        }
         Ok(())
+    }
+
+    /// Has granted regions mapped in ahead of use through `queue`.
+    pub(crate) fn populate_through(&self, queue: PopulateQueue) {
+        *lock(&self.populate) = Some(queue);
+    }
+
+    /// Stops queueing granted regions (the populator ends once it has
+    /// seen the queue go).
+    pub(crate) fn stop_populating(&self) {
+        lock(&self.populate).take();
     }
 
     /// What this node holds, for `Stats`.
