@@ -1,0 +1,275 @@
+//! Reading and writing the shards of an erasure-coded stripe, shared by
+//! `ec-batch` (a shard is a whole span, or a parity span) and `ec-split` (a
+//! shard is one fragment of a span):
+//!
+//! - [`gather`]: reads shards, preferred ones first, until enough have
+//!   arrived (and passed the caller's check), all reads of a wave in
+//!   flight at once; a failed or rejected shard is replaced by the next
+//!   candidate. With late binding, the first wave asks for one shard more
+//!   than needed and takes the first to arrive, so one straggler does not
+//!   hold the read up.
+//! - [`place_and_write`] / [`place_and_write_many`]: places stripes on
+//!   stripe groups and writes them, every position in flight at once and
+//!   one request per memory node, re-placing them away from a node that
+//!   failed a write.
+//! - [`Stripes`]: what every erasure-coded scheme holds besides its own
+//!   layout: the code, stripe-group placement, recovery, counters.
+//! - [`Waiters`]: the threads that wait for late-bound reads. A transport
+//!   waits for one ticket at a time, so "the first k of k+1 to arrive"
+//!   needs the waits to run in parallel: one thread per connection.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use remora_proto::msg::{MemRequest, MemResponse};
+use remora_proto::rpc::Ticket;
+use remora_proto::{Cap, NodeId, RpcError};
+
+use remora_ec::Codec;
+
+use super::node_writes::{self, NodeWrites};
+use super::placement::Placement;
+use super::recovery::Recovery;
+use super::retry::Retry;
+use super::{SchemeReport, SpanAddr};
+use crate::error::{LossCause, RuntimeError};
+use crate::far_memory::FarMemory;
+use crate::region_table::Link;
+
+mod gather;
+mod waiters;
+mod write;
+
+pub(crate) use gather::{Shard, gather};
+pub(crate) use waiters::Waiters;
+pub(crate) use write::{Settling, place_and_write, place_and_write_many};
+
+/// Write attempts (each on a new placement) before a swap-out gives up.
+const WRITE_ATTEMPTS: usize = 3;
+
+/// An RS(k, m) code on stripe groups of k+m positions, its recoveries and
+/// counters.
+pub(crate) struct Stripes {
+    pub(crate) name: &'static str,
+    pub(crate) codec: Codec,
+    pub(crate) k: usize,
+    pub(crate) m: usize,
+    pub(crate) place: Placement,
+    /// Swap-ins served by decoding around a lost shard.
+    pub(crate) degraded: AtomicU64,
+    /// Corrupt far copies rewritten.
+    pub(crate) repairs: AtomicU64,
+    /// Stripes (spansets or rows) written, and those with fewer than k spans.
+    pub(crate) batches: AtomicU64,
+    pub(crate) partial_batches: AtomicU64,
+    pub(crate) recovery: Recovery,
+    /// Writes given up as overdue, until their outcome is known.
+    pub(crate) settling: Settling,
+}
+
+impl Stripes {
+    pub(crate) fn new(name: &'static str, k: usize, m: usize) -> Result<Self, RuntimeError> {
+        Ok(Self {
+            name,
+            codec: Codec::new(k, m).map_err(|e| RuntimeError::Config(format!("{name}: {e}")))?,
+            k,
+            m,
+            place: Placement::new(k + m, name),
+            degraded: AtomicU64::new(0),
+            repairs: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
+            partial_batches: AtomicU64::new(0),
+            recovery: Recovery::default(),
+            settling: Settling::default(),
+        })
+    }
+
+    /// Decodes member `want` of spanset `id` in `group` into `out` from the
+    /// first k of `cands` (in order of preference) to arrive: a degraded
+    /// read. Fewer than k is a typed loss naming why.
+    pub(crate) fn decode_from(
+        &self,
+        far: &FarMemory,
+        group: usize,
+        id: u64,
+        cands: &[Shard],
+        want: usize,
+        out: &mut [u8],
+    ) -> Result<(), RuntimeError> {
+        let len = out.len();
+        let mut space = vec![0u8; cands.len() * len];
+        let mut dests: Vec<&mut [u8]> = space.chunks_mut(len.max(1)).collect();
+        let got = gather(far, cands, &mut dests, self.k, None, &mut |_, _| true);
+        if got.arrived.len() < self.k {
+            return Err(RuntimeError::lost(
+                None::<SpanAddr>,
+                self.too_few(group, got.arrived.len()),
+            ));
+        }
+        let present: Vec<(usize, &[u8])> = got.arrived.iter().map(|&i| (cands[i].pos, &*dests[i])).collect();
+        self.codec
+            .decode_data(&present, want, out)
+            .map_err(|e| RuntimeError::lost_because(None::<SpanAddr>, format!("decode of spanset {id}: {e}")))
+    }
+
+    /// Runs a degraded read `read` again while it fails only because fewer
+    /// than k members could be read *now* ([`LossCause::Unreadable`]: a
+    /// node paused or cut off but not yet declared dead, or its
+    /// replacement still being rebuilt), up to the runtime's patience.
+    /// Only a stripe that really lost more than m members
+    /// ([`LossCause::TooFewSurvivors`]) reaches the caller as lost at once.
+    pub(crate) fn until_readable<T>(
+        &self,
+        far: &FarMemory,
+        mut read: impl FnMut() -> Result<T, RuntimeError>,
+    ) -> Result<T, RuntimeError> {
+        let start = Instant::now();
+        loop {
+            match read() {
+                Err(RuntimeError::DataLost {
+                    cause: LossCause::Unreadable { .. },
+                    ..
+                }) if start.elapsed() < far.patience => {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Frees the pages of overdue writes settled since, then gives empty
+    /// stripe groups back (see `Scheme::give_back`).
+    pub(crate) fn give_back(&self, far: &FarMemory) -> u64 {
+        self.settling.reap(far, &self.place);
+        self.place.give_back_empty(far)
+    }
+
+    /// Joins the background work every such scheme has: recoveries, and
+    /// waits for writes given up as overdue.
+    pub(crate) fn stop(&self) {
+        self.recovery.stop();
+        self.settling.stop();
+    }
+
+    /// A stripe of `spans` data spans was written: a partial one (fewer
+    /// than k) costs (j+m)/j in bytes written, so it is counted apart.
+    pub(crate) fn count_batch(&self, spans: usize) {
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        if spans < self.k {
+            self.partial_batches.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Why fewer than k members of a stripe in `group` could be read
+    /// (`read` arrived): final when fewer than k of the group's positions
+    /// survive (a node declared dead never serves again), otherwise a
+    /// later try may read them.
+    pub(crate) fn too_few(&self, group: usize, read: usize) -> LossCause {
+        let g = self.place.group(group);
+        let survivors = g.failed.iter().filter(|&&f| !f).count();
+        if survivors < self.k {
+            LossCause::TooFewSurvivors {
+                group,
+                survivors,
+                needed: self.k,
+            }
+        } else {
+            LossCause::Unreadable { read, needed: self.k }
+        }
+    }
+
+    /// Positions per stripe.
+    pub(crate) fn n(&self) -> usize {
+        self.k + self.m
+    }
+
+    /// Degraded reads, repairs, recoveries and stranded pages (holes and
+    /// kept copies are the scheme's to add).
+    pub(crate) fn report(&self) -> SchemeReport {
+        SchemeReport {
+            degraded_reads: self.degraded.load(Ordering::Relaxed),
+            repairs: self.repairs.load(Ordering::Relaxed),
+            batches: self.batches.load(Ordering::Relaxed),
+            partial_batches: self.partial_batches.load(Ordering::Relaxed),
+            stranded_bytes: self.settling.leaked_pages.load(Ordering::Relaxed) * crate::size_classes::PAGE_SIZE as u64,
+            ..self.recovery.stats.report()
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Reads `dest.len()` bytes at `offset` through `link` for a scheme that
+/// can read around the node: the round trip feeds the failure detector's
+/// latency, and a read still unanswered past its overdue bound fails with
+/// [`RpcError::Timeout`] (the caller then suspects the node and reads
+/// around it) instead of waiting out the call timeout.
+pub(crate) fn timed_read(far: &FarMemory, link: &Link, cap: Cap, offset: u64, dest: &mut [u8]) -> Result<(), RpcError> {
+    let start = Instant::now();
+    let t = link.send_read(cap, offset, dest.len())?;
+    let cap_wait = link.call_timeout();
+    let bound = far.detector.reads.bound(cap_wait);
+    match link.wait(t, Some(dest), bound) {
+        Ok(MemResponse::Data) => {
+            far.detector.reads.record(start.elapsed());
+            Ok(())
+        }
+        Ok(other) => Err(RpcError::Unexpected(format!("{other:?}"))),
+        Err(e @ RpcError::Timeout { .. }) => {
+            if bound < cap_wait {
+                far.detector.reads.count_overdue();
+            }
+            Err(e)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Waits for phase one of a transaction for no longer than the detector's
+/// transaction bound (see `crate::detector`): an overdue participant fails
+/// with [`RpcError::Timeout`], a transport error.
+pub(crate) fn wait_prepared(far: &FarMemory, link: &Link, t: Ticket, delta: Option<&mut [u8]>) -> Result<(), RpcError> {
+    let start = Instant::now();
+    let full = link.call_timeout();
+    let bound = far.detector.txns.bound(full);
+    match link.wait(t, delta, bound) {
+        Ok(MemResponse::Prepared) => {
+            far.detector.txns.record(start.elapsed());
+            Ok(())
+        }
+        Ok(other) => Err(RpcError::Unexpected(format!("{other:?}"))),
+        Err(e) => Err(overdue(far, e, bound < full)),
+    }
+}
+
+/// Sends phase two (`Commit` or `Abort`) and waits for it no longer than
+/// the transaction bound. An overdue one stays queued on the connection.
+pub(crate) fn decide(far: &FarMemory, link: &Link, req: &MemRequest) -> Result<(), RpcError> {
+    let t = link.send(req, &[])?;
+    wait_decided(far, link, req, t)
+}
+
+/// Waits for a phase two sent as `req` (ticket `t`), as [`decide`] does:
+/// several decisions can be in flight at once on different nodes.
+pub(crate) fn wait_decided(far: &FarMemory, link: &Link, req: &MemRequest, t: Ticket) -> Result<(), RpcError> {
+    let full = link.call_timeout();
+    let bound = far.detector.txns.bound(full);
+    match (req, link.wait(t, None, bound)) {
+        (MemRequest::Commit { .. }, Ok(MemResponse::Committed))
+        | (MemRequest::Abort { .. }, Ok(MemResponse::Aborted)) => Ok(()),
+        (_, Ok(other)) => Err(RpcError::Unexpected(format!("{other:?}"))),
+        (_, Err(e)) => Err(overdue(far, e, bound < full)),
+    }
+}
+
+fn overdue(far: &FarMemory, e: RpcError, early: bool) -> RpcError {
+    if early && matches!(e, RpcError::Timeout { .. }) {
+        far.detector.txns.count_overdue();
+    }
+    e
+}
