@@ -124,12 +124,14 @@ pub(super) fn filtering_loop(weak: &std::sync::Weak<Inner>, index: usize, interv
         if inner.stop.load(StdOrdering::Acquire) {
             return;
         }
-        let paused = inner.filtering_paused.load(StdOrdering::Acquire);
+        inner.filtering_in_flight.fetch_add(1, StdOrdering::SeqCst);
+        let paused = inner.filtering_paused.load(StdOrdering::SeqCst);
         if !paused {
             inner.filter_round(&mut filter);
-            if inner.swapped_in.len() >= BATCH {
-                continue; // behind on fresh spans: no sleep
-            }
+        }
+        inner.filtering_in_flight.fetch_sub(1, StdOrdering::SeqCst);
+        if !paused && inner.swapped_in.len() >= BATCH {
+            continue; // behind on fresh spans: no sleep
         }
         // Sleep, waking early when the runtime stops (its drop kicks).
         let deadline = Instant::now() + interval;

@@ -3,7 +3,7 @@
 //! The pointer protocol these follow is written down in [`crate::pointer`].
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as StdOrdering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering as StdOrdering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -139,6 +139,9 @@ pub(crate) struct Inner {
     filtering: bool,
     /// Filtering rounds are paused (see `Runtime::pause_background`).
     filtering_paused: AtomicBool,
+    /// Filtering threads between checking `filtering_paused` and the end
+    /// of the round it let them start.
+    filtering_in_flight: AtomicUsize,
 }
 
 /// A connection to far memory and the local heap: the handle applications use.
@@ -223,6 +226,7 @@ impl Runtime {
             swapped_in: filtering::SwappedIn::default(),
             filtering: cfg.filtering_threads > 0,
             filtering_paused: AtomicBool::new(false),
+            filtering_in_flight: AtomicUsize::new(0),
         });
         if let Err(e) = inner.scheme.start(&inner.far) {
             inner.scheme.stop();
@@ -314,8 +318,10 @@ impl Runtime {
 
     /// Pauses (`true`) or resumes (`false`) the background work that only
     /// reorganises memory: filtering rounds and the scheme's compaction.
-    /// Returns once no fold is in flight; a filtering round under way ends
-    /// within its batch. Eviction, swap-ins, frees, failure detection and
+    /// Returns once no fold and no filtering round is in flight (called
+    /// inside a [`DerefScope`], it does not wait for a filtering round,
+    /// whose grace period would wait for that scope). Eviction, swap-ins,
+    /// frees, failure detection and
     /// recovery go on, so nothing waits on a paused runtime, but swap-ins
     /// leave holes that are not reclaimed until it resumes.
     ///
@@ -323,7 +329,14 @@ impl Runtime {
     /// measured or latency-critical: `remora bench micro` alternates
     /// runtimes this way so their background work never overlaps.
     pub fn pause_background(&self, paused: bool) {
+        // SeqCst pairs with the filtering loop's: either a thread sees the
+        // flag, or this sees it in flight and waits for its round.
         self.inner.filtering_paused.store(paused, StdOrdering::SeqCst);
+        if paused && !self.inner.rcu.in_scope() {
+            while self.inner.filtering_in_flight.load(StdOrdering::SeqCst) > 0 {
+                thread::sleep(Duration::from_millis(1));
+            }
+        }
         self.inner.scheme.pause(paused);
     }
 
