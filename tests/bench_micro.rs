@@ -3,6 +3,8 @@
 
 use std::process::Command;
 
+mod common;
+
 fn remora(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_remora"))
         .args(args)
@@ -31,38 +33,40 @@ fn micro_runs_swaps_and_verifies() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("micro.json");
     let svg = dir.path().join("timeline.svg");
-    let (stdout, _) = remora_ok(&[
-        "bench",
-        "micro",
-        "--timeline",
-        svg.to_str().unwrap(),
-        "--scheme",
-        "non-ft",
-        "--objects",
-        "2000",
-        "--object-size",
-        "4KiB",
-        "--local-ratio",
-        "0.25",
-        "--zipf",
-        "0.99",
-        "--threads",
-        "2",
-        "--duration",
-        "2",
-        "--warmup",
-        "200ms",
-        "--write-ratio",
-        "0.1",
-        "--filter-interval",
-        "2ms",
-        "--high-watermark",
-        "0.95",
-        "--low-watermark",
-        "0.9",
-        "--json",
-        json.to_str().unwrap(),
-    ]);
+    let (stdout, _) = remora_ok(
+        &[
+            &[
+                "bench",
+                "micro",
+                "--timeline",
+                svg.to_str().unwrap(),
+                "--scheme",
+                "non-ft",
+            ][..],
+            common::SMALL_ARRAY,
+            &[
+                "--zipf",
+                "0.99",
+                "--threads",
+                "2",
+                "--duration",
+                "2",
+                "--warmup",
+                "200ms",
+                "--write-ratio",
+                "0.1",
+                "--filter-interval",
+                "2ms",
+                "--high-watermark",
+                "0.95",
+                "--low-watermark",
+                "0.9",
+                "--json",
+                json.to_str().unwrap(),
+            ],
+        ]
+        .concat(),
+    );
     assert!(stdout.contains("closed-loop"), "{stdout}");
     let v = read_json(&json);
     let results = v["results"].as_array().expect("results array");
@@ -231,14 +235,8 @@ fn runtime_bench_reports_both_ratios() {
     );
 }
 
-/// A small array at 2000 ops/s offered by one thread, 2 s measured.
+/// [`common::SMALL_ARRAY`] at 2000 ops/s offered by one thread, 2 s measured.
 const SMALL_OPEN_LOOP: &[&str] = &[
-    "--objects",
-    "2000",
-    "--object-size",
-    "4KiB",
-    "--local-ratio",
-    "0.25",
     "--threads",
     "1",
     "--open-loop",
@@ -255,6 +253,7 @@ fn micro_open_loop_times_from_the_schedule() {
     let json = dir.path().join("open.json");
     let args = [
         &["bench", "micro"],
+        common::SMALL_ARRAY,
         SMALL_OPEN_LOOP,
         &["--json", json.to_str().unwrap()],
     ]
@@ -290,6 +289,7 @@ fn micro_open_loop_stores_alternate_at_one_rate() {
     let json = dir.path().join("open-rounds.json");
     let args = [
         &["bench", "micro", "--scheme", "non-ft,ec-batch", "--rounds", "2"],
+        common::SMALL_ARRAY,
         SMALL_OPEN_LOOP,
         &["--json", json.to_str().unwrap()],
     ]
@@ -340,32 +340,29 @@ fn micro_all_schemes_sweep_and_plot() {
     let json = dir.path().join("all.json");
     let svg = dir.path().join("sweep.svg");
     let threads = 2u64;
-    let (stdout, _) = remora_ok(&[
-        "bench",
-        "micro",
-        "--scheme",
-        "all",
-        "--objects",
-        "2000",
-        "--object-size",
-        "4KiB",
-        "--local-ratio",
-        "0.25",
-        "--threads",
-        "2",
-        "--write-ratio",
-        "0.1",
-        "--sweep",
-        "300,600",
-        "--duration",
-        "1",
-        "--warmup",
-        "200ms",
-        "--plot",
-        svg.to_str().unwrap(),
-        "--json",
-        json.to_str().unwrap(),
-    ]);
+    let (stdout, _) = remora_ok(
+        &[
+            &["bench", "micro", "--scheme", "all"][..],
+            common::SMALL_ARRAY,
+            &[
+                "--threads",
+                "2",
+                "--write-ratio",
+                "0.1",
+                "--sweep",
+                "300,600",
+                "--duration",
+                "1",
+                "--warmup",
+                "200ms",
+                "--plot",
+                svg.to_str().unwrap(),
+                "--json",
+                json.to_str().unwrap(),
+            ],
+        ]
+        .concat(),
+    );
     for want in ["ratios to non-ft", "saturation", "clean re-evictions"] {
         assert!(stdout.contains(want), "{want} missing:\n{stdout}");
     }

@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+mod common;
+
 fn remora() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_remora"));
     c.env("RUST_LOG", "warn");
@@ -104,17 +106,9 @@ fn redis_cache_runs_beside_remora_and_cleans_up() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("micro.json");
     let out = remora()
+        .args(["bench", "micro", "--scheme", "redis-cache:1,non-ft"])
+        .args(common::SMALL_ARRAY)
         .args([
-            "bench",
-            "micro",
-            "--scheme",
-            "redis-cache:1,non-ft",
-            "--objects",
-            "2000",
-            "--object-size",
-            "4KiB",
-            "--local-ratio",
-            "0.25",
             "--zipf",
             "0.99",
             "--threads",

@@ -10,6 +10,10 @@ use std::time::{Duration, Instant};
 use remora_cluster::{ClusterConfig, LocalCluster};
 use remora_proto::{ComputeSession, ConnOptions};
 
+/// `bench micro`'s small array: 2000 objects of 4 KiB, a quarter of them
+/// local, so eviction, swap-ins and filtering all run within a short test.
+pub const SMALL_ARRAY: &[&str] = &["--objects", "2000", "--object-size", "4KiB", "--local-ratio", "0.25"];
+
 /// Starts a cluster of `memnodes` memory nodes of `capacity` bytes each,
 /// with the manager's default 3 s heartbeat timeout: tests run many busy
 /// clusters at once on few cores, and a shorter timeout would declare
