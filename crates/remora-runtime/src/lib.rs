@@ -30,6 +30,7 @@ mod object;
 mod object_heap;
 pub mod page_heap;
 pub mod pagemap;
+pub mod pause_gate;
 pub mod pointer;
 mod region_table;
 mod runtime;

@@ -124,12 +124,12 @@ pub(super) fn filtering_loop(weak: &std::sync::Weak<Inner>, index: usize, interv
         if inner.stop.load(StdOrdering::Acquire) {
             return;
         }
-        inner.filtering_in_flight.fetch_add(1, StdOrdering::SeqCst);
-        let paused = inner.filtering_paused.load(StdOrdering::SeqCst);
-        if !paused {
+        let pass = inner.filtering_gate.enter();
+        let paused = pass.is_none();
+        if pass.is_some() {
             inner.filter_round(&mut filter);
         }
-        inner.filtering_in_flight.fetch_sub(1, StdOrdering::SeqCst);
+        drop(pass);
         if !paused && inner.swapped_in.len() >= BATCH {
             continue; // behind on fresh spans: no sleep
         }

@@ -3,7 +3,7 @@
 //! The pointer protocol these follow is written down in [`crate::pointer`].
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering as StdOrdering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as StdOrdering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -31,6 +31,7 @@ use crate::far_page_map::{FarPageMap, FarSpan};
 use crate::loom::Ordering;
 use crate::object::{HEADER, RemBox, RemRc, Remotable};
 use crate::object_heap::{ObjectHeap, SpanRef};
+use crate::pause_gate::PauseGate;
 use crate::pointer::{
     self, DIRTY, EVICTING, FAST_MASK, FRESH, HOT_MASK, HOT_SHIFT, LOCK, MOVING, PRESENT, SEALED, SHARED, Slot, far_loc,
     far_word, local_addr, local_word,
@@ -137,11 +138,8 @@ pub(crate) struct Inner {
     swapped_in: filtering::SwappedIn,
     /// Filtering threads run (else nobody drains `swapped_in`).
     filtering: bool,
-    /// Filtering rounds are paused (see `Runtime::pause_background`).
-    filtering_paused: AtomicBool,
-    /// Filtering threads between checking `filtering_paused` and the end
-    /// of the round it let them start.
-    filtering_in_flight: AtomicUsize,
+    /// Filtering rounds pass it (see `Runtime::pause_background`).
+    filtering_gate: PauseGate,
 }
 
 /// A connection to far memory and the local heap: the handle applications use.
@@ -225,8 +223,7 @@ impl Runtime {
             kept: kept::KeptTable::default(),
             swapped_in: filtering::SwappedIn::default(),
             filtering: cfg.filtering_threads > 0,
-            filtering_paused: AtomicBool::new(false),
-            filtering_in_flight: AtomicUsize::new(0),
+            filtering_gate: PauseGate::new(),
         });
         if let Err(e) = inner.scheme.start(&inner.far) {
             inner.scheme.stop();
@@ -329,13 +326,13 @@ impl Runtime {
     /// measured or latency-critical: `remora bench micro` alternates
     /// runtimes this way so their background work never overlaps.
     pub fn pause_background(&self, paused: bool) {
-        // SeqCst pairs with the filtering loop's: either a thread sees the
-        // flag, or this sees it in flight and waits for its round.
-        self.inner.filtering_paused.store(paused, StdOrdering::SeqCst);
-        if paused && !self.inner.rcu.in_scope() {
-            while self.inner.filtering_in_flight.load(StdOrdering::SeqCst) > 0 {
-                thread::sleep(Duration::from_millis(1));
-            }
+        let gate = &self.inner.filtering_gate;
+        if !paused {
+            gate.resume();
+        } else if self.inner.rcu.in_scope() {
+            gate.close();
+        } else {
+            gate.pause();
         }
         self.inner.scheme.pause(paused);
     }

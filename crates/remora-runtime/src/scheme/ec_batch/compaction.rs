@@ -29,7 +29,7 @@
 //! member is rebuilt from the others, which hold the new state). Before
 //! that point any failure aborts the fold and nothing changed.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -42,6 +42,7 @@ use super::pairing::{self, Candidate};
 use super::{Shared, Spanset, State, bytes, offset};
 use crate::error::RuntimeError;
 use crate::far_memory::FarMemory;
+use crate::pause_gate::PauseGate;
 use crate::region_table::{FarRegion, Link};
 use crate::scheme::{SchemeReport, shards};
 use crate::size_classes::PAGE_SIZE;
@@ -97,11 +98,9 @@ pub(crate) struct Compaction {
     busy_ns: AtomicU64,
     /// Wakes idle threads early (shutdown).
     bell: (Mutex<()>, Condvar),
-    /// Folding is paused (`Scheme::pause`).
-    paused: AtomicBool,
-    /// Threads between their pause check and the end of their batches: a
-    /// pause waits for this to reach 0.
-    in_flight: AtomicUsize,
+    /// Folding is paused (`Scheme::pause`); a pause waits for the batches
+    /// under way.
+    pause_gate: PauseGate,
 }
 
 impl Compaction {
@@ -132,24 +131,12 @@ impl Compaction {
 
     /// Pauses or resumes folding; a pause returns once no fold is in flight.
     pub(super) fn pause(&self, paused: bool) {
-        // SeqCst pairs with `enter`: either a thread sees the flag, or the
-        // pause sees that thread in flight and waits for it.
-        self.paused.store(paused, Ordering::SeqCst);
         if paused {
-            while self.in_flight.load(Ordering::SeqCst) > 0 {
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            self.pause_gate.pause();
         } else {
+            self.pause_gate.resume();
             self.wake();
         }
-    }
-
-    /// Whether a thread may fold now; if so it is counted in flight until
-    /// the guard drops.
-    fn enter(&self) -> Option<InFlight<'_>> {
-        self.in_flight.fetch_add(1, Ordering::SeqCst);
-        let g = InFlight(&self.in_flight);
-        (!self.paused.load(Ordering::SeqCst)).then_some(g)
     }
 
     fn nap(&self) {
@@ -200,7 +187,7 @@ pub(super) fn run(sh: &Arc<Shared>, far: &Arc<FarMemory>, stop: &AtomicBool) {
     let c = &sh.compaction;
     let Some(gate) = &c.gate else { return };
     while !stop.load(Ordering::Acquire) {
-        let Some(in_flight) = c.enter() else {
+        let Some(in_flight) = c.pause_gate.enter() else {
             c.nap();
             continue;
         };
@@ -255,15 +242,6 @@ pub(super) fn run(sh: &Arc<Shared>, far: &Arc<FarMemory>, stop: &AtomicBool) {
         if few {
             sh.compaction.nap();
         }
-    }
-}
-
-/// A compaction thread counted in flight (see [`Compaction::pause`]).
-struct InFlight<'a>(&'a AtomicUsize);
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
