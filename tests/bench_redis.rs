@@ -183,6 +183,18 @@ fn redis_cache_runs_beside_remora_and_cleans_up() {
         }
         // A quarter of the objects fit: a Zipf(0.99) stream still misses sometimes.
         assert!(f(r, "lru_miss_ratio") > 0.0, "{r}");
+        // The LRU as good as the store: smaller than the budget's exactly
+        // when the store missed more than the budget's LRU did (null only
+        // when it missed less than any LRU can).
+        if let Some(eq) = r["lru_equivalent_objects"].as_u64() {
+            assert!(eq <= u(r, "objects"), "{r}");
+            let (measured, lru) = (f(r, "measured_miss_ratio"), f(r, "lru_miss_ratio"));
+            let budget = u(r, "sim_capacity_objects");
+            assert!(if measured >= lru { eq <= budget } else { eq > budget }, "{r}");
+        } else {
+            assert!(r["lru_equivalent_objects"].is_null(), "{r}");
+            assert!(f(r, "measured_miss_ratio") < f(r, "lru_miss_ratio"), "{r}");
+        }
         assert!(f(r, "remote_bytes_used") > 0.0 && f(r, "far_data_bytes") > 0.0, "{r}");
     }
 

@@ -592,7 +592,7 @@ fn simulate(args: &MicroArgs, plan: &Plan, scheme: &str, run: &mut Run, zipf: Op
     };
     let sim = cache_sim::simulate(&trace, run.trace_dropped, plan.cache_objects, plan.n, warm_stream);
     progress(format_args!(
-        "[{scheme}] simulated LRU and S3-FIFO of {} objects over {} ops (after {} warm-up accesses) in {:.1} s",
+        "[{scheme}] simulated LRU and S3-FIFO of {} objects, and LRU at every size, over {} ops (after {} warm-up accesses) in {:.1} s",
         plan.cache_objects,
         trace.len(),
         sim.warm_ops,

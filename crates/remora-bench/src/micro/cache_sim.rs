@@ -14,6 +14,14 @@
 //! wrong when it touches fewer distinct objects than the cache holds: a
 //! second pass over it then hits every time.)
 //!
+//! Beside the two caches of the budget's size, the LRU's misses at every size
+//! come from one pass of Mattson's stack algorithm over the same warm-up and
+//! stream ([`LruCurve`]), so a record can say how large an LRU misses as
+//! often as the store did (`LRU-eq objs`). Set beside the objects the store
+//! kept locally, that splits a store's excess misses over the ideal LRU into
+//! capacity it did not use and capacity it used on objects an LRU would not
+//! keep.
+//!
 //! LRU is the `lru` crate's. S3-FIFO (Yang et al., SOSP'23) is written here
 //! after the paper's Algorithm 1 and the authors' reference simulator
 //! (libCacheSim's `S3FIFOv0`): a small FIFO of 10 % of the objects, a main
@@ -248,7 +256,7 @@ impl Policy for S3Fifo {
 }
 
 /// The simulated caches' misses over one record's access stream.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct SimMisses {
     /// Objects each simulated cache holds.
     pub(crate) capacity: u64,
@@ -260,6 +268,8 @@ pub(crate) struct SimMisses {
     pub(crate) warm_ops: u64,
     pub(crate) lru: u64,
     pub(crate) s3fifo: u64,
+    /// An LRU's misses at every size over the same warm-up and stream.
+    pub(crate) curve: LruCurve,
 }
 
 impl SimMisses {
@@ -269,6 +279,97 @@ impl SimMisses {
 
     pub(crate) fn s3fifo_ratio(&self) -> Option<f64> {
         (self.trace_ops > 0).then(|| self.s3fifo as f64 / self.trace_ops as f64)
+    }
+
+    /// The fewest objects an LRU needs to miss at most `ratio` of the
+    /// stream's operations (`None` without a stream, or if even an LRU of
+    /// every object misses more: its first accesses miss at any size).
+    pub(crate) fn lru_equivalent(&self, ratio: f64) -> Option<u64> {
+        if self.trace_ops == 0 {
+            return None;
+        }
+        self.curve.capacity_for((ratio * self.trace_ops as f64).round() as u64)
+    }
+}
+
+/// An ideal LRU's misses over a stream at every cache size, from the stack
+/// distance of each access (Mattson et al. 1970): an LRU of `c` objects hits
+/// exactly the accesses whose object was used by fewer than `c` distinct
+/// others since its last access. The distances come from a Fenwick tree
+/// over access positions that marks each object's latest one.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct LruCurve {
+    /// `misses[c]`: misses of an LRU of `c` objects (`c` up to the ids).
+    misses: std::sync::Arc<Vec<u64>>,
+}
+
+impl LruCurve {
+    /// The curve over `trace` (ids below `ids`) after the warm-up accesses
+    /// `warm` (not counted).
+    pub(crate) fn new(trace: &[u32], ids: usize, warm: impl IntoIterator<Item = u32>) -> Self {
+        let warm: Vec<u32> = warm.into_iter().collect();
+        let n = warm.len() + trace.len();
+        let mut tree = vec![0u32; n + 1];
+        let add = |tree: &mut [u32], mut i: usize, up: bool| {
+            i += 1;
+            while i < tree.len() {
+                if up {
+                    tree[i] += 1;
+                } else {
+                    tree[i] -= 1;
+                }
+                i += i & i.wrapping_neg();
+            }
+        };
+        // Marked positions before `i`.
+        let before = |tree: &[u32], mut i: usize| {
+            let mut sum = 0u64;
+            while i > 0 {
+                sum += u64::from(tree[i]);
+                i &= i - 1;
+            }
+            sum
+        };
+        const NEVER: usize = usize::MAX;
+        let mut last = vec![NEVER; ids];
+        // hits[d]: counted accesses at stack distance d (a hit for every
+        // LRU larger than d); the rest are first accesses.
+        let mut hits = vec![0u64; ids + 1];
+        for (p, &x) in warm.iter().chain(trace).enumerate() {
+            let x = x as usize;
+            let q = last[x];
+            if q != NEVER {
+                if p >= warm.len() {
+                    let d = before(&tree, p) - before(&tree, q + 1);
+                    hits[(d as usize).min(ids)] += 1;
+                }
+                add(&mut tree, q, false);
+            }
+            add(&mut tree, p, true);
+            last[x] = p;
+        }
+        let mut misses = vec![0u64; ids + 1];
+        let mut hit = 0u64;
+        for c in 0..=ids {
+            misses[c] = trace.len() as u64 - hit;
+            hit += hits[c];
+        }
+        Self {
+            misses: std::sync::Arc::new(misses),
+        }
+    }
+
+    /// Misses of an LRU of `capacity` objects.
+    pub(crate) fn misses(&self, capacity: usize) -> Option<u64> {
+        let last = self.misses.len().checked_sub(1)?;
+        Some(self.misses[capacity.min(last)])
+    }
+
+    /// The fewest objects an LRU needs to miss at most `misses` times.
+    pub(crate) fn capacity_for(&self, misses: u64) -> Option<u64> {
+        // Misses fall as the size grows.
+        let c = self.misses.partition_point(|&m| m > misses);
+        (c < self.misses.len()).then_some(c as u64)
     }
 }
 
@@ -288,6 +389,10 @@ pub(crate) fn simulate<G: FnMut() -> u32>(
     let mut s3fifo = S3Fifo::new(cap, ids as usize);
     warm(&mut s3fifo, cap, warm_stream());
     let s3fifo = count_misses(&mut s3fifo, trace);
+    // The same warm-up as the LRU's, so the curve at `cap` is its count.
+    let mut next = warm_stream();
+    let curve = LruCurve::new(trace, ids as usize, (0..warm_ops).map(|_| next()));
+    debug_assert_eq!(curve.misses(cap), Some(lru));
     SimMisses {
         capacity,
         trace_ops: trace.len() as u64,
@@ -295,6 +400,7 @@ pub(crate) fn simulate<G: FnMut() -> u32>(
         warm_ops: warm_ops as u64,
         lru,
         s3fifo,
+        curve,
     }
 }
 
@@ -441,5 +547,65 @@ mod tests {
         let b = (vec![2, 5, 6], vec![20, 21, 22]);
         assert_eq!(merge(vec![a, b]), vec![10, 20, 11, 21, 22, 12]);
         assert!(merge(vec![(vec![], vec![])]).is_empty());
+    }
+
+    #[test]
+    fn lru_curve_matches_an_lru_of_every_size() {
+        // A skewed pseudo-random stream over 300 ids, warmed by another.
+        let stream = |seed: u64, n: usize| {
+            let mut x = seed;
+            (0..n)
+                .map(move |_| {
+                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    let u = (x >> 33) as f64 / (1u64 << 31) as f64;
+                    (300.0 * u * u * u) as u32
+                })
+                .collect::<Vec<u32>>()
+        };
+        let (warmup, trace) = (stream(1, 2_000), stream(2, 5_000));
+        let curve = LruCurve::new(&trace, 300, warmup.iter().copied());
+        for cap in [1, 2, 7, 30, 100, 299, 300] {
+            let mut l = Lru::new(cap);
+            for &x in &warmup {
+                l.access(x);
+            }
+            assert_eq!(curve.misses(cap), Some(count_misses(&mut l, &trace)), "LRU of {cap}");
+        }
+        assert_eq!(curve.misses(0), Some(5_000));
+        // The inverse: the smallest size that misses at most so often.
+        for cap in [1usize, 7, 30, 100] {
+            let m = curve.misses(cap).unwrap();
+            let c = curve.capacity_for(m).unwrap() as usize;
+            assert!(c <= cap && curve.misses(c) == Some(m));
+            assert!(c == 0 || curve.misses(c - 1).unwrap() > m);
+        }
+        // Fewer misses than an LRU of every object is impossible.
+        let floor = curve.misses(300).unwrap();
+        assert_eq!(curve.capacity_for(floor.saturating_sub(1)), None);
+    }
+
+    #[test]
+    fn lru_curve_counts_known_distances() {
+        // 0 1 2 0: the second 0 has 2 distinct others since; an LRU of 3 hits it, of 2 does not.
+        let curve = LruCurve::new(&[0, 1, 2, 0, 0], 3, []);
+        assert_eq!(curve.misses(0), Some(5));
+        assert_eq!(curve.misses(1), Some(4)); // the last 0 (distance 0) hits
+        assert_eq!(curve.misses(2), Some(4));
+        assert_eq!(curve.misses(3), Some(3));
+        // Warm-up accesses place objects but are not counted.
+        let warm = LruCurve::new(&[0, 1], 2, [1, 0]);
+        assert_eq!((warm.misses(1), warm.misses(2)), (Some(1), Some(0)));
+        let sim = SimMisses {
+            capacity: 2,
+            trace_ops: 5,
+            dropped: 0,
+            warm_ops: 0,
+            lru: 4,
+            s3fifo: 4,
+            curve,
+        };
+        assert_eq!(sim.lru_equivalent(0.6), Some(3));
+        assert_eq!(sim.lru_equivalent(0.8), Some(1));
+        assert_eq!(sim.lru_equivalent(0.4), None);
     }
 }

@@ -204,6 +204,12 @@ impl Record {
         self.measured_misses() as f64 / self.run.ops.max(1) as f64
     }
 
+    /// The fewest objects an ideal LRU needs to miss no more often than
+    /// this store did on the same stream.
+    pub(crate) fn lru_equivalent(&self) -> Option<u64> {
+        self.sim.lru_equivalent(self.measured_miss_ratio())
+    }
+
     /// The measured miss ratio over the ideal LRU's.
     pub(crate) fn over_lru(&self) -> Option<f64> {
         self.sim
@@ -363,6 +369,7 @@ impl Record {
             "s3fifo_misses": self.sim.s3fifo,
             "s3fifo_miss_ratio": self.sim.s3fifo_ratio(),
             "measured_over_lru": self.over_lru(),
+            "lru_equivalent_objects": self.lru_equivalent(),
         })
     }
 

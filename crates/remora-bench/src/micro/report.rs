@@ -195,12 +195,12 @@ pub(crate) fn print_report(args: &MicroArgs, plan: &Plan, records: &[Record], sk
         records.first().map_or(0, |r| r.sim.warm_ops)
     );
     println!(
-        "{:<w$} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9} {:>12}",
-        "scheme", "load", "ops", "measured", "ideal LRU", "S3-FIFO", "meas/LRU", "stream ops"
+        "{:<w$} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9} {:>12} {:>12}",
+        "scheme", "load", "ops", "measured", "ideal LRU", "S3-FIFO", "meas/LRU", "LRU-eq objs", "stream ops"
     );
     for r in records {
         println!(
-            "{:<w$} {:>10} {:>10} {:>10.4} {:>10} {:>10} {:>9} {:>12}",
+            "{:<w$} {:>10} {:>10} {:>10.4} {:>10} {:>10} {:>9} {:>12} {:>12}",
             r.scheme,
             load_label(r.run.offered),
             r.run.ops,
@@ -208,6 +208,7 @@ pub(crate) fn print_report(args: &MicroArgs, plan: &Plan, records: &[Record], sk
             opt(r.sim.lru_ratio(), 4),
             opt(r.sim.s3fifo_ratio(), 4),
             opt(r.over_lru(), 2),
+            r.lru_equivalent().map_or_else(|| "-".to_string(), |c| c.to_string()),
             r.sim.trace_ops
         );
         if r.sim.dropped > 0 {
@@ -219,6 +220,13 @@ pub(crate) fn print_report(args: &MicroArgs, plan: &Plan, records: &[Record], sk
             );
         }
     }
+
+    println!(
+        "  LRU-eq objs: the smallest ideal LRU that misses no more often than measured on the same stream \
+         (one pass of the stack algorithm); below the budget's {} objects, the store kept fewer objects, \
+         or objects an LRU would not keep: compare with its cache objs or local objs below",
+        plan.cache_objects
+    );
 
     if records.iter().any(|r| r.redis().is_some()) {
         redis_table(records, w);
