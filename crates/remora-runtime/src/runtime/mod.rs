@@ -69,11 +69,13 @@ pub struct RuntimeConfig {
     /// Number of filtering threads (paper §3.3: they move objects so spans
     /// hold only hot or only cold objects); 0 disables filtering.
     pub filtering_threads: usize,
-    /// Pause between a filtering thread's rounds (each sweeps a window of
-    /// spans, ages their objects and moves those of mixed or sparse spans).
-    /// Short, so a span swapped in for one object gives that object to a hot
-    /// span and goes back soon (5 ms: bench micro, 1 KiB objects, T=2, ran
-    /// ~10 % faster than at 20 ms, and 80 ms was worse again).
+    /// Pause between a filtering thread's rounds (each looks at the spans
+    /// swapped in since the last, and every second round also sweeps a
+    /// window of spans, ages their objects and moves those of mixed or
+    /// sparse spans). Short, so a span swapped in for one object gives that
+    /// object to a hot span and goes back soon (5 ms: bench micro, 1 KiB
+    /// objects, T=2, ran ~10 % faster than at 20 ms, and 80 ms was worse
+    /// again).
     pub filter_interval: Duration,
 }
 
