@@ -52,6 +52,19 @@ impl Work {
     }
 }
 
+/// A background thread trying [`ROUNDS`] rounds through the real gate.
+fn run_rounds(gate: &Arc<PauseGate>, work: &Arc<Work>) -> thread::JoinHandle<()> {
+    let (gate, work) = (Arc::clone(gate), Arc::clone(work));
+    thread::spawn(move || {
+        for _ in 0..ROUNDS {
+            if let Some(pass) = gate.enter() {
+                work.round();
+                drop(pass);
+            }
+        }
+    })
+}
+
 /// Background threads run rounds through the real gate while the main
 /// thread pauses it: after the pause, the work done is final.
 #[test]
@@ -59,17 +72,7 @@ fn no_round_runs_after_pause_returns() {
     check("no_round_runs_after_pause_returns", || {
         let gate = Arc::new(PauseGate::new());
         let work = Arc::new(Work(UnsafeCell::new(0)));
-        let t = {
-            let (gate, work) = (Arc::clone(&gate), Arc::clone(&work));
-            thread::spawn(move || {
-                for _ in 0..ROUNDS {
-                    if let Some(pass) = gate.enter() {
-                        work.round();
-                        drop(pass);
-                    }
-                }
-            })
-        };
+        let t = run_rounds(&gate, &work);
         gate.pause();
         let seen = work.read();
         t.join().unwrap();
@@ -85,17 +88,7 @@ fn rounds_resume_after_the_gate_opens() {
     check("rounds_resume_after_the_gate_opens", || {
         let gate = Arc::new(PauseGate::new());
         let work = Arc::new(Work(UnsafeCell::new(0)));
-        let t = {
-            let (gate, work) = (Arc::clone(&gate), Arc::clone(&work));
-            thread::spawn(move || {
-                for _ in 0..ROUNDS {
-                    if let Some(pass) = gate.enter() {
-                        work.round();
-                        drop(pass);
-                    }
-                }
-            })
-        };
+        let t = run_rounds(&gate, &work);
         gate.pause();
         let seen = work.read();
         assert!(seen <= ROUNDS);
