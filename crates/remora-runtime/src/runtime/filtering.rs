@@ -132,12 +132,13 @@ pub(super) fn filtering_loop(weak: &std::sync::Weak<Inner>, index: usize, interv
         if inner.stop.load(StdOrdering::Acquire) {
             return;
         }
-        let pass = inner.filtering_gate.enter();
-        let paused = pass.is_none();
-        if pass.is_some() {
-            inner.filter_round(&mut filter);
-        }
-        drop(pass);
+        let paused = match inner.filtering_gate.enter() {
+            Some(_pass) => {
+                inner.filter_round(&mut filter);
+                false
+            }
+            None => true,
+        };
         if !paused && inner.swapped_in.len() >= BATCH {
             continue; // behind on fresh spans: no sleep
         }
@@ -322,10 +323,9 @@ impl Inner {
         // every round), so hot spans kept their cold objects until the hand
         // took the span: 0.101 misses per op, as many as an ideal LRU of 85k
         // objects while 94k were local (see `SWEEP_EVERY` for after).
-        let cap = std::cell::Cell::new(BATCH);
-        let mut visit = |s: SpanRef| {
+        let mut visit = |s: SpanRef, cap: usize| {
             let sp = s.get();
-            if chosen.len() >= cap.get()
+            if chosen.len() >= cap
                 || !matches!(sp.kind(), Some(SpanKind::Small(_)))
                 || sp.capacity() < MIN_SLOTS
                 || sp.list_pos() == EVICTING_POS
@@ -404,17 +404,16 @@ impl Inner {
                 }
             }
         };
-        self.heap.visit_listed(&fresh, &mut visit);
-        // Every span of the window may be chosen: it bounds the sweep's
-        // share of the batch.
-        cap.set(usize::MAX);
+        self.heap.visit_listed(&fresh, |s| visit(s, BATCH));
         // The sweep advances one window per `SWEEP_EVERY` intervals, however
         // often rounds run to keep up with fresh spans: its pace sets how
         // long an untouched object takes to count as cold, which must not
         // shrink as swap-ins speed up.
         let advance = f.last_sweep.is_none_or(|t| t.elapsed() >= f.interval * SWEEP_EVERY);
         if advance {
-            self.heap.visit_spans(&mut cursor, WINDOW, &mut visit);
+            // Every span of the window may be chosen: it bounds the
+            // sweep's share of the batch.
+            self.heap.visit_spans(&mut cursor, WINDOW, |s| visit(s, usize::MAX));
             f.last_sweep = Some(Instant::now());
             f.cursor = cursor;
         }
