@@ -288,13 +288,39 @@ impl CentralFreeList {
         }
     }
 
-    /// A fresh span of this class for a filtering thread to move objects
-    /// into: registered (eviction will find it once it is unpinned) and
-    /// pinned as a span under eviction is (`EVICTING_POS`), so neither an
-    /// allocation nor the evictor uses it while the filter fills it. Unpin
-    /// it with [`CentralFreeList::end_filter`].
-    pub(crate) fn new_filter_span(&self) -> Result<&Span, AllocError> {
+    /// A span of this class for a filtering thread to move objects into:
+    /// registered (eviction will find it once it is unpinned) and pinned as
+    /// a span under eviction is (`EVICTING_POS`), so neither an allocation
+    /// nor the evictor uses it while the filter fills it. Unpin it with
+    /// [`CentralFreeList::end_filter`].
+    ///
+    /// For hot objects (`hot`) a listed span with room comes first, as it
+    /// would for an allocation: listed spans hold hot objects (cold ones are
+    /// kept off the list), and their holes (a cold minority moved out, an
+    /// object freed) are otherwise filled only by allocations, which a
+    /// steady workload makes few of. `bench micro` (1 KiB objects, 4
+    /// threads) kept 2 700 of its 13 400 local spans listed with one hole
+    /// each, 2.6 % of the local budget, while every hot object the filter
+    /// moved took a fresh span. A span with a kept far copy is passed over:
+    /// an object moved in would make it dirty, and it would be written
+    /// instead of flipped back. Otherwise, and for cold objects, a fresh
+    /// span.
+    pub(crate) fn filter_span(&self, hot: bool) -> Result<&Span, AllocError> {
         let mut st = self.lock();
+        if hot {
+            let listed = st
+                .nonempty
+                .iter()
+                .rev()
+                .take(LISTED_PROBE)
+                .map(|&p| self.heap.span(p))
+                .find(|s| s.kept() == 0 && !s.is_cold());
+            if let Some(span) = listed {
+                self.unlist(&mut st, span);
+                span.set_list_pos(EVICTING_POS);
+                return Ok(span);
+            }
+        }
         let span = self.heap.alloc_small(self.class)?;
         st.spans += 1;
         span.set_list_pos(EVICTING_POS);
@@ -334,6 +360,10 @@ impl CentralFreeList {
         false
     }
 }
+
+/// Listed spans [`CentralFreeList::filter_span`] looks at, from the end,
+/// for one without a kept far copy.
+const LISTED_PROBE: usize = 8;
 
 fn push(st: &mut ListState, span: &Span) {
     span.set_list_pos(st.nonempty.len());
@@ -475,7 +505,7 @@ mod tests {
     #[test]
     fn filter_spans_are_pinned_while_filled_and_cold_ones_stay_unlisted() {
         let list = list(1024); // 8 objects per one-page span
-        let span = list.new_filter_span().unwrap();
+        let span = list.filter_span(false).unwrap();
         assert_eq!(span.list_pos(), EVICTING_POS);
         // Allocations never land in a span being filled.
         let other: Vec<_> = (0..8).map(|_| list.alloc().unwrap()).collect();
@@ -509,7 +539,7 @@ mod tests {
         free(&list, NonNull::new(addr as *mut u8).unwrap()).unwrap();
         assert_eq!(list.stats().spans, spans - 1);
         // A hot destination goes back on the list; an empty one back to the heap.
-        let hot = list.new_filter_span().unwrap();
+        let hot = list.filter_span(false).unwrap();
         let i = hot.first_free().unwrap();
         scribble(hot.object_addr(i), 1024, 3);
         assert!(list.claim_pinned(hot, i));
@@ -517,11 +547,64 @@ mod tests {
         assert_ne!(hot.list_pos(), NOT_LISTED);
         check_scribble(hot.object_addr(i), 1024, 3);
         free(&list, NonNull::new(hot.object_addr(i) as *mut u8).unwrap()).unwrap();
-        let empty = list.new_filter_span().unwrap();
+        let empty = list.filter_span(false).unwrap();
         assert!(list.end_filter(empty, true), "an empty span is released");
         for p in other.into_iter().chain([fresh]) {
             free(&list, p).unwrap();
         }
+        assert_eq!(list.stats(), ClassStats::default());
+        assert_eq!(list.page_heap().stats().in_use_bytes, 0);
+    }
+
+    #[test]
+    fn hot_filter_spans_fill_listed_holes_first() {
+        let list = list(1024); // 8 objects per one-page span
+        let objs: Vec<_> = (0..16u8)
+            .map(|seed| {
+                let p = list.alloc().unwrap();
+                scribble(p.as_ptr() as usize, 1024, seed);
+                (p, seed)
+            })
+            .collect();
+        let spans = list.stats().spans;
+        assert_eq!(spans, 2);
+        // A hole in the first span (a cold object moved out, say) lists it.
+        let (hole, _) = objs[2];
+        free(&list, hole).unwrap();
+        let holed = list.page_heap().span_of(hole.as_ptr() as usize).unwrap();
+        assert_ne!(holed.list_pos(), NOT_LISTED);
+        // A cold destination is a fresh span all the same.
+        let cold = list.filter_span(false).unwrap();
+        assert!(!std::ptr::eq(cold, holed));
+        assert!(list.end_filter(cold, false), "the empty cold span is released");
+        // A hot one is the listed span, pinned and off the list.
+        let hot = list.filter_span(true).unwrap();
+        assert!(std::ptr::eq(hot, holed), "hot objects fill the listed hole");
+        assert_eq!(hot.list_pos(), EVICTING_POS);
+        assert_eq!(list.stats().spans, spans, "no span taken from the page heap");
+        let i = hot.first_free().unwrap();
+        assert_eq!(hot.object_addr(i), hole.as_ptr() as usize);
+        scribble(hot.object_addr(i), 1024, 99);
+        assert!(list.claim_pinned(hot, i));
+        assert!(!list.end_filter(hot, true));
+        assert_eq!(hot.list_pos(), NOT_LISTED, "a full span is not listed");
+        // A listed span with a kept far copy is passed over: a hot object
+        // moved in would make it dirty.
+        let (hole2, _) = objs[9];
+        free(&list, hole2).unwrap();
+        let kept = list.page_heap().span_of(hole2.as_ptr() as usize).unwrap();
+        kept.set_kept(7);
+        let fresh = list.filter_span(true).unwrap();
+        assert!(!std::ptr::eq(fresh, kept));
+        assert_eq!(list.stats().spans, spans + 1);
+        assert!(list.end_filter(fresh, true));
+        kept.set_kept(0);
+        for (_, &(p, seed)) in objs.iter().enumerate().filter(|&(k, _)| k != 2 && k != 9) {
+            check_scribble(p.as_ptr() as usize, 1024, seed);
+            free(&list, p).unwrap();
+        }
+        check_scribble(hole.as_ptr() as usize, 1024, 99);
+        free(&list, hole).unwrap();
         assert_eq!(list.stats(), ClassStats::default());
         assert_eq!(list.page_heap().stats().in_use_bytes, 0);
     }

@@ -253,13 +253,10 @@ impl ObjectHeap {
         }
     }
 
-    /// A fresh, registered span of `class`, pinned for a filtering thread to
-    /// fill (see `CentralFreeList::new_filter_span`).
-    pub(crate) fn new_filter_span(&self, class: ClassIndex) -> Result<SpanRef, RuntimeError> {
-        self.class_list(class)
-            .new_filter_span()
-            .map(SpanRef::new)
-            .map_err(local)
+    /// A registered span of `class` with room, pinned for a filtering thread
+    /// to fill with `hot` or cold objects (see `CentralFreeList::filter_span`).
+    pub(crate) fn filter_span(&self, class: ClassIndex, hot: bool) -> Result<SpanRef, RuntimeError> {
+        self.class_list(class).filter_span(hot).map(SpanRef::new).map_err(local)
     }
 
     /// Claims slot `index` of a small span the caller pinned and whose bytes

@@ -38,8 +38,10 @@
 //! destination span, pinned while it fills them, so application allocations
 //! never land in a half-filled destination and the evictor never picks one
 //! mid-fill. A cold destination is preferably a cold span with free slots
-//! the thread saw (holes left by frees or by minority moves), else, like a
-//! hot one, a fresh span the filter takes from the page heap itself. At the
+//! the thread saw (holes left by frees or by minority moves), else a fresh
+//! span the filter takes from the page heap itself. A hot one is preferably
+//! a span on the class's free list (hot, with holes: a cold minority moved
+//! out of it), else a fresh span. At the
 //! end of a round they are unpinned: a hot destination goes back on the
 //! class's free list (new objects are hot too); a cold one (flagged cold)
 //! stays off the list, so only the filter puts objects there (a free in a
@@ -562,7 +564,7 @@ impl Inner {
                 }
             }
         }
-        let span = self.heap.new_filter_span(class)?;
+        let span = self.heap.filter_span(class, temp == Temp::Hot)?;
         span.get().set_cold(temp == Temp::Cold);
         f.dests.insert(key, Dest { span, pinned: true });
         Ok(span)
