@@ -783,7 +783,10 @@ fn bad_flags_and_busy_ports_are_explained() {
 /// unhandled Ctrl-C) exit on their own: each watches a lifeline pipe.
 #[test]
 fn daemons_exit_when_their_launcher_is_killed() {
+    // The killed demo cannot remove its cluster's directory: it goes in ours.
+    let tmp = tempfile::tempdir().unwrap();
     let mut demo = Command::new(env!("CARGO_BIN_EXE_remora"))
+        .env("TMPDIR", tmp.path())
         .args([
             "demo",
             "--objects",

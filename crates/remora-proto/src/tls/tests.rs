@@ -1,6 +1,5 @@
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpListener;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
@@ -13,20 +12,19 @@ use crate::msg::{MemRequest, MemResponse};
 use crate::server::{ConnGuard, Listener, serve_requests};
 use crate::{ConnOptions, RpcConn, RpcError};
 
-fn temp_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "remora-tls-{tag}-{}-{}",
-        std::process::id(),
-        crate::ClusterKey::generate().id()
-    ));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A directory removed when the test ends, named after the test.
+fn temp_dir(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("remora-tls-{tag}-"))
+        .tempdir()
+        .unwrap()
 }
 
+/// Fresh certificates (read into memory; their directory is gone after).
 fn certs(tag: &str, mode: TlsMode) -> TlsConfig {
     let d = temp_dir(tag);
-    write_certs(&d, &[], false).unwrap();
-    TlsConfig::load(mode, &d).unwrap()
+    write_certs(d.path(), &[], false).unwrap();
+    TlsConfig::load(mode, d.path()).unwrap()
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -38,14 +36,15 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 #[test]
 fn certs_are_written_once_with_a_private_key() {
     use std::os::unix::fs::PermissionsExt;
-    let d = temp_dir("write");
-    let files = write_certs(&d, &["node-a.example".into()], false).unwrap();
+    let dir = temp_dir("write");
+    let d = dir.path();
+    let files = write_certs(d, &["node-a.example".into()], false).unwrap();
     assert_eq!(files.names, ["localhost", "127.0.0.1", "node-a.example"]);
     let mode = std::fs::metadata(&files.key).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
     let before = std::fs::read(&files.ca).unwrap();
-    match write_certs(&d, &[], false) {
-        Err(CertsError::Exists { path }) => assert!(path.starts_with(&d)),
+    match write_certs(d, &[], false) {
+        Err(CertsError::Exists { path }) => assert!(path.starts_with(d)),
         other => panic!("overwrote existing certificates: {other:?}"),
     }
     assert_eq!(
@@ -53,19 +52,20 @@ fn certs_are_written_once_with_a_private_key() {
         before,
         "a refused write changes nothing"
     );
-    write_certs(&d, &[], true).unwrap();
+    write_certs(d, &[], true).unwrap();
     assert_ne!(std::fs::read(&files.ca).unwrap(), before, "--force makes a new CA");
-    TlsConfig::load(TlsMode::Data, &d).unwrap();
+    TlsConfig::load(TlsMode::Data, d).unwrap();
 }
 
 #[test]
 fn missing_or_bad_files_name_the_file_and_the_fix() {
-    let d = temp_dir("missing");
-    let e = TlsConfig::load(TlsMode::Control, &d).unwrap_err().to_string();
+    let dir = temp_dir("missing");
+    let d = dir.path();
+    let e = TlsConfig::load(TlsMode::Control, d).unwrap_err().to_string();
     assert!(e.contains("ca.pem") && e.contains("remora certs --out"), "{e}");
-    write_certs(&d, &[], false).unwrap();
+    write_certs(d, &[], false).unwrap();
     std::fs::write(d.join(KEY_FILE), "not a key").unwrap();
-    let e = TlsConfig::load(TlsMode::Control, &d).unwrap_err().to_string();
+    let e = TlsConfig::load(TlsMode::Control, d).unwrap_err().to_string();
     assert!(e.contains("node.key") && e.contains("remora certs"), "{e}");
     let e = TlsConfig::from_flags(TlsMode::Data, None).unwrap_err().to_string();
     assert!(e.contains("--tls-dir"), "{e}");
