@@ -218,6 +218,21 @@ impl ObjectHeap {
         sweep.into_chosen()
     }
 
+    /// As `pick_cold`, among the spans the filtering threads queued as cold
+    /// only (`EvictionPolicy::pick_queued`).
+    pub(crate) fn pick_queued(&self, policy: &dyn EvictionPolicy, n: usize) -> Vec<SpanRef> {
+        let mut ring = self.registry.lock();
+        let mut sweep = Sweep::new(&mut ring);
+        policy.pick_queued(&mut sweep, n);
+        sweep.into_chosen()
+    }
+
+    /// Spans in the filtering threads' cold queue (some may have changed since).
+    pub(crate) fn cold_queued(&self) -> usize {
+        let mut ring = self.registry.lock();
+        Sweep::new(&mut ring).queued()
+    }
+
     /// For filtering threads: runs `visit` on up to `n` local spans from
     /// `*cursor` on in the registry's ring (a filter's own clock hand, which
     /// it advances), with the registry locked: the spans stay in use while

@@ -41,18 +41,22 @@ impl EvictionPolicy for Clock {
         (hotness & FILTER != 0, hotness & !FILTER)
     }
 
+    fn pick_queued(&self, sweep: &mut Sweep<'_>, n: usize) {
+        while sweep.chosen() < n {
+            let Some(c) = sweep.next_cold() else { return };
+            if c.count(|h| h & FILTER != 0) == 0 {
+                sweep.choose(c);
+            }
+        }
+    }
+
     fn pick(&self, sweep: &mut Sweep<'_>, n: usize) {
         // Cold spans first, from the filter's queue: the hand then moves
         // only when they run out, so its period (how long a hot span has
         // to be touched again) is set by how fast hot spans must go, not by
         // the churn of spans swapped in and found cold. One touched since
         // is left to the hand.
-        while sweep.chosen() < n {
-            let Some(c) = sweep.next_cold() else { break };
-            if c.count(|h| h & FILTER != 0) == 0 {
-                sweep.choose(c);
-            }
-        }
+        self.pick_queued(sweep, n);
         while sweep.chosen() < n {
             let Some(c) = sweep.next() else { return };
             if c.is_cold() && c.count(|h| h & FILTER != 0) == 0 {

@@ -62,6 +62,18 @@ pub trait EvictionPolicy: Send + Sync {
     /// Chooses up to `n` victims with [`Sweep::choose`], looking at the spans
     /// the [`Sweep`] offers as an iterator (each at most twice per call).
     fn pick(&self, sweep: &mut Sweep<'_>, n: usize);
+
+    /// Chooses up to `n` victims among the spans the filtering threads
+    /// flagged cold ([`Sweep::next_cold`]) only, without moving the hand.
+    /// Eviction calls this between the watermarks, so that the band between
+    /// them holds hot objects rather than cold spans waiting for the next
+    /// round. The default takes every such span.
+    fn pick_queued(&self, sweep: &mut Sweep<'_>, n: usize) {
+        while sweep.chosen() < n {
+            let Some(c) = sweep.next_cold() else { return };
+            sweep.choose(c);
+        }
+    }
 }
 
 /// Picks a policy by name.
@@ -100,6 +112,11 @@ impl<'a> Sweep<'a> {
     /// Victims chosen so far.
     pub fn chosen(&self) -> usize {
         self.chosen.len()
+    }
+
+    /// Spans in the filter's cold queue (some may have changed since).
+    pub(crate) fn queued(&self) -> usize {
+        self.ring.cold.len()
     }
 
     pub(crate) fn into_chosen(self) -> Vec<SpanRef> {

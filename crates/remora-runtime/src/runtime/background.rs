@@ -124,6 +124,17 @@ pub(super) fn eviction_loop(weak: &std::sync::Weak<Inner>) {
                 }
             }
         }
+        // Between the watermarks, cold spans the filter queued go at once:
+        // they would otherwise fill the band until the next round, and the
+        // hot objects would get only the low watermark's worth.
+        while (inner.heap.bytes_in_use() as u64) > inner.low_bytes()
+            && inner.heap.cold_queued() >= inner.batch
+            && !inner.stop.load(StdOrdering::Acquire)
+        {
+            if inner.evict_queued_round() == 0 {
+                break;
+            }
+        }
         // Sleep until kicked. Announce the sleep, then look at the level
         // again: a kick between the two sees us idle (both sides SeqCst).
         let k = inner.kick.lock().unwrap_or_else(|p| p.into_inner());

@@ -6,9 +6,18 @@ use super::*;
 impl Inner {
     /// One round of eviction: pick cold spans and swap them out.
     pub(super) fn evict_round(&self) -> usize {
+        self.evict_round_of(false)
+    }
+
+    /// One round of eviction among the spans the filter queued as cold only.
+    pub(super) fn evict_queued_round(&self) -> usize {
+        self.evict_round_of(true)
+    }
+
+    fn evict_round_of(&self, queued: bool) -> usize {
         let start = Instant::now();
         self.rounds.fetch_add(1, StdOrdering::AcqRel);
-        let n = self.evict_round_inner();
+        let n = self.evict_round_inner(queued);
         self.rounds.fetch_sub(1, StdOrdering::AcqRel);
         if n > 0 {
             self.wake_room();
@@ -19,8 +28,15 @@ impl Inner {
         n
     }
 
-    pub(super) fn evict_round_inner(&self) -> usize {
-        let mut candidates = self.heap.pick_cold(&*self.policy, self.batch);
+    pub(super) fn evict_round_inner(&self, queued: bool) -> usize {
+        let pick = |n| {
+            if queued {
+                self.heap.pick_queued(&*self.policy, n)
+            } else {
+                self.heap.pick_cold(&*self.policy, n)
+            }
+        };
+        let mut candidates = pick(self.batch);
         if candidates.is_empty() {
             return 0;
         }
@@ -33,7 +49,7 @@ impl Inner {
         let to_write = |c: &[SpanRef]| c.iter().filter(|s| s.get().kept() == 0).count();
         let mut picks = 1;
         while picks < MAX_GATHER && to_write(&candidates) % want != 0 && candidates.len() == picks * self.batch {
-            let more = self.heap.pick_cold(&*self.policy, self.batch);
+            let more = pick(self.batch);
             if more.is_empty() {
                 break;
             }
@@ -233,3 +249,6 @@ fn unmark(objs: &[(NonNull<Slot>, u64, usize)]) {
         slot_ref(*slot).unmark(local_addr(*exp), EVICTING | SEALED);
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests;

@@ -137,6 +137,9 @@ pub(super) fn filtering_loop(weak: &std::sync::Weak<Inner>, index: usize, interv
         let paused = match inner.filtering_gate.enter() {
             Some(_pass) => {
                 inner.filter_round(&mut filter);
+                if inner.heap.cold_queued() >= inner.batch && inner.heap.bytes_in_use() as u64 > inner.low_bytes() {
+                    inner.kick();
+                }
                 false
             }
             None => true,
@@ -191,7 +194,7 @@ pub(super) struct Filter {
 }
 
 impl Filter {
-    fn new(index: usize, interval: Duration) -> Self {
+    pub(super) fn new(index: usize, interval: Duration) -> Self {
         Self {
             // Threads start their hands apart; the ring's length varies, so
             // this is only a spread, not a partition.

@@ -51,7 +51,8 @@ pub struct RuntimeConfig {
     pub local_budget: usize,
     /// Eviction starts above this fraction of the budget...
     pub high_watermark: f64,
-    /// ...and stops below this one.
+    /// ...and stops below this one. Above it, spans the filtering threads
+    /// found cold go as soon as a batch of them is queued.
     pub low_watermark: f64,
     /// Fault-tolerance scheme.
     pub scheme: Box<dyn Scheme>,
