@@ -114,11 +114,6 @@ impl<'a> Sweep<'a> {
         self.chosen.len()
     }
 
-    /// Spans in the filter's cold queue (some may have changed since).
-    pub(crate) fn queued(&self) -> usize {
-        self.ring.cold.len()
-    }
-
     pub(crate) fn into_chosen(self) -> Vec<SpanRef> {
         self.chosen
     }

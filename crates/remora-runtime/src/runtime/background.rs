@@ -124,13 +124,7 @@ pub(super) fn eviction_loop(weak: &std::sync::Weak<Inner>) {
                 }
             }
         }
-        // Between the watermarks, cold spans the filter queued go at once:
-        // they would otherwise fill the band until the next round, and the
-        // hot objects would get only the low watermark's worth.
-        while (inner.heap.bytes_in_use() as u64) > inner.low_bytes()
-            && inner.heap.cold_queued() >= inner.batch
-            && !inner.stop.load(StdOrdering::Acquire)
-        {
+        while inner.queued_cold_due() && !inner.stop.load(StdOrdering::Acquire) {
             if inner.evict_queued_round() == 0 {
                 break;
             }
@@ -149,6 +143,14 @@ pub(super) fn eviction_loop(weak: &std::sync::Weak<Inner>) {
 }
 
 impl Inner {
+    /// Whether a batch of spans the filter queued as cold should go now,
+    /// below the high watermark: above the low one, they would otherwise
+    /// fill the band between the two until the next round, and hot objects
+    /// would get only the low watermark's worth of local memory.
+    pub(super) fn queued_cold_due(&self) -> bool {
+        self.heap.bytes_in_use() as u64 > self.low_bytes() && self.heap.cold_queued() >= self.batch
+    }
+
     /// Hands the scheme's empty regions back to the manager.
     pub(super) fn give_back_empty(&self) -> u64 {
         let bytes = self.scheme.give_back(&self.far);

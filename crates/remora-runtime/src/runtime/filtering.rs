@@ -137,7 +137,7 @@ pub(super) fn filtering_loop(weak: &std::sync::Weak<Inner>, index: usize, interv
         let paused = match inner.filtering_gate.enter() {
             Some(_pass) => {
                 inner.filter_round(&mut filter);
-                if inner.heap.cold_queued() >= inner.batch && inner.heap.bytes_in_use() as u64 > inner.low_bytes() {
+                if inner.queued_cold_due() {
                     inner.kick();
                 }
                 false
