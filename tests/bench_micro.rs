@@ -61,6 +61,7 @@ fn micro_runs_swaps_and_verifies() {
                 "0.95",
                 "--low-watermark",
                 "0.9",
+                "--census",
                 "--json",
                 json.to_str().unwrap(),
             ],
@@ -68,6 +69,7 @@ fn micro_runs_swaps_and_verifies() {
         .concat(),
     );
     assert!(stdout.contains("closed-loop"), "{stdout}");
+    assert!(stdout.contains("local spans by use"), "{stdout}");
     let v = read_json(&json);
     let results = v["results"].as_array().expect("results array");
     assert_eq!(results.len(), 1);
@@ -104,6 +106,18 @@ fn micro_runs_swaps_and_verifies() {
     // About a quarter of 2000 objects fits locally (the budget is a quarter of their spans).
     let local = r["local_objects"].as_f64().expect("local_objects");
     assert!(local > 0.0 && local <= 600.0, "{r}");
+    // The census counted the same local objects span by span (averaged over
+    // the same samples and the phase's two ends).
+    let census = &r["census"];
+    assert!(census["samples"].as_u64().unwrap() >= 10, "{census}");
+    let counted = census["live_objects"].as_f64().unwrap();
+    assert!(
+        (counted - local).abs() <= 0.25 * local,
+        "census {counted} vs local {local}: {census}"
+    );
+    for g in census["groups"].as_array().unwrap() {
+        assert!(g["live"].as_u64().unwrap() <= g["capacity"].as_u64().unwrap(), "{g}");
+    }
     // Counted at the transport: a read sent just before the window closes
     // may finish (and count its swap-in) just after, so allow a few in 10^4.
     let reads = r["reads_per_swap_in"].as_f64().expect("reads_per_swap_in");

@@ -86,6 +86,7 @@
 
 mod alternate;
 mod cache_sim;
+mod census;
 mod layout;
 mod objects;
 pub(crate) mod open_loop;
@@ -233,6 +234,11 @@ pub struct MicroArgs {
     /// remora run to this SVG file.
     #[arg(long, value_name = "FILE.svg")]
     pub timeline: Option<PathBuf>,
+    /// Also count the local spans of every remora run by what they are doing (hot, cold, kept,
+    /// pinned, listed with holes) at each 100 ms sample, and print the averages: where the local
+    /// budget goes. Each count walks the spans under the registry's lock.
+    #[arg(long)]
+    pub census: bool,
     /// Also write the results as JSON (`{"results":[...]}`, one record per scheme and rate) to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,

@@ -17,6 +17,7 @@
 //!
 //! Every structure is an instance; there are no globals.
 
+mod census;
 pub mod central_freelist;
 mod detector;
 mod error;
@@ -42,6 +43,7 @@ pub mod span;
 mod span_registry;
 mod traffic;
 
+pub use census::{CensusGroup, LocalCensus, SpanUse};
 pub use error::{LossCause, RuntimeError};
 pub use local_heap::{HeapUsage, LocalHeap};
 pub use object::{RemBox, RemRc, Remotable};

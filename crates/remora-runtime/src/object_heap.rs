@@ -5,6 +5,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use crate::census::LocalCensus;
 use crate::central_freelist::CentralFreeList;
 use crate::error::RuntimeError;
 use crate::eviction::{EvictionPolicy, Sweep};
@@ -282,6 +283,11 @@ impl ObjectHeap {
         }
     }
 
+    /// The local spans grouped by what they are doing (see [`LocalCensus`]).
+    pub(crate) fn census(&self) -> LocalCensus {
+        LocalCensus::of(&self.registry.lock())
+    }
+
     /// Unpins a small span a filtering thread pinned; true if it was empty
     /// and went back to the page heap (see `CentralFreeList::end_filter`).
     pub(crate) fn end_filter(&self, s: SpanRef, relist: bool) -> bool {
@@ -304,6 +310,7 @@ impl ObjectHeap {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::census::SpanUse;
     use crate::eviction::Clock;
     use crate::pointer::{Slot, local_word};
 
@@ -374,6 +381,49 @@ mod tests {
             .iter()
             .map(|s| crate::pointer::hotness(s.word.load(crate::loom::Ordering::Relaxed)))
             .collect()
+    }
+
+    #[test]
+    fn census_counts_spans_by_use_and_occupancy() {
+        let heap = ObjectHeap::new(Arc::new(Clock));
+        let slots = fill(&heap, 3, &[]);
+        let c = heap.census();
+        assert_eq!(
+            (c.spans(), c.live(), c.free_slots(), c.cold_queue),
+            (3, 3 * PER_SPAN, 0, 0)
+        );
+        // One span flagged cold and queued; one object of another freed,
+        // which puts its span on the class's list with a hole.
+        let cold = heap.pages.span_of(span_of_slot(&heap, &slots[2 * PER_SPAN])).unwrap();
+        cold.set_cold(true);
+        heap.queue_cold([SpanRef::new(cold)]);
+        let w = slots[0].word.load(crate::loom::Ordering::Relaxed);
+        // SAFETY: the object's header is an atomic word at its start.
+        unsafe { &*(crate::pointer::local_addr(w) as *const std::sync::atomic::AtomicU64) }
+            .store(0, std::sync::atomic::Ordering::Release);
+        heap.free(crate::pointer::local_addr(w));
+        let c = heap.census();
+        assert_eq!(
+            (c.spans(), c.live(), c.free_slots(), c.cold_queue),
+            (3, 3 * PER_SPAN - 1, 1, 1)
+        );
+        let cold_use = SpanUse {
+            cold: true,
+            kept: false,
+            pinned: false,
+            listed: false,
+        };
+        let listed_use = SpanUse {
+            listed: true,
+            cold: false,
+            ..cold_use
+        };
+        let group = |u: SpanUse| c.groups.iter().find(|g| g.usage == u).copied();
+        let g = group(cold_use).expect("a cold group");
+        assert_eq!((g.spans, g.live, g.capacity), (1, PER_SPAN, PER_SPAN));
+        let g = group(listed_use).expect("a listed group");
+        assert_eq!((g.spans, g.live, g.free_slots()), (1, PER_SPAN - 1, 1));
+        assert_eq!(g.object_size, 1152);
     }
 
     #[test]

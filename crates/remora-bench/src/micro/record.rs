@@ -51,6 +51,8 @@ pub(crate) struct RemoraFigures {
     pub(crate) peer_delta_bytes: u64,
     /// Throughput and far memory, window by window.
     pub(crate) timeline: Vec<super::timeline::Point>,
+    /// With `--census`: the local spans by use, averaged over the samples.
+    pub(crate) census: Option<super::census::CensusAvg>,
 }
 
 impl RemoraFigures {
@@ -415,7 +417,7 @@ impl Record {
                 "overdue_reads": null, "suspicions": null,
                 "reconstructed_bytes": null,
                 "kept_bytes": null, "local_objects": null, "objects_moved": null, "spans_filtered": null,
-                "far_bytes_held": null, "far_bytes_given_back": null, "timeline": null,
+                "far_bytes_held": null, "far_bytes_given_back": null, "timeline": null, "census": null,
             });
         };
         let d = &f.delta;
@@ -481,6 +483,7 @@ impl Record {
             "far_bytes_held": f.timeline.last().map(|p| p.far_held),
             "far_bytes_given_back": d.far_bytes_given_back,
             "timeline": timeline,
+            "census": f.census.as_ref().map(super::census::CensusAvg::json),
         })
     }
 }

@@ -14,6 +14,7 @@ use remora_runtime::{RemBox, Runtime, RuntimeConfig, Stats};
 
 use super::alternate::{Contestant, Counters, Entry, Recorded};
 use super::cache_sim::SimMisses;
+use super::census::CensusSum;
 use super::record::{Figures, Record, RemoraFigures, delta};
 use super::worker::{self, Outcome, Run, Snaps, Store};
 use super::{MicroArgs, Plan, alloc_parallel, bar, base, check, fill, progress};
@@ -33,6 +34,8 @@ struct Array<'a, const W: usize> {
     cluster: &'a LocalCluster,
     /// Peer traffic at each boundary of the measured phases.
     peer: Mutex<Vec<PeerTraffic>>,
+    /// With `--census`: the local spans counted at every snapshot.
+    census: Option<Mutex<CensusSum>>,
 }
 
 impl<const W: usize> Store for Array<'_, W> {
@@ -76,6 +79,10 @@ impl<const W: usize> Store for Array<'_, W> {
     }
 
     fn snap(&self) -> Stats {
+        if let Some(c) = &self.census {
+            let census = self.rt.local_census();
+            c.lock().unwrap_or_else(PoisonError::into_inner).add(&census);
+        }
         self.rt.stats()
     }
 
@@ -108,6 +115,7 @@ fn figures(first: &Stats, last: &Stats, samples: &[Stats]) -> RemoraFigures {
         peer_bytes: 0,
         peer_delta_bytes: 0,
         timeline: Vec::new(),
+        census: None,
     }
 }
 
@@ -240,6 +248,7 @@ fn fill_array<'a, const W: usize>(
         servers: cluster.memnodes().iter().map(|m| m.pid).collect(),
         cluster,
         peer: Mutex::new(Vec::new()),
+        census: args.census.then(|| Mutex::new(CensusSum::default())),
     };
     Ok((array, fill_time))
 }
@@ -301,6 +310,10 @@ impl<const W: usize> Recorded for Array<'_, W> {
                 peer_bytes: peer.bytes(),
                 peer_delta_bytes: peer.delta_bytes,
                 timeline: super::timeline::points(snaps),
+                census: self
+                    .census
+                    .as_ref()
+                    .and_then(|c| std::mem::take(&mut *c.lock().unwrap_or_else(PoisonError::into_inner)).average()),
                 ..figures(&snaps.first, &snaps.last, &snaps.samples)
             })),
             run,

@@ -278,6 +278,15 @@ pub(crate) fn print_report(args: &MicroArgs, plan: &Plan, records: &[Record], sk
          local room; clean saved: MiB not written thanks to clean re-eviction; local objs: live objects in local \
          spans (average; compare with the ideal LRU's size above)"
     );
+    let censuses: Vec<(&str, &super::census::CensusAvg)> = records
+        .iter()
+        .filter_map(|r| {
+            r.remora()
+                .and_then(|f| f.census.as_ref())
+                .map(|c| (r.scheme.as_str(), c))
+        })
+        .collect();
+    super::census::print(&censuses, w);
     compaction_table(records, w);
 }
 

@@ -24,6 +24,7 @@ use self::background::{confirm_loop, eviction_loop, notice_loop};
 use self::stats::Counters;
 pub use self::stats::Stats;
 
+use crate::census::LocalCensus;
 use crate::error::RuntimeError;
 use crate::eviction::{Clock, EvictionPolicy};
 use crate::far_memory::FarMemory;
@@ -304,6 +305,13 @@ impl Runtime {
     /// Places `value` in a new object owned by a shared pointer.
     pub fn alloc_shared<T: Remotable>(&self, value: T) -> Result<RemRc<T>, RuntimeError> {
         Ok(RemRc::from_slot(self.inner.alloc_object(value, SHARED)?))
+    }
+
+    /// A census of the local spans: how many are hot, cold, kept, pinned or
+    /// listed with holes, and how full (see [`LocalCensus`]). It walks every
+    /// local span under the registry's lock: a diagnostic, not a counter.
+    pub fn local_census(&self) -> LocalCensus {
+        self.inner.heap.census()
     }
 
     /// Counters and levels.
