@@ -320,6 +320,12 @@ impl FrameReader {
         self.next_header_within(READ_BUF)
     }
 
+    /// Whether the next read returns without waiting: bytes buffered here
+    /// or in the stream, or arrived in the socket. Never blocks.
+    pub fn has_input(&self) -> bool {
+        self.end > self.pos || self.sock.has_input()
+    }
+
     /// Like [`FrameReader::next_header`], but a read from the socket takes at
     /// most `limit` bytes, so that a large payload after a small head can be
     /// read straight into its destination instead of through this buffer.

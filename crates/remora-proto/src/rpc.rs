@@ -331,6 +331,8 @@ impl RpcConn {
     ) -> Result<Reply, RpcError> {
         let id = ticket.0;
         let deadline = Instant::now() + timeout;
+        // Whether we read the socket once after the deadline (see below).
+        let mut looked = false;
         loop {
             let mut st = lock(&self.state);
             let done = st.pending.get_mut(&id).and_then(|s| s.done.take());
@@ -345,6 +347,20 @@ impl RpcConn {
                 return Err(e);
             }
             let now = Instant::now();
+            if now >= deadline && !st.leader && !looked {
+                // The reply may already sit in the socket, unread because
+                // the wait began late (a caller that spent its time budget
+                // elsewhere, or was descheduled): take it rather than time
+                // out a request that was answered. `lead` reads only what
+                // has arrived once the deadline has passed.
+                looked = true;
+                st.leader = true;
+                drop(st);
+                if let Some(res) = self.lead(id, dest.as_deref_mut(), deadline) {
+                    return res;
+                }
+                continue;
+            }
             if now >= deadline {
                 if !keep {
                     st.pending.remove(&id);
@@ -384,7 +400,9 @@ impl RpcConn {
     }
 
     /// Reads frames as leader until our own reply arrives (`Some`) or our
-    /// deadline passes between frames (`None`: the caller re-checks).
+    /// deadline passes between frames (`None`: the caller re-checks). Past
+    /// the deadline it still reads frames that have arrived, but never waits
+    /// for one.
     fn lead(&self, my_id: u64, mut dest: Option<&mut [u8]>, deadline: Instant) -> Option<Result<Reply, RpcError>> {
         let mut rd = lock(&self.reader);
         // A large reply payload is read straight into the caller's buffer:
@@ -394,6 +412,11 @@ impl RpcConn {
             _ => usize::MAX,
         };
         loop {
+            if Instant::now() >= deadline && !rd.has_input() {
+                drop(rd);
+                self.resign();
+                return None;
+            }
             let hdr = match rd.next_header_within(limit) {
                 Ok(Some(h)) => h,
                 Ok(None) => {

@@ -40,7 +40,7 @@ use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use rustix::net::{SendAncillaryBuffer, SendFlags};
+use rustix::net::{RecvFlags, SendAncillaryBuffer, SendFlags};
 use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, ClientConnection, Connection, ServerConfig, ServerConnection};
 
@@ -182,6 +182,22 @@ impl Stream {
         self.tcp().set_nodelay(on)
     }
 
+    /// Whether a read would return without waiting: bytes already taken
+    /// off the socket and not yet read (ciphertext or plaintext, on TLS),
+    /// or bytes, the end or an error waiting in the socket. Never blocks.
+    pub fn has_input(&self) -> bool {
+        if let Self::Tls(t) = self {
+            if t.has_buffered() {
+                return true;
+            }
+        }
+        let mut probe = [0u8; 1];
+        match rustix::net::recv(self.tcp(), &mut probe[..], RecvFlags::PEEK | RecvFlags::DONTWAIT) {
+            Ok(_) => true,
+            Err(e) => e != rustix::io::Errno::AGAIN && e != rustix::io::Errno::INTR,
+        }
+    }
+
     /// Shuts the socket down. A TLS stream sends no close_notify: frames
     /// are self-delimiting, so a peer tells a cut frame from a clean end
     /// without it, and shutting down must not wait for a blocked writer.
@@ -260,6 +276,21 @@ impl TlsStream {
                 return Ok(total);
             }
         }
+    }
+
+    /// Whether bytes taken off the socket wait to be read: ciphertext not
+    /// yet given to rustls, or plaintext rustls holds. A record rustls
+    /// cannot open counts too: the next read reports it at once.
+    fn has_buffered(&self) -> bool {
+        {
+            let rb = lock(&self.shared.read);
+            if rb.pos < rb.end {
+                return true;
+            }
+        }
+        lock(&self.shared.tls)
+            .process_new_packets()
+            .map_or(true, |st| st.plaintext_bytes_to_read() > 0)
     }
 
     /// Sends whatever rustls has queued (an answer the reader produced).

@@ -9,6 +9,7 @@ use super::certs::{CertsError, write_certs};
 use super::stream::{SEND_BUFFER_FULL, pair_for_test};
 use super::*;
 use crate::msg::{MemRequest, MemResponse};
+use crate::rpc::Ticket;
 use crate::server::{ConnGuard, Listener, serve_requests};
 use crate::{ConnOptions, RpcConn, RpcError};
 
@@ -353,4 +354,38 @@ fn one_read_spans_many_records_and_ends_cleanly() {
         0,
         "the peer's close should read as the end"
     );
+}
+
+/// A reply already in the socket is taken by a wait whose time is spent
+/// (it began late), on plain TCP and on TLS: it is not a timeout. The wait
+/// with no time left is retried until the reply has arrived; a wait that
+/// never reads the socket once its deadline passed would never get it.
+#[test]
+fn a_wait_with_no_time_left_takes_a_reply_that_arrived() {
+    let t = certs("late", TlsMode::Data);
+    for tls in [false, true] {
+        let l = echo_server(tls.then(|| t.server(Plane::Data)));
+        let o = opts(tls.then(|| t.clone()));
+        let conn = RpcConn::connect_on(&l.local_addr().to_string(), o, Plane::Data).unwrap();
+        for (i, len) in [24usize, 8 << 10, 70_000].into_iter().enumerate() {
+            let data = pattern(len, i as u8 + 40);
+            let ticket = conn.send(&MemRequest::Ping, &[&data]).unwrap();
+            let mut back = vec![0u8; len];
+            let started = Instant::now();
+            let reply = loop {
+                match conn.wait_keeping(Ticket::from_raw(ticket.raw()), Some(&mut back), Duration::ZERO) {
+                    Ok(r) => break r,
+                    Err(RpcError::Timeout { .. }) if started.elapsed() < Duration::from_secs(10) => {
+                        thread::sleep(Duration::from_millis(5));
+                    }
+                    Err(e) => panic!("tls {tls}, {len} bytes: {e}"),
+                }
+            };
+            assert_eq!(
+                crate::msg::decode::<MemResponse>(&reply.head).unwrap(),
+                MemResponse::Data
+            );
+            assert!(back == data, "tls {tls}: {len} bytes differ");
+        }
+    }
 }

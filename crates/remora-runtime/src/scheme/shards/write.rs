@@ -4,8 +4,6 @@
 
 use super::*;
 
-use std::time::Duration;
-
 /// One write of a stripe: to position `pos`, the pieces `(offset, bytes)`
 /// (one piece: a plain write; several: one vectored write).
 pub(crate) type PositionWrite<'a> = (usize, Vec<(u64, &'a [u8])>);
@@ -70,7 +68,11 @@ fn write_stripes(
     for (t, b) in inflight {
         let full = b.link.call_timeout();
         let bound = far.detector.writes.bound(full);
-        let left = wait_left(bound, sent_at.elapsed());
+        // The replies are waited for one node after the other, so a timely
+        // node's reply may sit unread when its turn comes after the bound
+        // is spent (a preempted evictor spends it alone): a wait with no
+        // time left still takes a reply that has arrived.
+        let left = bound.saturating_sub(sent_at.elapsed());
         let id = t.raw();
         match b.link.wait_keeping(t, None, left) {
             Ok(MemResponse::Written) => far.detector.writes.record(sent_at.elapsed()),
@@ -88,20 +90,6 @@ fn write_stripes(
         }
     }
     first_err.map_or(Ok(()), |(node, err)| Err(WriteFailure { node, err, late }))
-}
-
-/// The least a wait for one node's batch gets, however long the waits
-/// before it took: the replies are waited for one node after the other,
-/// so a timely node's reply may be sitting unread in its socket when its
-/// turn comes after the bound is spent (on a busy 2-core machine a
-/// preempted evictor spends it alone). A wait of zero would not read it,
-/// and would call the node overdue (`no reply … within 0ns`).
-const READ_ARRIVED: Duration = Duration::from_millis(5);
-
-/// How long to wait for one node's batch, `waited` after the batches were
-/// sent, under the write bound `bound`.
-fn wait_left(bound: Duration, waited: Duration) -> Duration {
-    bound.saturating_sub(waited).max(READ_ARRIVED)
 }
 
 /// Pages of a given-up write, kept until its outcome is known.
@@ -256,18 +244,5 @@ pub(crate) fn place_and_write_many<'a>(
                 }
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_wait_after_the_bound_is_spent_still_reads_what_arrived() {
-        let bound = Duration::from_millis(200);
-        assert_eq!(wait_left(bound, Duration::from_millis(50)), Duration::from_millis(150));
-        assert_eq!(wait_left(bound, bound), READ_ARRIVED);
-        assert_eq!(wait_left(bound, Duration::from_secs(3)), READ_ARRIVED);
     }
 }
