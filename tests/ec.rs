@@ -96,54 +96,20 @@ fn kill_during_workload(name: &str, amp: f64, reads: u64) {
     let stop = AtomicBool::new(false);
     let errors = Mutex::new(Vec::<String>::new());
     let ops = AtomicU64::new(0);
+    let w = Skewed {
+        rt: &rt,
+        objs: &objs,
+        versions: &versions,
+        stop: &stop,
+        errors: &errors,
+        ops: &ops,
+    };
     std::thread::scope(|s| {
         for t in 0..4u64 {
-            let (rt, objs, versions, stop, errors, ops) = (&rt, &objs, &versions, &stop, &errors, &ops);
-            s.spawn(move || {
-                let mut x = t.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1;
-                let mut sweep = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    // Skewed: thread 0 sweeps everything (cold spans come back
-                    // from far memory, some from the dead node); the others
-                    // mostly hit a hot 1/32 of the objects (a quarter of the budget).
-                    let i = if t == 0 {
-                        // Slow enough that most cold spans are still far
-                        // when the manager's notice starts recovery.
-                        std::thread::sleep(Duration::from_micros(500));
-                        sweep += 1;
-                        sweep % n
-                    } else {
-                        (x >> 8) % (n / 32)
-                    };
-                    let scope = rt.scope();
-                    if t != 0 && x % 4 == 0 {
-                        let mut g = objs[i as usize].write().unwrap();
-                        let v = versions[i as usize].load(Ordering::Relaxed) + 1;
-                        match g.deref_mut(&scope) {
-                            Ok(o) => {
-                                *o = obj(i, v);
-                                versions[i as usize].store(v, Ordering::Relaxed);
-                            }
-                            Err(e) => errors.lock().unwrap().push(format!("write {i}: {e}")),
-                        }
-                    } else {
-                        let g = objs[i as usize].read().unwrap();
-                        let v = versions[i as usize].load(Ordering::Relaxed);
-                        match g.deref(&scope) {
-                            Ok(o) if matches(o, i, v) => {}
-                            Ok(o) => errors
-                                .lock()
-                                .unwrap()
-                                .push(format!("read {i}: got id {} v{}", o.id, o.version)),
-                            Err(e) => errors.lock().unwrap().push(format!("read {i}: {e}")),
-                        }
-                    }
-                    ops.fetch_add(1, Ordering::Relaxed);
-                }
-            });
+            let w = &w;
+            // The sweep is slow enough that most cold spans are still far
+            // when the manager's notice starts recovery.
+            s.spawn(move || skewed_worker(t, w, Duration::from_micros(500)));
         }
         std::thread::sleep(Duration::from_millis(500));
         // Compacting schemes: kill only once folds are under way.

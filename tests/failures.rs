@@ -50,51 +50,19 @@ fn kill_two(staggered: bool) {
     let versions: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
     let stop = AtomicBool::new(false);
     let errors = Mutex::new(Vec::<String>::new());
+    let ops = AtomicU64::new(0);
+    let w = Skewed {
+        rt: &rt,
+        objs: &objs,
+        versions: &versions,
+        stop: &stop,
+        errors: &errors,
+        ops: &ops,
+    };
     let outcome = std::thread::scope(|s| {
         for t in 0..4u64 {
-            let (rt, objs, versions, stop, errors) = (&rt, &objs, &versions, &stop, &errors);
-            s.spawn(move || {
-                let mut x = t.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1;
-                let mut sweep = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    // Thread 0 sweeps everything (cold spans come back from
-                    // far memory, some around the dead nodes); the others
-                    // mostly hit a hot 1/32 of the objects, a quarter writes.
-                    let i = if t == 0 {
-                        std::thread::sleep(Duration::from_micros(300));
-                        sweep += 1;
-                        sweep % n
-                    } else {
-                        (x >> 8) % (n / 32)
-                    };
-                    let scope = rt.scope();
-                    if t != 0 && x % 4 == 0 {
-                        let mut g = objs[i as usize].write().unwrap();
-                        let v = versions[i as usize].load(Ordering::Relaxed) + 1;
-                        match g.deref_mut(&scope) {
-                            Ok(o) => {
-                                *o = obj(i, v);
-                                versions[i as usize].store(v, Ordering::Relaxed);
-                            }
-                            Err(e) => errors.lock().unwrap().push(format!("write {i}: {e}")),
-                        }
-                    } else {
-                        let g = objs[i as usize].read().unwrap();
-                        let v = versions[i as usize].load(Ordering::Relaxed);
-                        match g.deref(&scope) {
-                            Ok(o) if matches(o, i, v) => {}
-                            Ok(o) => errors
-                                .lock()
-                                .unwrap()
-                                .push(format!("read {i}: got id {} v{}", o.id, o.version)),
-                            Err(e) => errors.lock().unwrap().push(format!("read {i}: {e}")),
-                        }
-                    }
-                }
-            });
+            let w = &w;
+            s.spawn(move || skewed_worker(t, w, Duration::from_micros(300)));
         }
         // Any failure below stops the workers first, so nothing waits on them forever.
         let run = || -> Result<Stats, String> {

@@ -167,3 +167,60 @@ pub fn run_remora(args: &[&str], envs: &[(&str, &Path)]) -> Output {
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
+
+/// Shared state of [`skewed_worker`]s: the objects, the version each was
+/// last written at, the stop flag, what went wrong and the operations done.
+pub struct Skewed<'a> {
+    pub rt: &'a remora_runtime::Runtime,
+    pub objs: &'a [std::sync::RwLock<remora_runtime::RemBox<Obj>>],
+    pub versions: &'a [std::sync::atomic::AtomicU64],
+    pub stop: &'a std::sync::atomic::AtomicBool,
+    pub errors: &'a std::sync::Mutex<Vec<String>>,
+    pub ops: &'a std::sync::atomic::AtomicU64,
+}
+
+/// Thread `t` of the workload the failure tests run while nodes die, until
+/// `w.stop`. Thread 0 sweeps every object in turn, `sweep_pause` apart, so
+/// cold spans come back from far memory (some from or around dead nodes);
+/// the others mostly hit a hot 1/32 of the objects, and a quarter of their
+/// accesses write. Every read is checked against the version last written.
+pub fn skewed_worker(t: u64, w: &Skewed<'_>, sweep_pause: Duration) {
+    use std::sync::atomic::Ordering;
+    let n = w.objs.len() as u64;
+    let mut x = t.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1;
+    let mut sweep = 0u64;
+    let fail = |m: String| w.errors.lock().unwrap().push(m);
+    while !w.stop.load(Ordering::Relaxed) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let i = if t == 0 {
+            std::thread::sleep(sweep_pause);
+            sweep += 1;
+            sweep % n
+        } else {
+            (x >> 8) % (n / 32)
+        };
+        let scope = w.rt.scope();
+        if t != 0 && x % 4 == 0 {
+            let mut g = w.objs[i as usize].write().unwrap();
+            let v = w.versions[i as usize].load(Ordering::Relaxed) + 1;
+            match g.deref_mut(&scope) {
+                Ok(o) => {
+                    *o = obj(i, v);
+                    w.versions[i as usize].store(v, Ordering::Relaxed);
+                }
+                Err(e) => fail(format!("write {i}: {e}")),
+            }
+        } else {
+            let g = w.objs[i as usize].read().unwrap();
+            let v = w.versions[i as usize].load(Ordering::Relaxed);
+            match g.deref(&scope) {
+                Ok(o) if matches(o, i, v) => {}
+                Ok(o) => fail(format!("read {i}: got id {} v{}", o.id, o.version)),
+                Err(e) => fail(format!("read {i}: {e}")),
+            }
+        }
+        w.ops.fetch_add(1, Ordering::Relaxed);
+    }
+}
