@@ -310,7 +310,9 @@ impl RpcConn {
 
     /// Waits for the reply to `ticket`. If `dest` is given, the reply payload
     /// must be exactly `dest.len()` bytes and lands there (the returned
-    /// [`Reply::payload`] is then empty).
+    /// [`Reply::payload`] is then empty). A reply that has already arrived
+    /// is taken even when `timeout` is zero: the socket is read once more
+    /// after the deadline, without waiting.
     pub fn wait(&self, ticket: Ticket, dest: Option<&mut [u8]>, timeout: Duration) -> Result<Reply, RpcError> {
         self.wait_for(ticket, dest, timeout, false)
     }
