@@ -3,8 +3,8 @@
 
 mod common;
 
+use std::sync::RwLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -93,17 +93,7 @@ fn kill_during_workload(name: &str, amp: f64, reads: u64) {
     } else {
         assert!(before.swap_in_reads > reads * before.swap_ins, "{before:?}");
     }
-    let stop = AtomicBool::new(false);
-    let errors = Mutex::new(Vec::<String>::new());
-    let ops = AtomicU64::new(0);
-    let w = Skewed {
-        rt: &rt,
-        objs: &objs,
-        versions: &versions,
-        stop: &stop,
-        errors: &errors,
-        ops: &ops,
-    };
+    let w = Skewed::new(&rt, &objs, &versions);
     std::thread::scope(|s| {
         for t in 0..4u64 {
             let w = &w;
@@ -116,7 +106,7 @@ fn kill_during_workload(name: &str, amp: f64, reads: u64) {
         let folding = Instant::now();
         while name.starts_with("ec-batch-") && rt.stats().compactions == 0 {
             if folding.elapsed() > Duration::from_secs(20) {
-                stop.store(true, Ordering::Relaxed);
+                w.stop.store(true, Ordering::Relaxed);
                 panic!("{name}: no fold ran during the workload: {:?}", rt.stats());
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -135,15 +125,15 @@ fn kill_during_workload(name: &str, amp: f64, reads: u64) {
             if killed.elapsed() > Duration::from_secs(30) {
                 // Stop the workers first: a panic here would otherwise wait
                 // for them forever.
-                stop.store(true, Ordering::Relaxed);
+                w.stop.store(true, Ordering::Relaxed);
                 panic!("recovery did not finish: {st:?}");
             }
             std::thread::sleep(Duration::from_millis(50));
         }
         std::thread::sleep(Duration::from_millis(300));
-        stop.store(true, Ordering::Relaxed);
+        w.stop.store(true, Ordering::Relaxed);
     });
-    let errors = errors.into_inner().unwrap();
+    let errors = w.errors.into_inner().unwrap();
     assert!(
         errors.is_empty(),
         "{} errors, first: {:?}",
@@ -151,7 +141,7 @@ fn kill_during_workload(name: &str, amp: f64, reads: u64) {
         &errors[..errors.len().min(5)]
     );
     let st = rt.stats();
-    eprintln!("after the failure: {st:?}, {} ops", ops.load(Ordering::Relaxed));
+    eprintln!("after the failure: {st:?}, {} ops", w.ops.load(Ordering::Relaxed));
     // Whether the sweep reached the dead node's spans before recovery rebound
     // them depends on scheduling; `unreachable_node_is_served_by_degraded_reads`
     // checks degraded reads deterministically.

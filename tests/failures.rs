@@ -8,8 +8,8 @@
 mod common;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, RwLock};
+use std::sync::RwLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -48,17 +48,7 @@ fn kill_two(staggered: bool) {
     }
     let c = c;
     let versions: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
-    let stop = AtomicBool::new(false);
-    let errors = Mutex::new(Vec::<String>::new());
-    let ops = AtomicU64::new(0);
-    let w = Skewed {
-        rt: &rt,
-        objs: &objs,
-        versions: &versions,
-        stop: &stop,
-        errors: &errors,
-        ops: &ops,
-    };
+    let w = Skewed::new(&rt, &objs, &versions);
     let outcome = std::thread::scope(|s| {
         for t in 0..4u64 {
             let w = &w;
@@ -93,11 +83,11 @@ fn kill_two(staggered: bool) {
         };
         let outcome = run();
         std::thread::sleep(Duration::from_millis(300));
-        stop.store(true, Ordering::Relaxed);
+        w.stop.store(true, Ordering::Relaxed);
         outcome
     });
     let st = outcome.unwrap_or_else(|e| panic!("{e}"));
-    let errors = errors.into_inner().unwrap();
+    let errors = w.errors.into_inner().unwrap();
     assert!(
         errors.is_empty(),
         "{} errors, first: {:?}",

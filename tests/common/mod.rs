@@ -174,9 +174,26 @@ pub struct Skewed<'a> {
     pub rt: &'a remora_runtime::Runtime,
     pub objs: &'a [std::sync::RwLock<remora_runtime::RemBox<Obj>>],
     pub versions: &'a [std::sync::atomic::AtomicU64],
-    pub stop: &'a std::sync::atomic::AtomicBool,
-    pub errors: &'a std::sync::Mutex<Vec<String>>,
-    pub ops: &'a std::sync::atomic::AtomicU64,
+    pub stop: std::sync::atomic::AtomicBool,
+    pub errors: std::sync::Mutex<Vec<String>>,
+    pub ops: std::sync::atomic::AtomicU64,
+}
+
+impl<'a> Skewed<'a> {
+    pub fn new(
+        rt: &'a remora_runtime::Runtime,
+        objs: &'a [std::sync::RwLock<remora_runtime::RemBox<Obj>>],
+        versions: &'a [std::sync::atomic::AtomicU64],
+    ) -> Self {
+        Self {
+            rt,
+            objs,
+            versions,
+            stop: Default::default(),
+            errors: Default::default(),
+            ops: Default::default(),
+        }
+    }
 }
 
 /// Thread `t` of the workload the failure tests run while nodes die, until
