@@ -238,6 +238,7 @@ fn redis_cache_runs_beside_remora_and_cleans_up() {
         "miss_ratio",
         "kept_bytes",
         "objects_moved",
+        "objects_moved_hot",
     ] {
         assert!(remora[key].as_f64().is_some_and(|x| x >= 0.0), "{key}: {remora}");
     }

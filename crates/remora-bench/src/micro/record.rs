@@ -416,7 +416,7 @@ impl Record {
                 "write_amplification": null, "misses_per_op": null, "degraded_reads": null,
                 "overdue_reads": null, "suspicions": null,
                 "reconstructed_bytes": null,
-                "kept_bytes": null, "local_objects": null, "objects_moved": null, "spans_filtered": null,
+                "kept_bytes": null, "local_objects": null, "objects_moved": null, "objects_moved_hot": null, "spans_filtered": null,
                 "far_bytes_held": null, "far_bytes_given_back": null, "timeline": null, "census": null,
             });
         };
@@ -479,6 +479,7 @@ impl Record {
             "kept_bytes": f.avg_kept,
             "local_objects": f.avg_local_objects,
             "objects_moved": d.objects_moved,
+            "objects_moved_hot": d.objects_moved_hot,
             "spans_filtered": d.spans_filtered,
             "far_bytes_held": f.timeline.last().map(|p| p.far_held),
             "far_bytes_given_back": d.far_bytes_given_back,
@@ -506,6 +507,7 @@ pub(crate) fn delta(a: &Stats, b: &Stats) -> Stats {
         clean_evictions: b.clean_evictions - a.clean_evictions,
         clean_bytes_saved: b.clean_bytes_saved - a.clean_bytes_saved,
         objects_moved: b.objects_moved - a.objects_moved,
+        objects_moved_hot: b.objects_moved_hot - a.objects_moved_hot,
         spans_filtered: b.spans_filtered - a.spans_filtered,
         degraded_reads: b.degraded_reads.saturating_sub(a.degraded_reads),
         overdue_reads: b.overdue_reads.saturating_sub(a.overdue_reads),

@@ -413,6 +413,9 @@ impl Inner {
         unsafe { header(o.addr) }.store(0, StdOrdering::Release);
         self.heap.free(o.addr);
         self.counters.objects_moved.fetch_add(1, StdOrdering::Relaxed);
+        if o.temp == Temp::Hot {
+            self.counters.objects_moved_hot.fetch_add(1, StdOrdering::Relaxed);
+        }
         if d.is_full() {
             // Done with it: back to service, forgotten.
             if let Some(dd) = f.dests.remove(&(class, o.temp)) {

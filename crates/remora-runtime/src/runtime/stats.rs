@@ -92,6 +92,9 @@ pub struct Stats {
     pub kept_bytes: u64,
     /// Objects moved between local spans by filtering threads.
     pub objects_moved: u64,
+    /// Of those, the ones moved into hot spans (the rest went to cold
+    /// ones): a hot span a move filled is dirty, and written when it goes.
+    pub objects_moved_hot: u64,
     /// Local spans filtering emptied and freed.
     pub spans_filtered: u64,
     /// Spansets written (erasure-coded schemes).
@@ -144,6 +147,7 @@ pub(super) struct Counters {
     pub(super) clean_evictions: AtomicU64,
     pub(super) clean_bytes_saved: AtomicU64,
     pub(super) objects_moved: AtomicU64,
+    pub(super) objects_moved_hot: AtomicU64,
     pub(super) spans_filtered: AtomicU64,
     pub(super) given_back: AtomicU64,
 }
@@ -209,6 +213,7 @@ impl Inner {
             clean_bytes_saved: get(&c.clean_bytes_saved),
             kept_bytes: rep.kept_bytes,
             objects_moved: get(&c.objects_moved),
+            objects_moved_hot: get(&c.objects_moved_hot),
             spans_filtered: get(&c.spans_filtered),
         }
     }
