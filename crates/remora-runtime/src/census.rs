@@ -49,7 +49,14 @@ pub struct CensusGroup {
     pub spans: usize,
 }
 
+/// What groups spans: use, object size, capacity, occupancy.
+type GroupKey = (SpanUse, usize, usize, usize);
+
 impl CensusGroup {
+    fn key(&self) -> GroupKey {
+        (self.usage, self.object_size, self.capacity, self.live)
+    }
+
     /// Slots of these spans that hold no object.
     pub fn free_slots(&self) -> usize {
         self.capacity.saturating_sub(self.live) * self.spans
@@ -82,9 +89,21 @@ impl LocalCensus {
         self.groups.iter().map(CensusGroup::free_slots).sum()
     }
 
+    /// Adds `other`'s spans and cold-queue entries to these: a sum of
+    /// censuses taken over time, which divided by their number is the
+    /// average census.
+    pub fn add(&mut self, other: &LocalCensus) {
+        let mut m: BTreeMap<GroupKey, usize> = self.groups.iter().map(|g| (g.key(), g.spans)).collect();
+        for g in &other.groups {
+            *m.entry(g.key()).or_default() += g.spans;
+        }
+        self.groups = groups(m);
+        self.cold_queue += other.cold_queue;
+    }
+
     /// Counts the spans of `ring` (the registry's lock held by the caller).
     pub(crate) fn of(ring: &Ring) -> Self {
-        let mut m: BTreeMap<(SpanUse, usize, usize, usize), usize> = BTreeMap::new();
+        let mut m: BTreeMap<GroupKey, usize> = BTreeMap::new();
         for s in &ring.spans {
             let sp = s.get();
             if !matches!(sp.kind(), Some(SpanKind::Small(_) | SpanKind::Large)) {
@@ -101,17 +120,59 @@ impl LocalCensus {
                 .or_default() += 1;
         }
         Self {
-            groups: m
-                .into_iter()
-                .map(|((usage, object_size, capacity, live), spans)| CensusGroup {
-                    usage,
-                    object_size,
-                    capacity,
-                    live,
-                    spans,
-                })
-                .collect(),
+            groups: groups(m),
             cold_queue: ring.cold.len(),
         }
+    }
+}
+
+/// The groups of counted spans, in key order.
+fn groups(m: BTreeMap<GroupKey, usize>) -> Vec<CensusGroup> {
+    m.into_iter()
+        .map(|((usage, object_size, capacity, live), spans)| CensusGroup {
+            usage,
+            object_size,
+            capacity,
+            live,
+            spans,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn group(listed: bool, live: usize, spans: usize) -> CensusGroup {
+        CensusGroup {
+            usage: SpanUse {
+                cold: false,
+                kept: false,
+                pinned: false,
+                listed,
+            },
+            object_size: 1152,
+            capacity: 7,
+            live,
+            spans,
+        }
+    }
+
+    #[test]
+    fn adding_censuses_sums_each_group_and_the_queue() {
+        let mut sum = LocalCensus {
+            groups: vec![group(false, 7, 10), group(true, 6, 2)],
+            cold_queue: 3,
+        };
+        sum.add(&LocalCensus {
+            groups: vec![group(true, 5, 1), group(true, 6, 4)],
+            cold_queue: 1,
+        });
+        assert_eq!(
+            sum.groups,
+            vec![group(false, 7, 10), group(true, 5, 1), group(true, 6, 6)]
+        );
+        assert_eq!(sum.cold_queue, 4);
+        assert_eq!((sum.spans(), sum.live(), sum.free_slots()), (17, 111, 8));
     }
 }

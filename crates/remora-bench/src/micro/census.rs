@@ -4,9 +4,7 @@
 //! when the objects kept locally fall short of what it would hold: holes
 //! left by moved objects, cold spans waiting for eviction, spans pinned.
 
-use std::collections::BTreeMap;
-
-use remora_runtime::{LocalCensus, SpanUse};
+use remora_runtime::LocalCensus;
 
 /// Groups below this share of the spans are left out of the table (the
 /// JSON has them all).
@@ -16,78 +14,50 @@ const SHOWN_SHARE: f64 = 0.005;
 #[derive(Debug, Default)]
 pub(crate) struct CensusSum {
     samples: u64,
-    spans: BTreeMap<(SpanUse, usize, usize, usize), u64>,
-    cold_queue: u64,
+    total: LocalCensus,
 }
 
 impl CensusSum {
     pub(crate) fn add(&mut self, c: &LocalCensus) {
         self.samples += 1;
-        self.cold_queue += c.cold_queue as u64;
-        for g in &c.groups {
-            *self
-                .spans
-                .entry((g.usage, g.object_size, g.capacity, g.live))
-                .or_default() += g.spans as u64;
-        }
+        self.total.add(c);
     }
 
     /// The average census, `None` without a sample.
     pub(crate) fn average(&self) -> Option<CensusAvg> {
-        if self.samples == 0 {
-            return None;
-        }
-        let k = self.samples as f64;
-        Some(CensusAvg {
+        (self.samples > 0).then(|| CensusAvg {
             samples: self.samples,
-            cold_queue: self.cold_queue as f64 / k,
-            groups: self
-                .spans
-                .iter()
-                .map(|(&(usage, object_size, capacity, live), &n)| Group {
-                    usage,
-                    object_size,
-                    capacity,
-                    live,
-                    spans: n as f64 / k,
-                })
-                .collect(),
+            total: self.total.clone(),
         })
     }
 }
 
-/// Spans of one use, object size and occupancy, on average.
-#[derive(Debug, Clone)]
-pub(crate) struct Group {
-    usage: SpanUse,
-    object_size: usize,
-    capacity: usize,
-    live: usize,
-    spans: f64,
-}
-
-/// A run's average census.
+/// A run's average census: the sum of its samples, divided on the way out.
 #[derive(Debug, Clone)]
 pub(crate) struct CensusAvg {
     samples: u64,
-    cold_queue: f64,
-    groups: Vec<Group>,
+    total: LocalCensus,
 }
 
 impl CensusAvg {
+    fn per_sample(&self, n: usize) -> f64 {
+        n as f64 / self.samples as f64
+    }
+
     fn spans(&self) -> f64 {
-        self.groups.iter().map(|g| g.spans).sum()
+        self.per_sample(self.total.spans())
     }
 
     fn live(&self) -> f64 {
-        self.groups.iter().map(|g| g.live as f64 * g.spans).sum()
+        self.per_sample(self.total.live())
     }
 
     fn free_slots(&self) -> f64 {
-        self.groups
-            .iter()
-            .map(|g| g.capacity.saturating_sub(g.live) as f64 * g.spans)
-            .sum()
+        self.per_sample(self.total.free_slots())
+    }
+
+    fn cold_queue(&self) -> f64 {
+        self.per_sample(self.total.cold_queue)
     }
 
     pub(crate) fn json(&self) -> serde_json::Value {
@@ -96,8 +66,8 @@ impl CensusAvg {
             "spans": self.spans(),
             "live_objects": self.live(),
             "free_slots": self.free_slots(),
-            "cold_queue": self.cold_queue,
-            "groups": self.groups.iter().map(|g| serde_json::json!({
+            "cold_queue": self.cold_queue(),
+            "groups": self.total.groups.iter().map(|g| serde_json::json!({
                 "cold": g.usage.cold,
                 "kept": g.usage.kept,
                 "pinned": g.usage.pinned,
@@ -105,7 +75,7 @@ impl CensusAvg {
                 "object_size": g.object_size,
                 "capacity": g.capacity,
                 "live": g.live,
-                "spans": g.spans,
+                "spans": self.per_sample(g.spans),
             })).collect::<Vec<_>>(),
         })
     }
@@ -129,7 +99,11 @@ pub(crate) fn print(runs: &[(&str, &CensusAvg)], w: usize) {
     let yes = |b: bool| if b { "yes" } else { "-" };
     for (scheme, c) in runs {
         let total = c.spans().max(1e-9);
-        for g in c.groups.iter().filter(|g| g.spans / total >= SHOWN_SHARE) {
+        for g in &c.total.groups {
+            let spans = c.per_sample(g.spans);
+            if spans / total < SHOWN_SHARE {
+                continue;
+            }
             println!(
                 "{:<w$} {:>5} {:>5} {:>7} {:>7} {:>7} {:>10} {:>10.1} {:>7.1}% {:>11.0}",
                 scheme,
@@ -139,9 +113,9 @@ pub(crate) fn print(runs: &[(&str, &CensusAvg)], w: usize) {
                 yes(g.usage.listed),
                 g.object_size,
                 format!("{}/{}", g.live, g.capacity),
-                g.spans,
-                100.0 * g.spans / total,
-                g.capacity.saturating_sub(g.live) as f64 * g.spans
+                spans,
+                100.0 * spans / total,
+                c.per_sample(g.free_slots())
             );
         }
         println!(
@@ -152,7 +126,7 @@ pub(crate) fn print(runs: &[(&str, &CensusAvg)], w: usize) {
             c.live(),
             c.free_slots(),
             100.0 * c.free_slots() / (c.live() + c.free_slots()).max(1e-9),
-            c.cold_queue
+            c.cold_queue()
         );
     }
     println!(
@@ -165,7 +139,7 @@ pub(crate) fn print(runs: &[(&str, &CensusAvg)], w: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use remora_runtime::CensusGroup;
+    use remora_runtime::{CensusGroup, SpanUse};
 
     #[test]
     fn averages_over_samples_and_counts_holes() {
@@ -194,7 +168,7 @@ mod tests {
         assert!((avg.spans() - 15.0).abs() < 1e-9);
         assert!((avg.live() - 90.0).abs() < 1e-9);
         assert!((avg.free_slots() - 15.0).abs() < 1e-9);
-        assert!((avg.cold_queue - 2.0).abs() < 1e-9);
+        assert!((avg.cold_queue() - 2.0).abs() < 1e-9);
         let j = avg.json();
         assert_eq!(j["groups"][0]["listed"], true);
         assert_eq!(j["groups"][0]["live"], 6);
