@@ -288,9 +288,19 @@ impl TlsStream {
                 return true;
             }
         }
-        lock(&self.shared.tls)
-            .process_new_packets()
-            .map_or(true, |st| st.plaintext_bytes_to_read() > 0)
+        let (plain, answer) = {
+            let mut tls = lock(&self.shared.tls);
+            match tls.process_new_packets() {
+                Ok(st) => (st.plaintext_bytes_to_read() > 0, tls.wants_write()),
+                Err(_) => return true,
+            }
+        };
+        // Records rustls processed here may want an answer (a key update),
+        // as in `read_plain`.
+        if answer {
+            let _ = self.flush_queued();
+        }
+        plain
     }
 
     /// Sends whatever rustls has queued (an answer the reader produced).
