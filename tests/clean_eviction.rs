@@ -2,6 +2,9 @@
 //! only goes back to far memory without a write, a span with a written
 //! object is written again (never its stale kept copy), and kept copies are
 //! given back when their objects go away. Every object is checked.
+//!
+//! Kept copies come from whole-span swap-ins, so these runtimes turn object
+//! swap-in off (`tests/object_swap_in.rs` covers it).
 
 mod common;
 
@@ -46,6 +49,7 @@ fn runtime(c: &remora_cluster::LocalCluster, scheme: &str, budget: usize) -> Run
     cfg.conn = c.conn_options();
     cfg.name = format!("clean-{scheme}");
     cfg.scheme = remora_runtime::scheme::by_name(scheme).expect("known scheme");
+    cfg.object_swap_in = false;
     Runtime::connect(cfg).expect("runtime connects")
 }
 
@@ -155,7 +159,9 @@ fn ec_split_reevicts_clean_spans_without_a_write() {
 #[test]
 fn filtering_leaves_the_cold_objects_of_a_clean_span_in_place() {
     let c = cluster(2, 256 << 20, 16 << 20);
-    let rt = fast_filtering_runtime(&c, "clean-filter", 32 * MIB);
+    let mut cfg = fast_filtering_config(&c, "clean-filter", 32 * MIB);
+    cfg.object_swap_in = false;
+    let rt = Runtime::connect(cfg).expect("runtime connects");
     let (spans, per) = (64usize, 14usize);
     let n = spans * per;
     let objs: Vec<RemBox<Obj>> = (0..n).map(|i| rt.alloc(obj(i as u64, 0)).unwrap()).collect();

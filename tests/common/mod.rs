@@ -89,12 +89,17 @@ pub fn assert_bytes_eq(got: &[u8], want: &[u8], what: &str) {
 /// thread running a round every millisecond (tests that watch filtering
 /// decisions want them made promptly).
 pub fn fast_filtering_runtime(c: &LocalCluster, name: &str, budget: usize) -> remora_runtime::Runtime {
+    remora_runtime::Runtime::connect(fast_filtering_config(c, name, budget)).expect("runtime connects")
+}
+
+/// The configuration [`fast_filtering_runtime`] connects with.
+pub fn fast_filtering_config(c: &LocalCluster, name: &str, budget: usize) -> remora_runtime::RuntimeConfig {
     let mut cfg = remora_runtime::RuntimeConfig::new(c.manager_addr(), budget);
     cfg.conn = c.conn_options();
     cfg.name = name.into();
     cfg.filtering_threads = 1;
     cfg.filter_interval = Duration::from_millis(1);
-    remora_runtime::Runtime::connect(cfg).expect("runtime connects")
+    cfg
 }
 
 /// A 2 KiB remotable object (with the runtime's header, one 2304-byte slot):

@@ -18,6 +18,8 @@ pub(crate) struct FarSpanState {
     pub(crate) live_count: u32,
     /// Swapped in (or freed): the entry is stale.
     pub(crate) gone: bool,
+    /// When an object swap-in last took an object out of this span.
+    pub(crate) object_swapped_in: Option<std::time::Instant>,
 }
 
 /// A span in far memory.
@@ -59,6 +61,7 @@ impl FarSpan {
                 live,
                 live_count,
                 gone: false,
+                object_swapped_in: None,
             }),
         }
     }

@@ -62,6 +62,12 @@ impl ObjectHeap {
         self.pages.in_use_bytes()
     }
 
+    /// Allocates a slot of class `c` and runs `init` on its address while no
+    /// eviction thread can look at the span (see [`ObjectHeap::alloc_with`]).
+    pub(crate) fn alloc_in_class(&self, c: ClassIndex, init: impl FnOnce(usize)) -> Result<(), RuntimeError> {
+        self.class_list(c).alloc_with(init).map(|_| ()).map_err(local)
+    }
+
     /// Allocates `size` bytes and runs `init` on the address while no
     /// eviction thread can look at the span.
     pub(crate) fn alloc_with(&self, size: usize, init: impl FnOnce(usize)) -> Result<(), RuntimeError> {

@@ -353,6 +353,16 @@ pub(crate) unsafe fn slot_of(addr: usize) -> Option<&'static Slot> {
     // SAFETY: per the contract `addr` is an 8-aligned, mapped object start;
     // headers are only ever accessed atomically.
     let h = unsafe { &*(addr as *const std::sync::atomic::AtomicU64) }.load(std::sync::atomic::Ordering::Acquire);
+    // SAFETY: forwarded: `h` was read from an object's header.
+    unsafe { slot_named(h) }
+}
+
+/// The slot a header value names (`None` for a clear header).
+///
+/// # Safety
+/// `h` was read from the header of an object of this process's runtime (in
+/// place, or from a copy of its span's bytes).
+pub(crate) unsafe fn slot_named(h: u64) -> Option<&'static Slot> {
     // SAFETY: a non-null header names a slot in a chunk that lives as long as
     // the runtime (a stale one still names a valid slot).
     unsafe { (h as *const Slot).as_ref() }

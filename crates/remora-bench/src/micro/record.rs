@@ -407,7 +407,7 @@ impl Record {
     fn remora_json(&self, args: &MicroArgs) -> Value {
         let Some(f) = self.remora() else {
             return json!({
-                "swap_ins": null, "swap_in_reads": null, "swap_outs": null, "evictions_aborted": null,
+                "swap_ins": null, "object_swap_ins": null, "swap_in_reads": null, "swap_outs": null, "evictions_aborted": null,
                 "reads_per_swap_in": null, "swap_ins_per_op": null, "bytes_read_remote": null,
                 "bytes_written_remote": null, "bytes_evicted_data": null, "live_bytes": null,
                 "miss_ratio": null, "deref_misses": null,
@@ -467,6 +467,7 @@ impl Record {
             "miss_ratio": self.measured_miss_ratio(),
             "deref_misses": d.deref_misses,
             "swap_in_bytes": d.swap_in_bytes,
+            "object_swap_ins": d.object_swap_ins,
             "swap_in_used_bytes": d.swap_in_used_bytes,
             "swap_in_amplification": f.swap_in_amplification(),
             "evict_mib_s": f.evict_mib_s(elapsed),
@@ -500,6 +501,7 @@ pub(crate) fn delta(a: &Stats, b: &Stats) -> Stats {
         bytes_read_remote: b.bytes_read_remote - a.bytes_read_remote,
         bytes_written_remote: b.bytes_written_remote - a.bytes_written_remote,
         deref_misses: b.deref_misses - a.deref_misses,
+        object_swap_ins: b.object_swap_ins - a.object_swap_ins,
         swap_in_bytes: b.swap_in_bytes - a.swap_in_bytes,
         swap_in_used_bytes: b.swap_in_used_bytes - a.swap_in_used_bytes,
         room_wait_ns: b.room_wait_ns - a.room_wait_ns,

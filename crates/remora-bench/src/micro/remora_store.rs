@@ -186,6 +186,9 @@ fn connect(args: &MicroArgs, plan: &Plan, cluster: &LocalCluster, scheme: &str) 
     if let Some(b) = args.eviction_batch {
         cfg.eviction_batch = b as usize;
     }
+    if args.span_swap_in {
+        cfg.object_swap_in = false;
+    }
     if let Some(d) = args.filter_interval {
         cfg.filter_interval = d;
     }

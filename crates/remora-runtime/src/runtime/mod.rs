@@ -79,6 +79,16 @@ pub struct RuntimeConfig {
     /// objects, T=2, ran ~10 % faster than at 20 ms, and 80 ms was worse
     /// again).
     pub filter_interval: Duration,
+    /// A swap-in from a span of small objects (at least
+    /// [`crate::size_classes::MIN_SHARED_OBJECTS`] per span) brings back
+    /// only the object asked for, while filtering runs: the remote read is
+    /// still one read of the whole span, checked against its checksum, and
+    /// the object is copied into a local span of its class as an allocation
+    /// would place it. The far span keeps its other objects; a second miss
+    /// on it within 10 ms (a scan) brings them all back. `false` swaps
+    /// the whole span in (the paper's swap-in; filtering then moves the
+    /// object out and the rest goes back, clean, without a write).
+    pub object_swap_in: bool,
 }
 
 impl RuntimeConfig {
@@ -102,6 +112,7 @@ impl RuntimeConfig {
             patience: Duration::from_secs(30),
             filtering_threads: 1,
             filter_interval: Duration::from_millis(5),
+            object_swap_in: true,
         }
     }
 }
@@ -142,6 +153,9 @@ pub(crate) struct Inner {
     swapped_in: filtering::SwappedIn,
     /// Filtering threads run (else nobody drains `swapped_in`).
     filtering: bool,
+    /// Swap-ins from spans of small objects bring back one object (only
+    /// while filtering runs; see [`RuntimeConfig::object_swap_in`]).
+    object_swap_in: bool,
     /// Filtering rounds pass it (see `Runtime::pause_background`).
     filtering_gate: PauseGate,
 }
@@ -227,6 +241,7 @@ impl Runtime {
             kept: kept::KeptTable::default(),
             swapped_in: filtering::SwappedIn::default(),
             filtering: cfg.filtering_threads > 0,
+            object_swap_in: cfg.object_swap_in && cfg.filtering_threads > 0,
             filtering_gate: PauseGate::new(),
         });
         if let Err(e) = inner.scheme.start(&inner.far) {

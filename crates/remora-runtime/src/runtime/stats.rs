@@ -75,7 +75,10 @@ pub struct Stats {
     pub rebuild_retries: u64,
     /// Dereferences that waited for a swap-in, their own or another thread's (misses).
     pub deref_misses: u64,
-    /// Bytes of spans swapped in.
+    /// Of the swap-ins, those that brought back only the object asked for
+    /// ([`crate::RuntimeConfig::object_swap_in`]).
+    pub object_swap_ins: u64,
+    /// Bytes of spans swapped in (read whole, also for an object swap-in).
     pub swap_in_bytes: u64,
     /// Bytes of swapped-in objects dereferenced while their span was local;
     /// swap-in amplification is `swap_in_bytes / swap_in_used_bytes`.
@@ -140,6 +143,7 @@ pub(super) struct Counters {
     pub(super) aborted: AtomicU64,
     pub(super) evicted_bytes: AtomicU64,
     pub(super) deref_misses: AtomicU64,
+    pub(super) object_swap_ins: AtomicU64,
     pub(super) swap_in_bytes: AtomicU64,
     pub(super) swap_in_used_bytes: AtomicU64,
     pub(super) room_wait_ns: AtomicU64,
@@ -205,6 +209,7 @@ impl Inner {
             objects: self.slots.in_use() as u64,
             far_objects: self.far_map.objects(),
             deref_misses: get(&c.deref_misses),
+            object_swap_ins: get(&c.object_swap_ins),
             swap_in_bytes: get(&c.swap_in_bytes),
             swap_in_used_bytes: get(&c.swap_in_used_bytes),
             room_wait_ns: get(&c.room_wait_ns),

@@ -1,0 +1,214 @@
+//! Object swap-in against a real cluster (`RuntimeConfig::object_swap_in`,
+//! on by default): a miss on an object in a span of small objects reads the
+//! whole span once, brings back that object alone and leaves the span's
+//! other objects far; they come back one by one, written or not, and the far
+//! span goes when its last object has left. Every object is checked.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use remora_runtime::{RemBox, Runtime, RuntimeConfig, Stats};
+
+const MIB: usize = 1 << 20;
+
+fn runtime(c: &remora_cluster::LocalCluster, scheme: &str, budget: usize) -> Runtime {
+    let mut cfg = RuntimeConfig::new(c.manager_addr(), budget);
+    cfg.conn = c.conn_options();
+    cfg.name = format!("object-swap-in-{scheme}");
+    cfg.scheme = remora_runtime::scheme::by_name(scheme).expect("known scheme");
+    Runtime::connect(cfg).expect("runtime connects")
+}
+
+#[track_caller]
+fn check_all(rt: &Runtime, objs: &[RemBox<Obj>], versions: &[u64]) {
+    for (i, o) in objs.iter().enumerate() {
+        let scope = rt.scope();
+        let got = o.deref(&scope).expect("deref");
+        assert!(
+            matches(got, i as u64, versions[i]),
+            "object {i} v{}: wrong bytes",
+            versions[i]
+        );
+    }
+}
+
+/// Waits until every far byte is given back (or 10 s) and returns the stats.
+fn settled(rt: &Runtime) -> Stats {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let st = rt.stats();
+        if (st.remote_bytes_used == 0 && st.kept_bytes == 0) || Instant::now() > deadline {
+            return st;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn one_object_per_swap_in(scheme: &str, kill: bool) {
+    let c = cluster(7, 256 << 20, 16 << 20);
+    let rt = runtime(&c, scheme, 32 * MIB);
+    let n = 4096usize; // 2 KiB objects: 8 MiB
+    let mut objs: Vec<RemBox<Obj>> = (0..n).map(|i| rt.alloc(obj(i as u64, 0)).unwrap()).collect();
+    let mut versions = vec![0u64; n];
+    rt.set_local_budget(MIB / 4);
+    rt.wait_for_eviction(Duration::from_secs(30)).unwrap();
+    let s0 = rt.stats();
+    assert!(s0.far_objects as usize >= n * 3 / 4, "objects did not go far: {s0:?}");
+    if kill {
+        // Every later swap-in from this node's spans is a degraded read.
+        c.kill_memnode(0).expect("kill");
+    }
+
+    // Room for everything: nothing is evicted while we count. One object
+    // from each of 64 places far apart, so no two share a span.
+    rt.set_local_budget(32 * MIB);
+    let picked: Vec<usize> = (0..64).map(|j| j * (n / 64) + j % 3).collect();
+    for &i in &picked {
+        let scope = rt.scope();
+        assert!(
+            matches(objs[i].deref(&scope).expect("deref"), i as u64, 0),
+            "object {i}"
+        );
+    }
+    let s1 = rt.stats();
+    let swap_ins = s1.swap_ins - s0.swap_ins;
+    let object_swap_ins = s1.object_swap_ins - s0.object_swap_ins;
+    let left_far = s0.far_objects - s1.far_objects;
+    eprintln!("{scheme}: {swap_ins} swap-ins, {object_swap_ins} of one object, {left_far} objects left far memory");
+    assert!(swap_ins >= 32, "{scheme}: the picked objects were not far: {s1:?}");
+    assert_eq!(object_swap_ins, swap_ins, "{scheme}: a whole span came back: {s1:?}");
+    assert_eq!(
+        left_far, swap_ins,
+        "{scheme}: a swap-in took more than its object out of far memory"
+    );
+    if kill {
+        assert!(
+            s1.degraded_reads > s0.degraded_reads,
+            "{scheme}: no degraded read: {s1:?}"
+        );
+    } else {
+        assert_eq!(
+            s1.swap_in_reads - s0.swap_in_reads,
+            swap_ins,
+            "{scheme}: one read per swap-in"
+        );
+    }
+
+    // Write the picked ones, then bring everything back and out again
+    // under pressure: the spans they left are still far, with holes.
+    for &i in &picked {
+        let scope = rt.scope();
+        versions[i] += 1;
+        *objs[i].deref_mut(&scope).unwrap() = obj(i as u64, versions[i]);
+    }
+    rt.set_local_budget(2 * MIB);
+    for _ in 0..2 {
+        check_all(&rt, &objs, &versions);
+    }
+    rt.set_local_budget(32 * MIB);
+    check_all(&rt, &objs, &versions);
+
+    // Freeing every object, local or far, gives every far span back.
+    drop(objs);
+    rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
+    let st = settled(&rt);
+    assert_eq!(st.objects, 0);
+    assert_eq!(st.far_objects, 0, "{scheme}: far objects outlived their owners: {st:?}");
+    assert_eq!(st.remote_bytes_used, 0, "{scheme}: far memory not given back: {st:?}");
+}
+
+#[test]
+fn non_ft_brings_back_one_object_per_swap_in() {
+    one_object_per_swap_in("non-ft", false);
+}
+
+#[test]
+fn ec_batch_brings_back_one_object_per_swap_in() {
+    one_object_per_swap_in("ec-batch", false);
+}
+
+#[test]
+fn ec_batch_brings_back_one_object_by_a_degraded_read() {
+    one_object_per_swap_in("ec-batch", true);
+}
+
+/// A scan reads the objects of each far span one after another: the first
+/// miss on a span brings back its object alone, the next (moments later)
+/// the rest of the span, so a scan costs about two reads per span, not one
+/// per object.
+#[test]
+fn a_scan_brings_the_rest_of_a_span_back_whole() {
+    let c = cluster(3, 256 << 20, 16 << 20);
+    let rt = runtime(&c, "non-ft", 32 * MIB);
+    let n = 4096usize;
+    let objs: Vec<RemBox<Obj>> = (0..n).map(|i| rt.alloc(obj(i as u64, 0)).unwrap()).collect();
+    rt.set_local_budget(MIB / 4);
+    rt.wait_for_eviction(Duration::from_secs(30)).unwrap();
+    rt.set_local_budget(32 * MIB);
+    let s0 = rt.stats();
+    let far = s0.far_objects;
+    check_all(&rt, &objs, &vec![0; n]);
+    let s1 = rt.stats();
+    let (swap_ins, objects) = (s1.swap_ins - s0.swap_ins, s1.object_swap_ins - s0.object_swap_ins);
+    eprintln!("scan of {far} far objects: {swap_ins} swap-ins, {objects} of one object");
+    assert!(objects > 0, "no object swap-in: {s1:?}");
+    assert!(objects < swap_ins, "no span came back whole: {s1:?}");
+    assert!(
+        swap_ins * 3 <= far,
+        "a scan read spans once per object: {swap_ins} swap-ins for {far} objects"
+    );
+}
+
+/// Four threads read and write objects of the same few spans while a small
+/// budget keeps evicting them: threads often miss on objects of one far
+/// span at once (each takes its own object out), and on the same object
+/// (one brings it back, the others find it local). Every read is checked
+/// against the version last written.
+#[test]
+fn threads_missing_on_one_span_each_get_their_object() {
+    use std::sync::RwLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let c = cluster(3, 256 << 20, 16 << 20);
+    let rt = runtime(&c, "non-ft", MIB);
+    let n = 2048u64;
+    let objs: Vec<RwLock<RemBox<Obj>>> = (0..n).map(|i| RwLock::new(rt.alloc(obj(i, 0)).unwrap())).collect();
+    let versions: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
+    let s0 = rt.stats();
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let (rt, objs, versions) = (&rt, &objs, &versions);
+            s.spawn(move || {
+                let mut x = t.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                for _ in 0..20_000 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    // Eight neighbours (one span's worth) of one of 64 places.
+                    let i = ((x % 64) * 32 + (x >> 40) % 8) % n;
+                    let scope = rt.scope();
+                    if x % 4 == 0 {
+                        let mut g = objs[i as usize].write().unwrap();
+                        let v = versions[i as usize].load(Ordering::Relaxed) + 1;
+                        *g.deref_mut(&scope).expect("deref_mut") = obj(i, v);
+                        versions[i as usize].store(v, Ordering::Relaxed);
+                    } else {
+                        let g = objs[i as usize].read().unwrap();
+                        let v = versions[i as usize].load(Ordering::Relaxed);
+                        let o = g.deref(&scope).expect("deref");
+                        assert!(matches(o, i, v), "object {i} v{v}: got id {} v{}", o.id, o.version);
+                    }
+                }
+            });
+        }
+    });
+    let s1 = rt.stats();
+    assert!(
+        s1.object_swap_ins > s0.object_swap_ins + 100,
+        "too few object swap-ins to have raced: {s1:?}"
+    );
+    let objs: Vec<RemBox<Obj>> = objs.into_iter().map(|o| o.into_inner().unwrap()).collect();
+    let versions: Vec<u64> = versions.iter().map(|v| v.load(Ordering::Relaxed)).collect();
+    check_all(&rt, &objs, &versions);
+}
