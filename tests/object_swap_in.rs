@@ -161,6 +161,42 @@ fn a_scan_brings_the_rest_of_a_span_back_whole() {
     );
 }
 
+/// Passes over every far span, one object of each per pass (misses on a
+/// span far enough apart not to count as a scan): each object swap-in
+/// leaves a hole in far memory, until a span would be less than half full;
+/// then it comes back whole and its far copy goes. So far spans stay at
+/// least half full of live objects.
+#[test]
+fn far_spans_stay_at_least_half_full() {
+    let c = cluster(3, 256 << 20, 16 << 20);
+    let rt = runtime(&c, "non-ft", 32 * MIB);
+    let n = 8192usize;
+    let objs: Vec<RemBox<Obj>> = (0..n).map(|i| rt.alloc(obj(i as u64, 0)).unwrap()).collect();
+    rt.set_local_budget(MIB / 4);
+    rt.wait_for_eviction(Duration::from_secs(30)).unwrap();
+    rt.set_local_budget(64 * MIB);
+    let slot = 2304u64; // common::Obj's slot
+    for pass in 0..5 {
+        for i in (pass..n).step_by(8) {
+            let scope = rt.scope();
+            assert!(
+                matches(objs[i].deref(&scope).expect("deref"), i as u64, 0),
+                "object {i}"
+            );
+        }
+        let st = rt.stats();
+        // Kept far copies of spans swapped in whole are not holes.
+        let far = st.remote_bytes_used - st.kept_bytes;
+        let live = st.far_objects * slot;
+        eprintln!("pass {pass}: {far} far bytes for {live} of live far objects: {st:?}");
+        assert!(
+            far <= live * 21 / 10 + 4 * (16 << 10), // and a few spans' rounding
+            "pass {pass}: far spans less than half full ({far} bytes for {live}): {st:?}"
+        );
+    }
+    check_all(&rt, &objs, &vec![0; n]);
+}
+
 /// Four threads read and write objects of the same few spans while a small
 /// budget keeps evicting them: threads often miss on objects of one far
 /// span at once (each takes its own object out), and on the same object
