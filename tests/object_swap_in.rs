@@ -21,6 +21,29 @@ fn runtime(c: &remora_cluster::LocalCluster, scheme: &str, budget: usize) -> Run
     Runtime::connect(cfg).expect("runtime connects")
 }
 
+/// A non-ft runtime with `n` objects, most of them evicted, and then room
+/// for all of them (nothing is evicted while a test counts swap-ins).
+fn evicted(c: &remora_cluster::LocalCluster, n: usize) -> (Runtime, Vec<RemBox<Obj>>) {
+    let rt = runtime(c, "non-ft", 32 * MIB);
+    let objs: Vec<RemBox<Obj>> = (0..n).map(|i| rt.alloc(obj(i as u64, 0)).unwrap()).collect();
+    rt.set_local_budget(MIB / 4);
+    rt.wait_for_eviction(Duration::from_secs(30)).unwrap();
+    rt.set_local_budget(64 * MIB);
+    (rt, objs)
+}
+
+/// Reads objects `idx`, never written, checking each.
+#[track_caller]
+fn read_unwritten(rt: &Runtime, objs: &[RemBox<Obj>], idx: impl Iterator<Item = usize>) {
+    for i in idx {
+        let scope = rt.scope();
+        assert!(
+            matches(objs[i].deref(&scope).expect("deref"), i as u64, 0),
+            "object {i}"
+        );
+    }
+}
+
 #[track_caller]
 fn check_all(rt: &Runtime, objs: &[RemBox<Obj>], versions: &[u64]) {
     for (i, o) in objs.iter().enumerate() {
@@ -65,13 +88,7 @@ fn one_object_per_swap_in(scheme: &str, kill: bool) {
     // from each of 64 places far apart, so no two share a span.
     rt.set_local_budget(32 * MIB);
     let picked: Vec<usize> = (0..64).map(|j| j * (n / 64) + j % 3).collect();
-    for &i in &picked {
-        let scope = rt.scope();
-        assert!(
-            matches(objs[i].deref(&scope).expect("deref"), i as u64, 0),
-            "object {i}"
-        );
-    }
+    read_unwritten(&rt, &objs, picked.iter().copied());
     let s1 = rt.stats();
     let swap_ins = s1.swap_ins - s0.swap_ins;
     let object_swap_ins = s1.object_swap_ins - s0.object_swap_ins;
@@ -141,12 +158,8 @@ fn ec_batch_brings_back_one_object_by_a_degraded_read() {
 #[test]
 fn a_scan_brings_the_rest_of_a_span_back_whole() {
     let c = cluster(3, 256 << 20, 16 << 20);
-    let rt = runtime(&c, "non-ft", 32 * MIB);
     let n = 4096usize;
-    let objs: Vec<RemBox<Obj>> = (0..n).map(|i| rt.alloc(obj(i as u64, 0)).unwrap()).collect();
-    rt.set_local_budget(MIB / 4);
-    rt.wait_for_eviction(Duration::from_secs(30)).unwrap();
-    rt.set_local_budget(32 * MIB);
+    let (rt, objs) = evicted(&c, n);
     let s0 = rt.stats();
     let far = s0.far_objects;
     check_all(&rt, &objs, &vec![0; n]);
@@ -169,21 +182,11 @@ fn a_scan_brings_the_rest_of_a_span_back_whole() {
 #[test]
 fn far_spans_stay_at_least_half_full() {
     let c = cluster(3, 256 << 20, 16 << 20);
-    let rt = runtime(&c, "non-ft", 32 * MIB);
     let n = 8192usize;
-    let objs: Vec<RemBox<Obj>> = (0..n).map(|i| rt.alloc(obj(i as u64, 0)).unwrap()).collect();
-    rt.set_local_budget(MIB / 4);
-    rt.wait_for_eviction(Duration::from_secs(30)).unwrap();
-    rt.set_local_budget(64 * MIB);
+    let (rt, objs) = evicted(&c, n);
     let slot = 2304u64; // common::Obj's slot
     for pass in 0..5 {
-        for i in (pass..n).step_by(8) {
-            let scope = rt.scope();
-            assert!(
-                matches(objs[i].deref(&scope).expect("deref"), i as u64, 0),
-                "object {i}"
-            );
-        }
+        read_unwritten(&rt, &objs, (pass..n).step_by(8));
         let st = rt.stats();
         // Kept far copies of spans swapped in whole are not holes.
         let far = st.remote_bytes_used - st.kept_bytes;

@@ -1,6 +1,7 @@
 //! Freeing objects, local or far.
 
 use super::*;
+use crate::far_page_map::{FarSpan, FarSpanState};
 
 impl Inner {
     /// Frees the object owned by `slot` (dropping its value first if `T`
@@ -96,24 +97,29 @@ impl Inner {
             if st.gone || s.word.load(Ordering::Acquire) != w {
                 continue;
             }
-            let i = loc.object as usize;
-            st.live[i / 64] &= !(1 << (i % 64));
-            st.live_count -= 1;
-            inner.far_map.object_freed();
-            if st.live_count == 0 {
-                st.gone = true;
-                inner.far_map.remove(fs.region, fs.page, 0);
-                let at = SpanAddr {
-                    region: fs.region,
-                    page: fs.page,
-                };
-                inner.scheme.release(&inner.far, at, fs.pages);
-            }
+            inner.far_object_left(&fs, &mut st, loc.object as usize);
             break;
         }
         inner.slots.free(slot);
         drop(value);
         // SAFETY: balances the count taken when the object was allocated.
         unsafe { Arc::decrement_strong_count(inner as *const Inner) };
+    }
+
+    /// Object `i` left the far span `fs` (freed, or swapped in alone), whose
+    /// lock `st` the caller holds: the span goes with its last object.
+    pub(super) fn far_object_left(&self, fs: &FarSpan, st: &mut FarSpanState, i: usize) {
+        st.live[i / 64] &= !(1 << (i % 64));
+        st.live_count -= 1;
+        self.far_map.object_freed();
+        if st.live_count == 0 {
+            st.gone = true;
+            self.far_map.remove(fs.region, fs.page, 0);
+            let at = SpanAddr {
+                region: fs.region,
+                page: fs.page,
+            };
+            self.scheme.release(&self.far, at, fs.pages);
+        }
     }
 }

@@ -78,20 +78,9 @@ impl Inner {
                 // evicted, header included; a live far object's header is
                 // never clear (a free takes the far span's lock we hold).
                 let s = unsafe { pointer::slot_of(addr) }.expect("a live far object's header names its slot");
-                let expect = fs.loc(i as u16);
-                loop {
-                    let w = s.word.load(Ordering::Acquire);
-                    debug_assert!(w & PRESENT == 0 && far_loc(w) == expect, "far word mismatch");
-                    // Hotness starts at zero: only the objects touched from now on
-                    // count as hot (the one we came for is touched by its access).
-                    let new = local_word(addr, (w & SHARED) | FRESH, 0);
-                    if s.word
-                        .compare_exchange(w, new, Ordering::AcqRel, Ordering::Relaxed)
-                        .is_ok()
-                    {
-                        break;
-                    }
-                }
+                // Hotness starts at zero: only the objects touched from now on
+                // count as hot (the one we came for is touched by its access).
+                point_local(s, fs.loc(i as u16), addr, FRESH);
             }
         });
         self.policy.span_swapped_in(span.get());
@@ -201,27 +190,10 @@ impl Inner {
                 std::ptr::copy_nonoverlapping(from[HEADER..].as_ptr(), (to + HEADER) as *mut u8, size - HEADER);
                 header(to).store(h, StdOrdering::Release);
             }
-            loop {
-                let w = s.word.load(Ordering::Acquire);
-                debug_assert!(w & PRESENT == 0 && far_loc(w) == expect, "far word mismatch");
-                // Dirty: no far copy of the span it joins holds it.
-                let new = local_word(to, (w & SHARED) | DIRTY, 0);
-                if s.word
-                    .compare_exchange(w, new, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_ok()
-                {
-                    break;
-                }
-            }
+            // Dirty: no far copy of the span it joins holds it.
+            point_local(s, expect, to, DIRTY);
         })?;
-        st.live[i / 64] &= !(1 << (i % 64));
-        st.live_count -= 1;
-        self.far_map.object_freed();
-        if st.live_count == 0 {
-            st.gone = true;
-            self.far_map.remove(fs.region, fs.page, 0);
-            self.scheme.release(&self.far, at, fs.pages);
-        }
+        self.far_object_left(fs, &mut st, i);
         drop(st);
         self.counters.swap_ins.fetch_add(1, StdOrdering::Relaxed);
         self.counters.object_swap_ins.fetch_add(1, StdOrdering::Relaxed);
@@ -236,5 +208,23 @@ impl Inner {
             self.kick();
         }
         Ok(())
+    }
+}
+
+/// Points the word of a far object (named `expect`) at its local copy at
+/// `addr`, keeping `S` and adding `flags`, hotness zero. Only swap-ins (which
+/// hold the far span's lock) change a far object's word, but the CAS keeps
+/// any flag bit set meanwhile from being lost silently.
+fn point_local(s: &Slot, expect: pointer::FarLoc, addr: usize, flags: u64) {
+    loop {
+        let w = s.word.load(Ordering::Acquire);
+        debug_assert!(w & PRESENT == 0 && far_loc(w) == expect, "far word mismatch");
+        let new = local_word(addr, (w & SHARED) | flags, 0);
+        if s.word
+            .compare_exchange(w, new, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            return;
+        }
     }
 }
