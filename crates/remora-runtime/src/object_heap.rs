@@ -72,7 +72,7 @@ impl ObjectHeap {
     /// eviction thread can look at the span.
     pub(crate) fn alloc_with(&self, size: usize, init: impl FnOnce(usize)) -> Result<(), RuntimeError> {
         match SizeClass::for_object(size) {
-            Some(c) => self.class_list(c).alloc_with(init).map(|_| ()).map_err(local),
+            Some(c) => self.alloc_in_class(c, init),
             None => {
                 let pages = size.div_ceil(PAGE_SIZE);
                 if pages > crate::pointer::MAX_FAR_PAGE as usize {

@@ -50,11 +50,12 @@ impl Inner {
         if let Some(class) = self.object_swap_in_class(&fs) {
             // A second miss on the span soon after the first is a scan (or
             // a span of objects used together): the rest comes back whole.
-            let now = Instant::now();
-            let dense = (st.live_count as usize - 1) * DENSE_DEN >= fs.capacity as usize * DENSE_NUM;
-            if dense && st.object_swapped_in.is_none_or(|t| now.duration_since(t) > SCAN_WINDOW) {
-                st.object_swapped_in = Some(now);
-                return self.swap_in_object(&fs, st, loc.object, class, at, scope);
+            if (st.live_count as usize - 1) * DENSE_DEN >= fs.capacity as usize * DENSE_NUM {
+                let now = Instant::now();
+                if st.object_swapped_in.is_none_or(|t| now.duration_since(t) > SCAN_WINDOW) {
+                    st.object_swapped_in = Some(now);
+                    return self.swap_in_object(&fs, st, loc.object, class, at, scope);
+                }
             }
         }
         let span = self.heap.new_span(fs.class, fs.pages as usize)?;
@@ -94,15 +95,21 @@ impl Inner {
         } else {
             self.scheme.release(&self.far, at, fs.pages);
         }
+        drop(st);
+        self.swapped_in_done(span.get().bytes());
+        Ok(())
+    }
+
+    /// Counts a swap-in that read `bytes` of far span, and wakes eviction if
+    /// it took local memory past the high watermark.
+    fn swapped_in_done(&self, bytes: usize) {
         self.counters.swap_ins.fetch_add(1, StdOrdering::Relaxed);
         self.counters
             .swap_in_bytes
-            .fetch_add(span.get().bytes() as u64, StdOrdering::Relaxed);
-        drop(st);
+            .fetch_add(bytes as u64, StdOrdering::Relaxed);
         if self.heap.bytes_in_use() as u64 >= self.high_bytes() {
             self.kick();
         }
-        Ok(())
     }
 
     /// The remote read of a far span into `dest`, checked against its
@@ -190,23 +197,15 @@ impl Inner {
                 std::ptr::copy_nonoverlapping(from[HEADER..].as_ptr(), (to + HEADER) as *mut u8, size - HEADER);
                 header(to).store(h, StdOrdering::Release);
             }
-            // Dirty: no far copy of the span it joins holds it.
-            point_local(s, expect, to, DIRTY);
+            // Dirty: no far copy of the span it joins holds it. Fresh, as
+            // after a whole-span swap-in: its first dereference counts it
+            // as used (a drop of a far object brings it back unused).
+            point_local(s, expect, to, DIRTY | FRESH);
         })?;
         self.far_object_left(fs, &mut st, i);
         drop(st);
-        self.counters.swap_ins.fetch_add(1, StdOrdering::Relaxed);
         self.counters.object_swap_ins.fetch_add(1, StdOrdering::Relaxed);
-        self.counters
-            .swap_in_bytes
-            .fetch_add(fs.bytes() as u64, StdOrdering::Relaxed);
-        // Used at once: the caller came for it.
-        self.counters
-            .swap_in_used_bytes
-            .fetch_add(size as u64, StdOrdering::Relaxed);
-        if self.heap.bytes_in_use() as u64 >= self.high_bytes() {
-            self.kick();
-        }
+        self.swapped_in_done(fs.bytes());
         Ok(())
     }
 }
