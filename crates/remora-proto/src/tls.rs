@@ -25,6 +25,8 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 
 pub mod certs;
+mod handshake;
+mod record;
 mod stream;
 #[cfg(test)]
 mod tests;
@@ -239,6 +241,8 @@ impl TlsConfig {
         // Connections are long-lived and never resumed: tickets would only
         // be bytes a client has to read after the handshake.
         server.send_tls13_tickets = 0;
+        // The record layer after the handshake is ours (tls/record.rs).
+        server.enable_secret_extraction = true;
         let mut client = ClientConfig::builder_with_provider(provider())
             .with_protocol_versions(tls13)
             .map_err(|e| bad(&ca_path, e.to_string()))?
@@ -246,6 +250,7 @@ impl TlsConfig {
             .with_client_auth_cert(chain, key)
             .map_err(|e| bad(&key_path, format!("does not fit {}: {e}", cert_path.display())))?;
         client.resumption = rustls::client::Resumption::disabled();
+        client.enable_secret_extraction = true;
         Ok(Self {
             mode,
             dir: dir.to_path_buf(),

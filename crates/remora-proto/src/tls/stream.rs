@@ -1,48 +1,39 @@
 //! [`Stream`]: one connection's bytes, plain TCP or TLS, shareable between
 //! a reading thread and writing threads like a `TcpStream` and its clones.
 //!
-//! A rustls connection is one state machine for both directions, but a
-//! remora connection is read by one thread (a client's leader, a server's
-//! connection thread) while others write (callers, reply threads). So the
-//! clones of a TLS stream keep their own socket handles and share the
-//! rustls state behind a mutex that no one holds across a socket call that
-//! can block:
+//! A TLS stream's two directions are independent once the handshake is
+//! done (the record layer, [`super::record`], keeps a key per direction), so
+//! the clones of a TLS stream keep their own socket handles and share two
+//! halves, each behind its own lock, as a `TcpStream`'s clones share the
+//! socket:
 //!
-//! - a writer takes the write lock, then the rustls state to seal its
-//!   bytes, and sends the sealed records straight from rustls's buffer with
-//!   a send that never blocks (`MSG_DONTWAIT`); whatever the socket does
-//!   not take at once is copied out, the rustls state released, and the
-//!   rest written blocking, still under the write lock, so records reach
-//!   the socket in the order they were sealed. A whole frame is sealed in
-//!   one go ([`SEAL_LIMIT`]), so a reply is one send, not one per 64 KiB;
-//! - the reader reads ciphertext from its socket into a buffer of its own
-//!   (a read timeout, such as a client leader's poll, comes back as it does
-//!   on plain TCP, and no bytes are lost), then takes the rustls state to
-//!   decrypt it, and copies the plaintext out, as much as the ciphertext
-//!   read allows in one hold of the state. Any TLS message the reader must
-//!   answer (a key update) is flushed under the write lock, like a writer's
-//!   records.
-//!
-//! Why rustls's buffered API and not its unbuffered one (checked against
-//! rustls 0.23.46): the unbuffered `ReadTraffic` still copies each decrypted
-//! record into a `Vec` before handing it out, and `WriteTraffic::encrypt`
-//! seals into a `Vec` and copies that into the caller's buffer, so it would
-//! save only the feed copy on the read side. It would also have a writer
-//! reach `WriteTraffic` through `process_tls_records`, which wants the
-//! reader's unprocessed ciphertext (a handshake message split over records
-//! lives there) while the reader may be waiting on the socket with it.
+//! - a writer takes the sending half for a whole write, seals its frame
+//!   into records there and sends them, blocking if the socket is full, so
+//!   records reach the socket in the order they were sealed;
+//! - the reader takes the receiving half, reads ciphertext into its buffer
+//!   (a read timeout comes back as it does on plain TCP, and no bytes are
+//!   lost), opens the records in place and copies the plaintext out, as
+//!   much as the ciphertext read allows. A peer's request for new keys is
+//!   left for the next write, which sends ours first, so the reader never
+//!   waits for a writer.
 //!
 //! Plain TCP is the other arm of the same enum: a read or write is one
 //! `match` away from the socket call.
 
 use std::io::{self, ErrorKind, IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use rustix::net::{RecvFlags, SendAncillaryBuffer, SendFlags};
+use rustix::net::RecvFlags;
+use rustls::client::UnbufferedClientConnection;
 use rustls::pki_types::ServerName;
-use rustls::{ClientConfig, ClientConnection, Connection, ServerConfig, ServerConnection};
+use rustls::server::UnbufferedServerConnection;
+use rustls::{ClientConfig, ServerConfig};
+
+use super::handshake::{self, Established, Unbuffered};
+use super::record::{Kernel, Keys, Rx, Tx};
 
 /// The first byte of a TLS handshake record (a ClientHello).
 pub(crate) const TLS_HANDSHAKE: u8 = 0x16;
@@ -58,19 +49,9 @@ const REFUSAL_ALERT: [u8; 7] = [TLS_ALERT, 0x03, 0x03, 0x00, 0x02, 0x02, 70];
 /// several 64 KiB replies are often waiting, and one read takes them all.
 const CIPHERTEXT_BUF: usize = 256 * 1024;
 
-/// Plaintext a writer seals per round (rustls's send buffer limit). rustls's
-/// default, 64 KiB, split a 64 KiB read reply (frame header + payload) into
-/// two rounds and two sends; this takes a frame of up to 256 KiB whole.
-const SEAL_LIMIT: usize = 256 * 1024;
-
-/// Times a writer found the socket's send buffer full and fell back to a
-/// blocking write (tests check that they exercise that path).
-#[cfg(test)]
-pub(crate) static SEND_BUFFER_FULL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every holder leaves the state consistent between calls into rustls;
-    // a panic inside rustls would leave a state that reports its own error.
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every holder leaves its half consistent between records; a write
+    // that fails part-way marks its half broken.
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -104,20 +85,15 @@ impl std::fmt::Debug for TlsStream {
 }
 
 struct Shared {
-    /// The rustls state; held only while encrypting or decrypting.
-    tls: Mutex<Connection>,
-    /// Held across a whole write, socket call included; its buffer holds
-    /// the ciphertext on its way out.
-    write: Mutex<Vec<u8>>,
-    /// The reader's ciphertext not yet given to rustls.
-    read: Mutex<ReadBuf>,
-}
-
-struct ReadBuf {
-    buf: Box<[u8]>,
-    pos: usize,
-    end: usize,
-    eof: bool,
+    /// Held across a whole write, socket call included.
+    tx: Mutex<Tx>,
+    /// Held by the reader, socket call included.
+    rx: Mutex<Rx>,
+    /// rustls's key schedule, for key updates (held briefly, inside either
+    /// half's lock).
+    kernel: Mutex<Kernel>,
+    /// The peer asked for new keys: the next write sends ours first.
+    answer_update: AtomicBool,
 }
 
 impl Stream {
@@ -207,195 +183,63 @@ impl Stream {
 }
 
 impl TlsStream {
-    fn new(sock: TcpStream, mut conn: Connection) -> Self {
-        conn.set_buffer_limit(Some(SEAL_LIMIT));
-        Self {
+    fn new(sock: TcpStream, est: Established) -> io::Result<Self> {
+        let Established {
+            secrets,
+            kernel,
+            ciphertext,
+            early,
+        } = est;
+        let tx = Tx::new(Keys::new(secrets.tx.0, &secrets.tx.1)?, kernel.update_at());
+        let rx = Rx::new(
+            Keys::new(secrets.rx.0, &secrets.rx.1)?,
+            CIPHERTEXT_BUF,
+            &ciphertext,
+            early,
+        );
+        Ok(Self {
             sock,
             shared: Arc::new(Shared {
-                tls: Mutex::new(conn),
-                write: Mutex::new(Vec::with_capacity(CIPHERTEXT_BUF)),
-                read: Mutex::new(ReadBuf {
-                    buf: vec![0u8; CIPHERTEXT_BUF].into_boxed_slice(),
-                    pos: 0,
-                    end: 0,
-                    eof: false,
-                }),
+                tx: Mutex::new(tx),
+                rx: Mutex::new(rx),
+                kernel: Mutex::new(kernel),
+                answer_update: AtomicBool::new(false),
             }),
-        }
+        })
     }
 
-    /// Encrypts all of `bufs` and writes it, record by record in order.
+    /// Seals all of `bufs` and writes it, record by record in order.
     fn write_all_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
         let total: usize = bufs.iter().map(|b| b.len()).sum();
-        let mut out = lock(&self.shared.write);
-        let mut owned: Vec<IoSlice<'_>> = bufs.iter().filter(|b| !b.is_empty()).copied().collect();
-        let mut slices = &mut owned[..];
-        loop {
-            out.clear();
-            let n = {
-                let mut tls = lock(&self.shared.tls);
-                // rustls seals at most its buffer limit per call; what it
-                // took is sent before the next part is sealed.
-                let n = if slices.is_empty() {
-                    0
-                } else {
-                    tls.writer().write_vectored(slices)?
-                };
-                // Straight from rustls's buffer, without the copy into
-                // `out`: a send that cannot block may run under the state
-                // lock (the reader waits for it no longer than the kernel
-                // takes to copy the records).
-                while tls.wants_write() {
-                    match tls.write_tls(&mut SendNow(&self.sock)) {
-                        Ok(_) => {}
-                        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {
-                            #[cfg(test)]
-                            SEND_BUFFER_FULL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            break;
-                        }
-                        Err(e) => return Err(e),
-                    }
-                }
-                while tls.wants_write() {
-                    tls.write_tls(&mut *out)?;
-                }
-                n
-            };
-            if !out.is_empty() {
-                (&self.sock).write_all(&out)?;
-            }
-            if n == 0 {
-                return if slices.is_empty() {
-                    Ok(total)
-                } else {
-                    Err(ErrorKind::WriteZero.into())
-                };
-            }
-            IoSlice::advance_slices(&mut slices, n);
-            if slices.is_empty() {
-                return Ok(total);
-            }
-        }
+        let mut tx = lock(&self.shared.tx);
+        let update = self.shared.answer_update.swap(false, Ordering::AcqRel);
+        tx.write(&self.sock, &self.shared.kernel, update, bufs)?;
+        Ok(total)
     }
 
-    /// Whether bytes taken off the socket wait to be read: ciphertext not
-    /// yet given to rustls, or plaintext rustls holds. A record rustls
-    /// cannot open counts too: the next read reports it at once.
+    /// Whether bytes taken off the socket wait to be read: plaintext, or a
+    /// record that cannot be opened (the next read reports it at once).
     fn has_buffered(&self) -> bool {
-        {
-            let rb = lock(&self.shared.read);
-            if rb.pos < rb.end {
-                return true;
-            }
-        }
-        let (plain, answer) = {
-            let mut tls = lock(&self.shared.tls);
-            match tls.process_new_packets() {
-                Ok(st) => (st.plaintext_bytes_to_read() > 0, tls.wants_write()),
-                Err(_) => return true,
-            }
-        };
-        // Records rustls processed here may want an answer (a key update),
-        // as in `read_plain`.
-        if answer {
-            let _ = self.flush_queued();
-        }
-        plain
+        let mut answer = false;
+        let ready = lock(&self.shared.rx).ready(&self.shared.kernel, &mut answer);
+        self.note_answer(answer);
+        ready
     }
 
-    /// Sends whatever rustls has queued (an answer the reader produced).
-    fn flush_queued(&self) -> io::Result<()> {
-        self.write_all_vectored(&[]).map(|_| ())
+    fn note_answer(&self, answer: bool) {
+        if answer {
+            self.shared.answer_update.store(true, Ordering::Release);
+        }
     }
 
     fn read_plain(&self, dst: &mut [u8]) -> io::Result<usize> {
         if dst.is_empty() {
             return Ok(0);
         }
-        let mut rb = lock(&self.shared.read);
-        loop {
-            let (filled, answer) = {
-                let mut tls = lock(&self.shared.tls);
-                // One hold of the state fills as much of `dst` as the
-                // ciphertext already read allows (rustls keeps at most
-                // ~16 KiB of plaintext, so a 64 KiB payload used to take
-                // four calls and eight lock round trips).
-                let mut filled = 0;
-                let mut answer = false;
-                loop {
-                    match tls.reader().read(&mut dst[filled..]) {
-                        Ok(0) => return Ok(filled),
-                        Ok(n) => filled += n,
-                        Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-                        // The peer closed without close_notify: frames are
-                        // self-delimiting, so the frame layer tells a clean
-                        // end (between frames) from a cut one.
-                        Err(e) if e.kind() == ErrorKind::UnexpectedEof => return Ok(filled),
-                        Err(e) => return Err(e),
-                    }
-                    if filled == dst.len() || rb.pos == rb.end {
-                        break;
-                    }
-                    let ReadBuf { buf, pos, end, .. } = &mut *rb;
-                    let took = tls.read_tls(&mut &buf[*pos..*end])?;
-                    *pos += took;
-                    if let Err(e) = tls.process_new_packets() {
-                        // rustls queued an alert for the peer; best effort.
-                        drop(tls);
-                        let _ = self.flush_queued();
-                        return Err(io::Error::new(ErrorKind::InvalidData, e));
-                    }
-                    answer |= tls.wants_write();
-                }
-                (filled, answer)
-            };
-            if answer {
-                self.flush_queued()?;
-            }
-            if filled > 0 {
-                return Ok(filled);
-            }
-            let ReadBuf { buf, pos, end, eof } = &mut *rb;
-            if *eof {
-                return Ok(0);
-            }
-            match (&self.sock).read(buf) {
-                Ok(0) => *eof = true,
-                Ok(n) => {
-                    *pos = 0;
-                    *end = n;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    }
-}
-
-/// The socket as a writer whose sends never block (`MSG_DONTWAIT`, per call,
-/// so the socket's other handles stay blocking): a full send buffer comes
-/// back as `WouldBlock` with nothing lost. `MSG_NOSIGNAL` as std's own sends.
-struct SendNow<'a>(&'a TcpStream);
-
-impl SendNow<'_> {
-    const FLAGS: SendFlags = SendFlags::DONTWAIT.union(SendFlags::NOSIGNAL);
-}
-
-impl Write for SendNow<'_> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        Ok(rustix::net::send(self.0, buf, Self::FLAGS)?)
-    }
-
-    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        Ok(rustix::net::sendmsg(
-            self.0,
-            bufs,
-            &mut SendAncillaryBuffer::default(),
-            Self::FLAGS,
-        )?)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
+        let mut answer = false;
+        let res = lock(&self.shared.rx).read(&self.sock, &self.shared.kernel, &mut answer, dst);
+        self.note_answer(answer);
+        res
     }
 }
 
@@ -448,18 +292,6 @@ impl Write for Stream {
     }
 }
 
-/// Runs a handshake to its end on a blocking socket whose timeouts bound it.
-fn handshake(sock: &mut TcpStream, conn: &mut Connection) -> io::Result<()> {
-    while conn.is_handshaking() {
-        conn.complete_io(sock)?;
-    }
-    // TLS 1.3: the client's last flight may still be queued.
-    while conn.wants_write() {
-        conn.write_tls(sock)?;
-    }
-    Ok(())
-}
-
 /// The host part of `addr` (`host:port`, `[v6]:port`) as a TLS server name.
 fn server_name(addr: &str) -> io::Result<ServerName<'static>> {
     let host = match addr.rsplit_once(':') {
@@ -477,31 +309,26 @@ fn server_name(addr: &str) -> io::Result<ServerName<'static>> {
 
 /// The client's TLS handshake on a connected socket, within `timeout`.
 pub(crate) fn client_handshake(
-    mut sock: TcpStream,
+    sock: TcpStream,
     config: &Arc<ClientConfig>,
     addr: &str,
     timeout: Duration,
 ) -> io::Result<Stream> {
-    let conn = ClientConnection::new(Arc::clone(config), server_name(addr)?).map_err(io::Error::other)?;
-    let mut conn = Connection::Client(conn);
-    sock.set_read_timeout(Some(timeout))?;
-    sock.set_write_timeout(Some(timeout))?;
-    handshake(&mut sock, &mut conn)?;
-    Ok(Stream::Tls(TlsStream::new(sock, conn)))
+    let conn = UnbufferedClientConnection::new(Arc::clone(config), server_name(addr)?).map_err(io::Error::other)?;
+    established(sock, conn, timeout)
 }
 
 /// The server's TLS handshake on an accepted socket, within `timeout`.
-pub(crate) fn server_handshake(
-    mut sock: TcpStream,
-    config: &Arc<ServerConfig>,
-    timeout: Duration,
-) -> io::Result<Stream> {
-    let conn = ServerConnection::new(Arc::clone(config)).map_err(io::Error::other)?;
-    let mut conn = Connection::Server(conn);
+pub(crate) fn server_handshake(sock: TcpStream, config: &Arc<ServerConfig>, timeout: Duration) -> io::Result<Stream> {
+    let conn = UnbufferedServerConnection::new(Arc::clone(config)).map_err(io::Error::other)?;
+    established(sock, conn, timeout)
+}
+
+fn established(mut sock: TcpStream, conn: impl Unbuffered, timeout: Duration) -> io::Result<Stream> {
     sock.set_read_timeout(Some(timeout))?;
     sock.set_write_timeout(Some(timeout))?;
-    handshake(&mut sock, &mut conn)?;
-    Ok(Stream::Tls(TlsStream::new(sock, conn)))
+    let est = handshake::run(&mut sock, conn)?;
+    Ok(Stream::Tls(TlsStream::new(sock, est)?))
 }
 
 /// Answers a plain client of a server that requires TLS: a TLS alert,
@@ -541,9 +368,23 @@ impl Stream {
     /// Sends a TLS 1.3 key update that asks the peer to update its keys too.
     pub(crate) fn refresh_keys_for_test(&self) -> io::Result<()> {
         if let Self::Tls(t) = self {
-            lock(&t.shared.tls).refresh_traffic_keys().map_err(io::Error::other)?;
-            t.flush_queued()?;
+            lock(&t.shared.tx).refresh(&t.sock, &t.shared.kernel)?;
         }
         Ok(())
+    }
+
+    /// Makes this side change its sending keys every `records` records.
+    pub(crate) fn update_keys_every_for_test(&self, records: u64) {
+        if let Self::Tls(t) = self {
+            lock(&t.shared.tx).set_update_at(records);
+        }
+    }
+
+    /// Key updates this side has sent.
+    pub(crate) fn key_updates_for_test(&self) -> u64 {
+        match self {
+            Self::Tls(t) => lock(&t.shared.tx).updates(),
+            Self::Plain(_) => 0,
+        }
     }
 }

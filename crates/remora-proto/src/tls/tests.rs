@@ -6,7 +6,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use super::certs::{CertsError, write_certs};
-use super::stream::{SEND_BUFFER_FULL, pair_for_test};
+use super::record::SEND_BUFFER_FULL;
+use super::stream::pair_for_test;
 use super::*;
 use crate::msg::{MemRequest, MemResponse};
 use crate::rpc::Ticket;
@@ -22,13 +23,13 @@ fn temp_dir(tag: &str) -> tempfile::TempDir {
 }
 
 /// Fresh certificates (read into memory; their directory is gone after).
-fn certs(tag: &str, mode: TlsMode) -> TlsConfig {
+pub(super) fn certs(tag: &str, mode: TlsMode) -> TlsConfig {
     let d = temp_dir(tag);
     write_certs(d.path(), &[], false).unwrap();
     TlsConfig::load(mode, d.path()).unwrap()
 }
 
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
+pub(super) fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
         .collect()
