@@ -86,6 +86,11 @@ const SEAL_LIMIT: usize = 256 * 1024;
 #[cfg(test)]
 pub(crate) static SEND_BUFFER_FULL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// Connections whose first plaintext rustls opened during the handshake
+/// (tests check that they exercise that path).
+#[cfg(test)]
+pub(crate) static EARLY_PLAINTEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 fn invalid(what: impl Into<String>) -> io::Error {
     io::Error::new(ErrorKind::InvalidData, what.into())
 }
@@ -367,6 +372,10 @@ pub(super) struct Rx {
 
 impl Rx {
     pub(super) fn new(keys: Keys, capacity: usize, ciphertext: &[u8], early: Vec<u8>) -> Self {
+        #[cfg(test)]
+        if !early.is_empty() {
+            EARLY_PLAINTEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         let mut buf = vec![0u8; capacity.max(ciphertext.len()).max(MAX_RECORD)].into_boxed_slice();
         buf[..ciphertext.len()].copy_from_slice(ciphertext);
         Self {

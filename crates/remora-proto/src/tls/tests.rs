@@ -272,8 +272,8 @@ fn small_messages_both_ways() {
 
 /// Writers on several clones of one stream, each sending frames larger than
 /// a sealing round, into a small send buffer that the peer only starts to
-/// drain later: records sent straight from rustls's buffer and the rest
-/// written blocking must arrive whole, and each writer's frames in order.
+/// drain later: what the first send took and the rest, written blocking,
+/// must arrive whole, and each writer's frames in order.
 #[test]
 fn full_send_buffer_loses_and_reorders_nothing() {
     use std::sync::atomic::Ordering;

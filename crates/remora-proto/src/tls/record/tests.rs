@@ -185,6 +185,83 @@ fn a_flipped_bit_on_the_wire_is_an_error_not_wrong_bytes() {
     drop(writer.join().unwrap());
 }
 
+/// A proxy that holds what the client sends for a moment and passes it on
+/// in one write, so the client's last handshake flight and the first
+/// records behind it reach the server together.
+fn bunching_proxy(server: std::net::SocketAddr) -> std::net::SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    thread::spawn(move || {
+        let (mut from_client, _) = l.accept().unwrap();
+        let mut to_server = TcpStream::connect(server).unwrap();
+        let (mut a, mut b) = (from_client.try_clone().unwrap(), to_server.try_clone().unwrap());
+        thread::spawn(move || {
+            let _ = std::io::copy(&mut b, &mut a);
+        });
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let mut n = match from_client.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            thread::sleep(Duration::from_millis(50));
+            from_client.set_nonblocking(true).unwrap();
+            while let Ok(m) = from_client.read(&mut buf[n..]) {
+                if m == 0 {
+                    break;
+                }
+                n += m;
+            }
+            from_client.set_nonblocking(false).unwrap();
+            if to_server.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+        let _ = to_server.shutdown(Shutdown::Write);
+    });
+    addr
+}
+
+/// Records that reach the server together with the client's Finished are
+/// opened by rustls before it reports the handshake done: their plaintext
+/// is the stream's first bytes, not lost, and the records after them are
+/// opened by our layer at the right sequence number.
+#[test]
+fn data_right_behind_the_handshake_is_kept() {
+    let t = certs("early", TlsMode::Data);
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let proxy = bunching_proxy(l.local_addr().unwrap());
+    let server = Arc::clone(&t.server);
+    let accept = thread::spawn(move || {
+        let (s, _) = l.accept().unwrap();
+        server_handshake(s, &server, Duration::from_secs(5)).unwrap()
+    });
+    let c = client_handshake(
+        TcpStream::connect(proxy).unwrap(),
+        t.client_config(),
+        &proxy.to_string(),
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    // One small record, opened with the handshake's last read, then more
+    // than that read takes: the rest is ciphertext left for our layer.
+    let first = [pattern(1_000, 21), pattern(40_000, 23)].concat();
+    (&c).write_all(&first[..1_000]).unwrap();
+    (&c).write_all(&first[1_000..]).unwrap();
+    let s = accept.join().unwrap();
+    let later = pattern(70_000, 22);
+    (&c).write_all(&later).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut got = vec![0u8; first.len() + later.len()];
+    (&s).read_exact(&mut got).unwrap();
+    assert!(got[..first.len()] == first[..], "the bytes behind the handshake differ");
+    assert!(got[first.len()..] == later[..], "the bytes after them differ");
+    assert!(
+        super::EARLY_PLAINTEXT.load(Ordering::Relaxed) > 0,
+        "the test should have the server's handshake open application data"
+    );
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
 
