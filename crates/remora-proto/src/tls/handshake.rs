@@ -68,10 +68,18 @@ pub(super) fn run<C: Unbuffered>(sock: &mut TcpStream, mut conn: C) -> io::Resul
     let mut outgoing = vec![0u8; HANDSHAKE_BUF];
     let mut queued = 0;
     let mut early = Vec::new();
+    let mut failed = None;
     loop {
-        let (discard, step) = {
+        let (discard, step) = 'status: {
             let UnbufferedStatus { discard, state } = conn.process(&mut incoming[..used]);
-            let step = match state.map_err(tls_error)? {
+            let state = match state {
+                Ok(s) => s,
+                Err(e) => {
+                    failed = Some(e);
+                    break 'status (discard, Step::Again);
+                }
+            };
+            let step = match state {
                 ConnectionState::EncodeTlsData(mut st) => loop {
                     match st.encode(&mut outgoing[queued..]) {
                         Ok(n) => {
@@ -113,6 +121,10 @@ pub(super) fn run<C: Unbuffered>(sock: &mut TcpStream, mut conn: C) -> io::Resul
         };
         incoming.copy_within(discard..used, 0);
         used -= discard;
+        if let Some(e) = failed {
+            send_alert(sock, &mut conn, &mut incoming[..used]);
+            return Err(tls_error(e));
+        }
         match step {
             Step::Again => {}
             Step::Done => break,
@@ -143,6 +155,30 @@ pub(super) fn run<C: Unbuffered>(sock: &mut TcpStream, mut conn: C) -> io::Resul
         ciphertext: incoming,
         early,
     })
+}
+
+/// Sends the alert rustls queued when the handshake failed, so the peer
+/// learns why (a client whose side of the handshake is already done reads
+/// it as the answer to its first request). Best effort.
+fn send_alert<C: Unbuffered>(sock: &mut TcpStream, conn: &mut C, incoming: &mut [u8]) {
+    let mut out = vec![0u8; 1024];
+    // Bytes rustls asks to discard are skipped, as the handshake loop
+    // removes them.
+    let mut start = 0;
+    for _ in 0..4 {
+        let UnbufferedStatus { discard, state } = conn.process(&mut incoming[start..]);
+        match state {
+            Ok(ConnectionState::EncodeTlsData(mut st)) => match st.encode(&mut out) {
+                Ok(n) => {
+                    let _ = sock.write_all(&out[..n]);
+                }
+                Err(_) => return,
+            },
+            Ok(ConnectionState::TransmitTlsData(st)) => st.done(),
+            _ => return,
+        }
+        start += discard;
+    }
 }
 
 enum Step {

@@ -446,8 +446,13 @@ impl Rx {
                     self.closed = true;
                     Ok(Some(Opened::Closed))
                 } else {
-                    let desc = a.get(1).copied().unwrap_or(0);
-                    let e = io::Error::new(ErrorKind::ConnectionAborted, format!("the peer sent TLS alert {desc}"));
+                    // E.g. a server that refused this client's certificate
+                    // after the client's side of the handshake was done.
+                    let desc = rustls::AlertDescription::from(a.get(1).copied().unwrap_or(0));
+                    let e = io::Error::new(
+                        ErrorKind::ConnectionAborted,
+                        format!("the peer sent TLS alert {desc:?}"),
+                    );
                     Err(self.fail(e))
                 }
             }

@@ -237,6 +237,22 @@ fn plain_and_tls_mismatches_fail_quickly_with_a_reason() {
         Err(RpcError::Tls { .. }) => {}
         other => panic!("client of another CA: {:?}", other.map(|_| ())),
     }
+    // A client that trusts the server's CA but whose own certificate
+    // another CA signed: its side of the handshake ends before the server
+    // has checked it, so the refusal comes as an alert in our record layer.
+    let (ours, theirs, mixed) = (temp_dir("ours"), temp_dir("theirs"), temp_dir("mixed"));
+    write_certs(ours.path(), &[], false).unwrap();
+    write_certs(theirs.path(), &[], false).unwrap();
+    for (from, name) in [(&ours, CA_FILE), (&theirs, CERT_FILE), (&theirs, KEY_FILE)] {
+        std::fs::copy(from.path().join(name), mixed.path().join(name)).unwrap();
+    }
+    let server = TlsConfig::load(TlsMode::Data, ours.path()).unwrap();
+    let impostor = TlsConfig::load(TlsMode::Data, mixed.path()).unwrap();
+    let l = echo_server(Some(server.server(Plane::Data)));
+    match RpcConn::connect(&l.local_addr().to_string(), opts(Some(impostor))) {
+        Err(e) => assert!(e.to_string().contains("TLS alert"), "{e}"),
+        other => panic!("client with a certificate of another CA: {:?}", other.map(|_| ())),
+    }
     assert!(
         started.elapsed() < Duration::from_secs(2),
         "took {:?}",
