@@ -2,7 +2,7 @@
 //! that change under traffic, records forged, flipped or cut on the wire.
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
@@ -12,7 +12,7 @@ use proptest::prelude::*;
 
 use super::super::stream::{client_handshake, pair_for_test, server_handshake};
 use super::super::tests::{certs, pattern};
-use super::super::{Stream, TlsMode};
+use super::super::{Stream, TlsConfig, TlsMode};
 
 /// Both sides change their sending keys every few records while 2 MiB go
 /// each way: every byte arrives, and the keys really changed many times.
@@ -102,8 +102,9 @@ fn forged_records_are_refused_and_stay_refused() {
     }
 }
 
-/// A proxy that copies one direction and flips one bit in it once armed.
-fn flipping_proxy(server: std::net::SocketAddr, armed: Arc<AtomicBool>) -> std::net::SocketAddr {
+/// A proxy in front of `server`: the server's bytes go back unchanged, the
+/// client's pass through `forward(from_client, to_server)`.
+fn proxy(server: SocketAddr, forward: impl FnOnce(TcpStream, TcpStream) + Send + 'static) -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     thread::spawn(move || {
@@ -113,7 +114,39 @@ fn flipping_proxy(server: std::net::SocketAddr, armed: Arc<AtomicBool>) -> std::
         thread::spawn(move || {
             let _ = std::io::copy(&mut b, &mut a);
         });
-        let (mut rd, mut wr) = (from_client, to_server);
+        let end = to_server.try_clone().unwrap();
+        forward(from_client, to_server);
+        let _ = end.shutdown(Shutdown::Write);
+    });
+    addr
+}
+
+/// A TLS pair whose client's bytes pass through `forward` on their way:
+/// the client, and the server still finishing its handshake.
+fn pair_through(
+    t: &TlsConfig,
+    forward: impl FnOnce(TcpStream, TcpStream) + Send + 'static,
+) -> (Stream, thread::JoinHandle<Stream>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let proxy = proxy(l.local_addr().unwrap(), forward);
+    let server = Arc::clone(&t.server);
+    let accept = thread::spawn(move || {
+        let (s, _) = l.accept().unwrap();
+        server_handshake(s, &server, Duration::from_secs(5)).unwrap()
+    });
+    let c = client_handshake(
+        TcpStream::connect(proxy).unwrap(),
+        t.client_config(),
+        &proxy.to_string(),
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    (c, accept)
+}
+
+/// Copies the client's bytes and flips one bit in them once `armed`.
+fn flip_once_armed(armed: Arc<AtomicBool>) -> impl FnOnce(TcpStream, TcpStream) + Send + 'static {
+    move |mut rd, mut wr| {
         let mut buf = vec![0u8; 64 << 10];
         let mut flipped = false;
         loop {
@@ -129,9 +162,7 @@ fn flipping_proxy(server: std::net::SocketAddr, armed: Arc<AtomicBool>) -> std::
                 break;
             }
         }
-        let _ = wr.shutdown(Shutdown::Write);
-    });
-    addr
+    }
 }
 
 /// One bit flipped on the wire in the middle of a stream: the reader gets
@@ -140,22 +171,9 @@ fn flipping_proxy(server: std::net::SocketAddr, armed: Arc<AtomicBool>) -> std::
 #[test]
 fn a_flipped_bit_on_the_wire_is_an_error_not_wrong_bytes() {
     let t = certs("flip", TlsMode::Data);
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let armed = Arc::new(AtomicBool::new(false));
-    let proxy = flipping_proxy(l.local_addr().unwrap(), Arc::clone(&armed));
-    let server = Arc::clone(&t.server);
-    let accept = thread::spawn(move || {
-        let (s, _) = l.accept().unwrap();
-        server_handshake(s, &server, Duration::from_secs(5)).unwrap()
-    });
-    let c = client_handshake(
-        TcpStream::connect(proxy).unwrap(),
-        t.client_config(),
-        &proxy.to_string(),
-        Duration::from_secs(5),
-    )
-    .unwrap();
-    let s = accept.join().unwrap();
+    let (c, s) = pair_through(&t, flip_once_armed(Arc::clone(&armed)));
+    let s = s.join().unwrap();
     armed.store(true, Ordering::Release);
     let sent = pattern(1 << 20, 77);
     let writer = thread::spawn(move || {
@@ -185,41 +203,29 @@ fn a_flipped_bit_on_the_wire_is_an_error_not_wrong_bytes() {
     drop(writer.join().unwrap());
 }
 
-/// A proxy that holds what the client sends for a moment and passes it on
-/// in one write, so the client's last handshake flight and the first
-/// records behind it reach the server together.
-fn bunching_proxy(server: std::net::SocketAddr) -> std::net::SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
-    thread::spawn(move || {
-        let (mut from_client, _) = l.accept().unwrap();
-        let mut to_server = TcpStream::connect(server).unwrap();
-        let (mut a, mut b) = (from_client.try_clone().unwrap(), to_server.try_clone().unwrap());
-        thread::spawn(move || {
-            let _ = std::io::copy(&mut b, &mut a);
-        });
-        let mut buf = vec![0u8; 1 << 20];
-        loop {
-            let mut n = match from_client.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
-            };
-            thread::sleep(Duration::from_millis(50));
-            from_client.set_nonblocking(true).unwrap();
-            while let Ok(m) = from_client.read(&mut buf[n..]) {
-                if m == 0 {
-                    break;
-                }
-                n += m;
-            }
-            from_client.set_nonblocking(false).unwrap();
-            if to_server.write_all(&buf[..n]).is_err() {
+/// Holds what the client sends for a moment and passes it on in one write,
+/// so the client's last handshake flight and the first records behind it
+/// reach the server together.
+fn bunch(mut from_client: TcpStream, mut to_server: TcpStream) {
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let mut n = match from_client.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        thread::sleep(Duration::from_millis(50));
+        from_client.set_nonblocking(true).unwrap();
+        while let Ok(m) = from_client.read(&mut buf[n..]) {
+            if m == 0 {
                 break;
             }
+            n += m;
         }
-        let _ = to_server.shutdown(Shutdown::Write);
-    });
-    addr
+        from_client.set_nonblocking(false).unwrap();
+        if to_server.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
 }
 
 /// Records that reach the server together with the client's Finished are
@@ -229,26 +235,13 @@ fn bunching_proxy(server: std::net::SocketAddr) -> std::net::SocketAddr {
 #[test]
 fn data_right_behind_the_handshake_is_kept() {
     let t = certs("early", TlsMode::Data);
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let proxy = bunching_proxy(l.local_addr().unwrap());
-    let server = Arc::clone(&t.server);
-    let accept = thread::spawn(move || {
-        let (s, _) = l.accept().unwrap();
-        server_handshake(s, &server, Duration::from_secs(5)).unwrap()
-    });
-    let c = client_handshake(
-        TcpStream::connect(proxy).unwrap(),
-        t.client_config(),
-        &proxy.to_string(),
-        Duration::from_secs(5),
-    )
-    .unwrap();
+    let (c, s) = pair_through(&t, bunch);
     // One small record, opened with the handshake's last read, then more
     // than that read takes: the rest is ciphertext left for our layer.
     let first = [pattern(1_000, 21), pattern(40_000, 23)].concat();
     (&c).write_all(&first[..1_000]).unwrap();
     (&c).write_all(&first[1_000..]).unwrap();
-    let s = accept.join().unwrap();
+    let s = s.join().unwrap();
     let later = pattern(70_000, 22);
     (&c).write_all(&later).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
