@@ -1,5 +1,6 @@
 //! `remora bench net --tls` end to end: both sides measured, every window
-//! pair's throughput ratio reported beside the whole phase's.
+//! pair's throughput ratio reported beside the whole phase's, and the memory
+//! node's CPU per byte on each side.
 
 mod common;
 
@@ -53,4 +54,12 @@ fn net_tls_reports_window_ratios_beside_the_whole() {
     sorted.sort_by(f64::total_cmp);
     assert!(sorted[0] > 0.0, "{t}");
     assert_eq!(t["median_window_ratio"].as_f64(), Some(sorted[1]), "{t}");
+    // The memory node's CPU per byte on each side, and the ceiling it sets.
+    let per_gb = |side: &str| t[side]["server_cpu_s_per_gb"].as_f64().unwrap();
+    let (p, s) = (per_gb("plain"), per_gb("tls"));
+    assert!(p > 0.0 && s > 0.0, "{t}");
+    let busy = t["tls"]["server_busy"].as_f64().unwrap();
+    assert!(busy > 0.0 && busy < 1.5, "one memory-node thread serves the connection: {t}");
+    assert!((t["memnode_bound_ceiling"].as_f64().unwrap() - p / s).abs() < 1e-9, "{t}");
+    assert!(stdout.contains("memory node CPU per GB read: plain"), "{stdout}");
 }

@@ -44,6 +44,7 @@
 //! boundary alone costs.
 
 mod connect;
+mod cpu;
 pub mod lanes;
 mod latency;
 mod pattern;
@@ -224,6 +225,12 @@ pub fn run(args: &NetArgs) -> anyhow::Result<()> {
     if grant.size < region {
         bail!("granted region of {} bytes, wanted {region}", grant.size);
     }
+    // Both sides of the TLS comparison talk to it: its CPU per byte tells
+    // how far TLS can go while it bounds the phase.
+    let memnode_pid = match args.memnode {
+        Placement::Child => cluster.memnodes().first().map(|m| m.pid),
+        Placement::InProcess => None,
+    };
     let cpus = choose_cpus(args.pin)?;
     if let Some((_, server_cpu)) = cpus {
         let pinned = match args.memnode {
@@ -318,6 +325,7 @@ pub fn run(args: &NetArgs) -> anyhow::Result<()> {
             &image,
             &image,
             &mut verified,
+            None,
         )?);
         if let Some(t) = &mut tls_report {
             for _ in 1..args.conns {
@@ -332,6 +340,7 @@ pub fn run(args: &NetArgs) -> anyhow::Result<()> {
                 &image,
                 &image,
                 &mut verified,
+                memnode_pid,
             )?);
         }
         let image2 = Image::new(to_usize(region)?, 2);
@@ -344,6 +353,7 @@ pub fn run(args: &NetArgs) -> anyhow::Result<()> {
             &image,
             &image2,
             &mut verified,
+            None,
         )?);
     }
     let connect_cost = if args.connects > 0 {

@@ -104,14 +104,35 @@ pub(super) struct Tally {
     pub(super) bytes: u64,
     /// Length of the measured windows.
     pub(super) time: Duration,
+    /// CPU time the server process ran in them, where it was measured
+    /// (replies still in flight when a window closes are drained inside
+    /// it: 64 × 64 KiB against ~1 GB per window).
+    pub(super) server_cpu: Option<Duration>,
 }
 
 impl Tally {
     /// Adds another window.
     pub(super) fn add(&mut self, other: Tally) {
+        // The first window's CPU, then the sum while every window has one.
+        self.server_cpu = if self.time.is_zero() {
+            other.server_cpu
+        } else {
+            self.server_cpu.zip(other.server_cpu).map(|(a, b)| a + b)
+        };
         self.ops += other.ops;
         self.bytes += other.bytes;
         self.time += other.time;
+    }
+
+    /// Server CPU seconds per GB moved.
+    pub(super) fn server_cpu_per_gb(&self) -> Option<f64> {
+        let cpu = self.server_cpu?;
+        (self.bytes > 0).then(|| cpu.as_secs_f64() / (self.bytes as f64 / 1e9))
+    }
+
+    /// The share of the windows' time the server ran (1.0: one CPU, always busy).
+    pub(super) fn server_busy(&self) -> Option<f64> {
+        Some(self.server_cpu?.as_secs_f64() / self.time.as_secs_f64().max(1e-9))
     }
 
     /// Payload throughput in GB/s (10^9 bytes per second).
@@ -132,6 +153,9 @@ impl Tally {
             "seconds": self.time.as_secs_f64(),
             "gb_per_s": self.gbps(),
             "ops_per_s": self.ops_per_sec(),
+            "server_cpu_s": self.server_cpu.map(|c| c.as_secs_f64()),
+            "server_cpu_s_per_gb": self.server_cpu_per_gb(),
+            "server_busy": self.server_busy(),
         })
     }
 }
@@ -147,6 +171,26 @@ mod tests {
         assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
         assert_eq!(range(&[]), None);
         assert_eq!(range(&[0.9, 0.5, 1.3]), Some((0.5, 1.3)));
+    }
+
+    #[test]
+    fn server_cpu_adds_up_only_while_every_window_has_it() {
+        let w = |cpu: Option<u64>| Tally {
+            ops: 10,
+            bytes: 500_000_000,
+            time: Duration::from_secs(1),
+            server_cpu: cpu.map(Duration::from_millis),
+        };
+        let mut t = Tally::default();
+        t.add(w(Some(900)));
+        t.add(w(Some(700)));
+        assert_eq!(t.server_cpu, Some(Duration::from_millis(1600)));
+        assert!((t.server_cpu_per_gb().unwrap() - 1.6).abs() < 1e-9);
+        assert!((t.server_busy().unwrap() - 0.8).abs() < 1e-9);
+        t.add(w(None));
+        assert_eq!(t.server_cpu, None, "a window without it leaves the sum unknown");
+        t.add(w(Some(500)));
+        assert_eq!(t.server_cpu, None);
     }
 
     #[test]

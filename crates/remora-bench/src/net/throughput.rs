@@ -2,6 +2,7 @@
 //! connections, the two sides alternating in windows, and the read-back of
 //! everything written.
 
+use super::cpu;
 use super::*;
 
 /// Read or write.
@@ -119,6 +120,8 @@ impl TputRow {
 /// Runs one throughput phase on both sides. Reads are checked against
 /// `old`; writes store `new`, and afterwards each side's region is read
 /// back and checked against `new` where it was written and `old` elsewhere.
+/// With `server`, the process both sides talk to, each window's tally also
+/// has that process's CPU time.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn throughput_phase<B: Endpoint>(
     tp: &TputParams,
@@ -129,6 +132,7 @@ pub(super) fn throughput_phase<B: Endpoint>(
     old: &Image,
     new: &Image,
     verified: &mut Checked,
+    server: Option<u32>,
 ) -> anyhow::Result<TputRow> {
     let conns = u64::from(tp.conns);
     let mut raw_stripes = Stripe::all(tp.slots, conns, tp.size as u64);
@@ -150,10 +154,14 @@ pub(super) fn throughput_phase<B: Endpoint>(
     for (s, dur) in std::iter::once((None, tp.warmup)).chain((0..tp.slices).map(|s| (Some(s), tp.slice))) {
         let mut pair = [0.0f64; 2];
         for side in Side::order(s.unwrap_or(0) % 2 == 0) {
-            let (t, checked) = match side {
+            let cpu_before = server.map(cpu::process_cpu).transpose()?;
+            let (mut t, checked) = match side {
                 Side::Raw => run_side(tp, op, raw, &mut raw_stripes, dur, src)?,
                 Side::Remora => run_side(tp, op, rem, &mut rem_stripes, dur, src)?,
             };
+            if let (Some(pid), Some(before)) = (server, cpu_before) {
+                t.server_cpu = Some(cpu::process_cpu(pid)?.saturating_sub(before));
+            }
             verified.replies += checked;
             if s.is_some() {
                 match side {
@@ -286,6 +294,7 @@ fn pipeline<E: Endpoint>(
             ops,
             bytes: ops * size as u64,
             time,
+            server_cpu: None,
         },
         checked,
     ))
@@ -323,6 +332,7 @@ mod tput_tests {
             ops: 1,
             bytes,
             time: Duration::from_secs(1),
+            server_cpu: None,
         };
         let mut row = TputRow {
             op: Op::Read,

@@ -114,6 +114,18 @@ impl TlsReport {
                 t.windows.len(),
                 if ratio >= GOAL_TPUT_RATIO { "met" } else { "MISSED" }
             );
+            if let Some(b) = t.server_bound() {
+                println!(
+                    "  memory node CPU per GB read: plain {:.3} s, TLS {:.3} s ({:.2}×); busy {:.0} % and {:.0} % of one CPU; \
+                     while it bounds both sides, TLS ÷ plain can reach at most {:.2}×",
+                    b.plain_per_gb,
+                    b.tls_per_gb,
+                    b.tls_per_gb / b.plain_per_gb,
+                    100.0 * b.plain_busy,
+                    100.0 * b.tls_busy,
+                    b.ceiling()
+                );
+            }
         }
     }
 
@@ -140,9 +152,37 @@ impl TlsReport {
                 "gbps_ratio": t.ratio(),
                 "window_ratios": t.windows,
                 "median_window_ratio": t.median_ratio(),
+                "memnode_bound_ceiling": t.server_bound().map(|b| b.ceiling()),
             })),
             "goal_p50_ratio": GOAL_P50_RATIO,
             "goal_tput_ratio": GOAL_TPUT_RATIO,
+        })
+    }
+}
+
+/// The memory node's CPU cost per byte on each side of the comparison.
+pub(super) struct ServerBound {
+    plain_per_gb: f64,
+    tls_per_gb: f64,
+    plain_busy: f64,
+    tls_busy: f64,
+}
+
+impl ServerBound {
+    /// TLS ÷ plain throughput if the memory node ran flat out on both sides.
+    fn ceiling(&self) -> f64 {
+        self.plain_per_gb / self.tls_per_gb.max(1e-12)
+    }
+}
+
+impl TputRow {
+    /// The memory node's CPU per GB on both sides, where it was measured.
+    fn server_bound(&self) -> Option<ServerBound> {
+        Some(ServerBound {
+            plain_per_gb: self.raw.server_cpu_per_gb()?,
+            tls_per_gb: self.remora.server_cpu_per_gb()?,
+            plain_busy: self.raw.server_busy()?,
+            tls_busy: self.remora.server_busy()?,
         })
     }
 }
