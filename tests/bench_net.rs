@@ -59,7 +59,13 @@ fn net_tls_reports_window_ratios_beside_the_whole() {
     let (p, s) = (per_gb("plain"), per_gb("tls"));
     assert!(p > 0.0 && s > 0.0, "{t}");
     let busy = t["tls"]["server_busy"].as_f64().unwrap();
-    assert!(busy > 0.0 && busy < 1.5, "one memory-node thread serves the connection: {t}");
-    assert!((t["memnode_bound_ceiling"].as_f64().unwrap() - p / s).abs() < 1e-9, "{t}");
+    assert!(
+        busy > 0.0 && busy < 1.5,
+        "one memory-node thread serves the connection: {t}"
+    );
+    assert!(
+        (t["memnode_bound_ceiling"].as_f64().unwrap() - p / s).abs() < 1e-9,
+        "{t}"
+    );
     assert!(stdout.contains("memory node CPU per GB read: plain"), "{stdout}");
 }
