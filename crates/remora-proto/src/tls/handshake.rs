@@ -10,7 +10,7 @@ use rustls::client::{ClientConnectionData, UnbufferedClientConnection};
 use rustls::server::{ServerConnectionData, UnbufferedServerConnection};
 use rustls::unbuffered::{ConnectionState, EncodeError, InsufficientSizeError, UnbufferedStatus};
 
-use super::record::Kernel;
+use super::record::{Kernel, invalid};
 
 /// First size of the handshake's buffers; a certificate chain that needs
 /// more grows them, up to [`MAX_HANDSHAKE_BUF`].
@@ -185,8 +185,4 @@ enum Step {
     Again,
     Read,
     Done,
-}
-
-fn invalid(what: &str) -> io::Error {
-    io::Error::new(ErrorKind::InvalidData, what.to_string())
 }

@@ -50,6 +50,7 @@
 use std::io::{self, ErrorKind, IoSlice, Write};
 use std::net::TcpStream;
 use std::ops::Range;
+use std::sync::Mutex;
 
 use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 use rustix::net::SendFlags;
@@ -91,7 +92,7 @@ pub(crate) static SEND_BUFFER_FULL: std::sync::atomic::AtomicU64 = std::sync::at
 #[cfg(test)]
 pub(crate) static EARLY_PLAINTEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-fn invalid(what: impl Into<String>) -> io::Error {
+pub(super) fn invalid(what: impl Into<String>) -> io::Error {
     io::Error::new(ErrorKind::InvalidData, what.into())
 }
 
@@ -230,7 +231,7 @@ impl Tx {
     }
 
     /// Seals a KeyUpdate under the current keys and moves on to the next.
-    fn update_keys(&mut self, kernel: &std::sync::Mutex<Kernel>, ask_peer: bool) -> io::Result<()> {
+    fn update_keys(&mut self, kernel: &Mutex<Kernel>, ask_peer: bool) -> io::Result<()> {
         let start = self.open_record();
         self.out.extend_from_slice(&[KEY_UPDATE, 0, 0, 1, u8::from(ask_peer)]);
         self.seal_record(start, HANDSHAKE)?;
@@ -246,7 +247,7 @@ impl Tx {
     pub(super) fn write(
         &mut self,
         sock: &TcpStream,
-        kernel: &std::sync::Mutex<Kernel>,
+        kernel: &Mutex<Kernel>,
         update: bool,
         bufs: &[IoSlice<'_>],
     ) -> io::Result<()> {
@@ -263,7 +264,7 @@ impl Tx {
     fn seal_and_send(
         &mut self,
         sock: &TcpStream,
-        kernel: &std::sync::Mutex<Kernel>,
+        kernel: &Mutex<Kernel>,
         mut update: bool,
         bufs: &[IoSlice<'_>],
     ) -> io::Result<()> {
@@ -307,7 +308,7 @@ impl Tx {
 
     /// Sends a KeyUpdate that asks the peer to update too (tests).
     #[cfg(test)]
-    pub(super) fn refresh(&mut self, sock: &TcpStream, kernel: &std::sync::Mutex<Kernel>) -> io::Result<()> {
+    pub(super) fn refresh(&mut self, sock: &TcpStream, kernel: &Mutex<Kernel>) -> io::Result<()> {
         self.out.clear();
         self.update_keys(kernel, true)?;
         self.send(sock)
@@ -398,7 +399,7 @@ impl Rx {
 
     /// Opens the next whole record in the buffer, if there is one.
     /// `answer` is set when the peer asks for our keys to change.
-    fn open_next(&mut self, kernel: &std::sync::Mutex<Kernel>, answer: &mut bool) -> io::Result<Option<Opened>> {
+    fn open_next(&mut self, kernel: &Mutex<Kernel>, answer: &mut bool) -> io::Result<Option<Opened>> {
         if let Some((kind, msg)) = &self.broken {
             return Err(io::Error::new(*kind, msg.clone()));
         }
@@ -462,7 +463,7 @@ impl Rx {
 
     /// Handshake messages after the handshake: KeyUpdate changes the keys
     /// the next record is opened with; a NewSessionTicket is dropped.
-    fn handshake(&mut self, at: Range<usize>, kernel: &std::sync::Mutex<Kernel>, answer: &mut bool) -> io::Result<()> {
+    fn handshake(&mut self, at: Range<usize>, kernel: &Mutex<Kernel>, answer: &mut bool) -> io::Result<()> {
         let mut msgs = &self.buf[at];
         while !msgs.is_empty() {
             let [typ, a, b, c, ref rest @ ..] = *msgs else {
@@ -498,7 +499,7 @@ impl Rx {
 
     /// Whether a read would return at once: plaintext waits, the peer
     /// closed, or a record waits that cannot be opened (the read reports it).
-    pub(super) fn ready(&mut self, kernel: &std::sync::Mutex<Kernel>, answer: &mut bool) -> bool {
+    pub(super) fn ready(&mut self, kernel: &Mutex<Kernel>, answer: &mut bool) -> bool {
         loop {
             if !self.early.is_empty() || !self.plain.is_empty() || self.closed {
                 return true;
@@ -517,7 +518,7 @@ impl Rx {
     pub(super) fn read(
         &mut self,
         sock: &TcpStream,
-        kernel: &std::sync::Mutex<Kernel>,
+        kernel: &Mutex<Kernel>,
         answer: &mut bool,
         dst: &mut [u8],
     ) -> io::Result<usize> {

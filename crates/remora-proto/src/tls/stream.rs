@@ -212,7 +212,10 @@ impl TlsStream {
     fn write_all_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
         let total: usize = bufs.iter().map(|b| b.len()).sum();
         let mut tx = lock(&self.shared.tx);
-        let update = self.shared.answer_update.swap(false, Ordering::AcqRel);
+        // A plain load first: a write need not take the flag's cache line
+        // for writing unless the peer really asked.
+        let update = self.shared.answer_update.load(Ordering::Acquire)
+            && self.shared.answer_update.swap(false, Ordering::AcqRel);
         tx.write(&self.sock, &self.shared.kernel, update, bufs)?;
         Ok(total)
     }
