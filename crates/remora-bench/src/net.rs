@@ -132,10 +132,15 @@ pub struct NetArgs {
     #[arg(long)]
     pub no_throughput: bool,
     /// Also measure the data path over TLS (`--tls data`) against plain TCP: READ
-    /// latency at every size and READ throughput, in the same run (the cluster then
-    /// runs with `--tls control` and makes its own certificates).
+    /// latency at every size and READ throughput at every `--tls-tput-sizes` size,
+    /// in the same run (the cluster then runs with `--tls control` and makes its
+    /// own certificates).
     #[arg(long)]
     pub tls: bool,
+    /// Request sizes of the TLS READ throughput comparison, comma-separated;
+    /// each runs as a phase of its own.
+    #[arg(long, value_delimiter = ',', default_value = "4KiB,16KiB,64KiB")]
+    pub tls_tput_sizes: Vec<ByteSize>,
     /// Connections to make with and without the cluster key, to time the key
     /// proof's cost at setup (0 skips it).
     #[arg(long, default_value_t = 400)]
@@ -306,7 +311,11 @@ pub fn run(args: &NetArgs) -> anyhow::Result<()> {
             &image,
             &mut verified,
         )?;
-        tls_report = Some(tls::TlsReport { latency, tput: None });
+        tls_report = Some(tls::TlsReport {
+            latency,
+            tput: Vec::new(),
+            seal: None,
+        });
     }
 
     let mut tput = Vec::new();
@@ -315,7 +324,7 @@ pub fn run(args: &NetArgs) -> anyhow::Result<()> {
             rem.push(connect()?);
             raw.push(RawClient::connect(server.addr())?);
         }
-        let tp = TputParams::new(args)?;
+        let tp = TputParams::new(args, args.tput_size)?;
         tput.push(throughput_phase(
             &tp,
             Op::Read,
@@ -331,17 +340,24 @@ pub fn run(args: &NetArgs) -> anyhow::Result<()> {
             for _ in 1..args.conns {
                 tls_rem.push(tls::connect(&cluster, &grant)?);
             }
-            t.tput = Some(throughput_phase(
-                &tp,
-                Op::Read,
-                &mut rem,
-                &mut tls_rem,
-                tls::PLAIN_VS_TLS,
-                &image,
-                &image,
-                &mut verified,
-                memnode_pid,
-            )?);
+            let server_cpu = cpus.map(|(_, s)| s);
+            let mut seal = tls::seal_cost(server_cpu)?;
+            for &size in &args.tls_tput_sizes {
+                let row = throughput_phase(
+                    &TputParams::new(args, size)?,
+                    Op::Read,
+                    &mut rem,
+                    &mut tls_rem,
+                    tls::PLAIN_VS_TLS,
+                    &image,
+                    &image,
+                    &mut verified,
+                    memnode_pid,
+                )?;
+                t.tput.push((size, row));
+                seal = tls::faster(Some(seal), tls::seal_cost(server_cpu)?);
+            }
+            t.seal = Some(seal);
         }
         let image2 = Image::new(to_usize(region)?, 2);
         tput.push(throughput_phase(
@@ -438,9 +454,17 @@ fn check_args(args: &NetArgs) -> anyhow::Result<()> {
         bail!("--sizes needs at least one size");
     }
     let mut sizes = args.sizes.clone();
+    let mut tput_sizes = Vec::new();
     if !args.no_throughput {
-        sizes.push(args.tput_size);
+        tput_sizes.push(args.tput_size);
+        if args.tls {
+            if args.tls_tput_sizes.is_empty() {
+                bail!("--tls-tput-sizes needs at least one size");
+            }
+            tput_sizes.extend_from_slice(&args.tls_tput_sizes);
+        }
     }
+    sizes.extend_from_slice(&tput_sizes);
     for s in sizes {
         if s.0 == 0 || s.0 > region || s.0 > u64::from(u32::MAX) {
             bail!(
@@ -457,11 +481,8 @@ fn check_args(args: &NetArgs) -> anyhow::Result<()> {
                 args.depth
             );
         }
-        if region / args.tput_size.0 < u64::from(args.conns) {
-            bail!(
-                "the region holds fewer {} blocks than there are connections",
-                args.tput_size
-            );
+        if let Some(s) = tput_sizes.iter().find(|s| region / s.0 < u64::from(args.conns)) {
+            bail!("the region holds fewer {s} blocks than there are connections");
         }
         if args.duration.is_zero() {
             bail!("--duration must be positive");

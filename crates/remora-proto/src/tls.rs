@@ -18,6 +18,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -293,4 +294,34 @@ impl TlsConfig {
             required: self.encrypts(plane),
         }
     }
+}
+
+/// The record layer's sealing alone, timed on this machine: see [`seal_cost`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SealCost {
+    /// Plaintext bytes sealed.
+    pub bytes: u64,
+    /// The time it took.
+    pub elapsed: Duration,
+}
+
+impl SealCost {
+    /// CPU seconds per GB (10⁹ bytes) of plaintext sealed.
+    pub fn secs_per_gb(&self) -> f64 {
+        self.elapsed.as_secs_f64() * 1e9 / (self.bytes.max(1) as f64)
+    }
+}
+
+/// Times what TLS adds to every byte a memory node sends, on this CPU:
+/// `plaintext` is sealed again and again, on the calling thread, by the
+/// same code a TLS write runs (copied behind each record's header and
+/// sealed there with AES-128-GCM, the suite offered first), for at least
+/// `min`, and never sent.
+///
+/// A sender's TLS costs at least this much more per byte than plain TCP, so
+/// where the sender's CPU bounds throughput, plain's cost per byte `p` caps
+/// TLS ÷ plain at `p / (p + cost)`; `remora bench net --tls` prints that cap.
+pub fn seal_cost(plaintext: &[u8], min: Duration) -> io::Result<SealCost> {
+    let (bytes, elapsed) = record::seal_only(plaintext, min)?;
+    Ok(SealCost { bytes, elapsed })
 }

@@ -70,16 +70,17 @@ pub(super) struct TputParams {
 }
 
 impl TputParams {
-    pub(super) fn new(args: &NetArgs) -> anyhow::Result<Self> {
+    /// The phase's parameters from the flags, with requests of `size`.
+    pub(super) fn new(args: &NetArgs, size: ByteSize) -> anyhow::Result<Self> {
         Ok(Self {
-            size: to_usize(args.tput_size.0)?,
+            size: to_usize(size.0)?,
             depth: args.depth,
             conns: args.conns,
             slices: args.slices,
             slice: args.duration / args.slices,
             warmup: (args.duration / 10).clamp(Duration::from_millis(50), Duration::from_millis(300)),
             verify_every: args.verify_every,
-            slots: args.region_size.0 / args.tput_size.0,
+            slots: args.region_size.0 / size.0,
         })
     }
 

@@ -4,18 +4,30 @@
 //! and plain clients on one port; the benchmark connects to it both ways
 //! (the TLS client as a `--tls data` compute node would) and measures the
 //! two against each other with the same phases, offsets and checks as
-//! remora against raw TCP: READ latency per size, then READ throughput.
+//! remora against raw TCP: READ latency per size, then READ throughput at
+//! each `--tls-tput-sizes` size, a phase each.
+//!
+//! Where the memory node's one CPU bounds both sides, TLS ÷ plain is its
+//! CPU per byte plain over TLS, so both are printed with the ceiling they
+//! set; beside them, sealing alone is timed on the memory node's CPU, as
+//! the least TLS can add per byte (AES-GCM runs at a fixed speed on a CPU,
+//! while plain's cost per byte falls as requests grow).
+//!
 //! The throughput goal is judged on the median of the window pairs' ratios
 //! (each `--slices` window of TLS over the plain window beside it), printed
 //! with their range and the whole phase's ratio: on this 2-core machine one
 //! window pair ranged from 0.49× to 1.32× within a run, as the scheduler
 //! placed the client and memory-node threads.
 
+use std::time::Duration;
+
 use anyhow::{Context, anyhow};
 use remora_cluster::LocalCluster;
-use remora_proto::{ConnOptions, MemNodeClient, RegionGrant, TlsConfig, TlsMode};
+use remora_proto::tls::SealCost;
+use remora_proto::{ByteSize, ConnOptions, MemNodeClient, RegionGrant, TlsConfig, TlsMode};
 use serde_json::{Value, json};
 
+use super::pattern::Image;
 use super::{LatencyRow, Names, Remora, TputRow, us};
 
 /// READ p50 goal of TLS: at most this many times plain TCP.
@@ -48,10 +60,45 @@ pub(super) fn connect(cluster: &LocalCluster, grant: &RegionGrant) -> anyhow::Re
     })
 }
 
+/// Times sealing alone on `cpu` (the memory node's, where pinned): the
+/// fastest of three bursts of 50 ms, as the least TLS adds to a sender's
+/// cost per byte. The run takes it beside every throughput phase and keeps
+/// the fastest, since this shared machine's speed drifts within a run.
+pub(super) fn seal_cost(cpu: Option<usize>) -> anyhow::Result<SealCost> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            if let Some(cpu) = cpu {
+                super::pin::pin_current(cpu).context("pinning the seal timing")?;
+            }
+            let plaintext = Image::new(64 << 10, 3);
+            let mut best: Option<SealCost> = None;
+            for _ in 0..3 {
+                let c = remora_proto::tls::seal_cost(plaintext.bytes(), Duration::from_millis(50))
+                    .context("timing the TLS seal")?;
+                best = Some(faster(best, c));
+            }
+            best.ok_or_else(|| anyhow!("no seal timed"))
+        })
+        .join()
+        .map_err(|_| anyhow!("the seal timing thread panicked"))?
+    })
+}
+
+/// The faster of two seal timings.
+pub(super) fn faster(a: Option<SealCost>, b: SealCost) -> SealCost {
+    match a {
+        Some(a) if a.secs_per_gb() <= b.secs_per_gb() => a,
+        _ => b,
+    }
+}
+
 /// The TLS comparison's results.
 pub(super) struct TlsReport {
     pub(super) latency: Vec<LatencyRow>,
-    pub(super) tput: Option<TputRow>,
+    /// READ throughput, one phase per request size.
+    pub(super) tput: Vec<(ByteSize, TputRow)>,
+    /// Sealing alone, timed on this CPU.
+    pub(super) seal: Option<SealCost>,
 }
 
 impl TlsReport {
@@ -101,31 +148,69 @@ impl TlsReport {
                 );
             }
         }
-        if let Some(t) = &self.tput {
+        if self.tput.is_empty() {
+            return;
+        }
+        println!(
+            "throughput READ, TLS ÷ plain: median and range over the window pairs, and the whole phase; goal ≥ {GOAL_TPUT_RATIO:.1}×"
+        );
+        println!(
+            "{:<7} {:>10} {:>10} {:>7}  {:<14} {:>6}  goal",
+            "size", "plain GB/s", "TLS GB/s", "median", "range", "whole"
+        );
+        for (size, t) in &self.tput {
             let ratio = t.median_ratio();
             let (lo, hi) = t.window_range();
             println!(
-                "throughput {}: plain TCP {:.2} GB/s, TLS {:.2} GB/s (whole {:.2}×); TLS ÷ plain over {} window pairs: \
-                 median {ratio:.2}× [{lo:.2}, {hi:.2}] {}",
-                t.op.name(),
+                "{:<7} {:>10.2} {:>10.2} {:>7}  {:<14} {:>6}  {}",
+                size.to_string(),
                 t.raw.gbps(),
                 t.remora.gbps(),
-                t.ratio(),
-                t.windows.len(),
+                format!("{ratio:.2}×"),
+                format!("[{lo:.2}, {hi:.2}]"),
+                format!("{:.2}×", t.ratio()),
                 if ratio >= GOAL_TPUT_RATIO { "met" } else { "MISSED" }
             );
-            if let Some(b) = t.server_bound() {
+        }
+        let bounds: Vec<_> = self
+            .tput
+            .iter()
+            .filter_map(|(size, t)| Some((size, t.server_bound()?)))
+            .collect();
+        if !bounds.is_empty() {
+            println!(
+                "memory node CPU per GB read (its one CPU bounds both sides while it is near 100 % busy), and the TLS ÷ plain it allows"
+            );
+            println!(
+                "{:<7} {:>11} {:>9} {:>6} {:>11} {:>9} {:>8} {:>10}",
+                "size", "plain s/GB", "TLS s/GB", "×", "plain busy", "TLS busy", "ceiling", "seal only"
+            );
+            for (size, b) in bounds {
+                let seal_only = self
+                    .seal
+                    .map(|c| format!("{:.2}×", b.seal_only_ceiling(c.secs_per_gb())))
+                    .unwrap_or_default();
                 println!(
-                    "  memory node CPU per GB read: plain {:.3} s, TLS {:.3} s ({:.2}×); busy {:.0} % and {:.0} % of one CPU; \
-                     while it bounds both sides, TLS ÷ plain can reach at most {:.2}×",
+                    "{:<7} {:>11.3} {:>9.3} {:>6} {:>10.0}% {:>8.0}% {:>8} {:>10}",
+                    size.to_string(),
                     b.plain_per_gb,
                     b.tls_per_gb,
-                    b.tls_per_gb / b.plain_per_gb,
+                    format!("{:.2}×", b.tls_per_gb / b.plain_per_gb),
                     100.0 * b.plain_busy,
                     100.0 * b.tls_busy,
-                    b.ceiling()
+                    format!("{:.2}×", b.ceiling()),
+                    seal_only
                 );
             }
+        }
+        if let Some(c) = self.seal {
+            println!(
+                "seal only: sealing alone, as a TLS write does (copied into 16 KiB records, AES-128-GCM with ring), costs this CPU \
+                 {:.3} s/GB ({:.1} GB/s); TLS adds at least that to plain's cost per GB, so with nothing else added the ratio \
+                 could reach at most plain ÷ (plain + seal)",
+                c.secs_per_gb(),
+                1.0 / c.secs_per_gb()
+            );
         }
     }
 
@@ -143,17 +228,29 @@ impl TlsReport {
                 })
             })
             .collect();
+        let seal = self.seal.map(|c| c.secs_per_gb());
+        let tput: Vec<Value> = self
+            .tput
+            .iter()
+            .map(|(size, t)| {
+                let bound = t.server_bound();
+                json!({
+                    "size_bytes": size.0,
+                    "op": t.op.name(),
+                    "plain": t.raw.to_json(),
+                    "tls": t.remora.to_json(),
+                    "gbps_ratio": t.ratio(),
+                    "window_ratios": t.windows,
+                    "median_window_ratio": t.median_ratio(),
+                    "memnode_bound_ceiling": bound.as_ref().map(ServerBound::ceiling),
+                    "seal_only_ceiling": bound.as_ref().zip(seal).map(|(b, c)| b.seal_only_ceiling(c)),
+                })
+            })
+            .collect();
         json!({
             "latency": latency,
-            "throughput": self.tput.as_ref().map(|t| json!({
-                "op": t.op.name(),
-                "plain": t.raw.to_json(),
-                "tls": t.remora.to_json(),
-                "gbps_ratio": t.ratio(),
-                "window_ratios": t.windows,
-                "median_window_ratio": t.median_ratio(),
-                "memnode_bound_ceiling": t.server_bound().map(|b| b.ceiling()),
-            })),
+            "throughput": tput,
+            "seal_s_per_gb": self.seal.map(|c| c.secs_per_gb()),
             "goal_p50_ratio": GOAL_P50_RATIO,
             "goal_tput_ratio": GOAL_TPUT_RATIO,
         })
@@ -172,6 +269,12 @@ impl ServerBound {
     /// TLS ÷ plain throughput if the memory node ran flat out on both sides.
     fn ceiling(&self) -> f64 {
         self.plain_per_gb / self.tls_per_gb.max(1e-12)
+    }
+
+    /// TLS ÷ plain if TLS added nothing to plain's cost per GB but sealing,
+    /// `seal_per_gb`, on a memory node that runs flat out.
+    fn seal_only_ceiling(&self, seal_per_gb: f64) -> f64 {
+        self.plain_per_gb / (self.plain_per_gb + seal_per_gb).max(1e-12)
     }
 }
 

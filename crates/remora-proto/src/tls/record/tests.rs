@@ -290,3 +290,19 @@ proptest! {
         }
     }
 }
+
+/// The seal timing counts whole passes over the plaintext, runs at least as
+/// long as asked, and returns at once on nothing to seal.
+#[test]
+fn seal_cost_counts_every_pass_it_times() {
+    let plaintext = pattern(40_000, 7);
+    let one = crate::tls::seal_cost(&plaintext, Duration::ZERO).unwrap();
+    assert_eq!(one.bytes, 40_000);
+    let timed = crate::tls::seal_cost(&plaintext, Duration::from_millis(20)).unwrap();
+    assert!(timed.elapsed >= Duration::from_millis(20), "{timed:?}");
+    assert_eq!(timed.bytes % 40_000, 0, "{timed:?}");
+    assert!(timed.bytes > 40_000, "{timed:?}");
+    let per_gb = timed.secs_per_gb();
+    assert!(per_gb > 0.0 && per_gb.is_finite(), "{timed:?}");
+    assert_eq!(crate::tls::seal_cost(&[], Duration::from_secs(3600)).unwrap().bytes, 0);
+}
