@@ -85,3 +85,27 @@ fn net_tls_reports_window_ratios_beside_the_whole() {
     }
     assert!(stdout.contains("16KiB   "), "{stdout}");
 }
+
+/// A TLS throughput size the region cannot hold is refused before anything
+/// starts, with the size named.
+#[test]
+fn net_tls_refuses_a_throughput_size_beyond_the_region() {
+    let out = run_remora(
+        &[
+            "bench",
+            "net",
+            "--tls",
+            "--region-size",
+            "1MiB",
+            "--tls-tput-sizes",
+            "16KiB,2MiB",
+        ],
+        &[],
+    );
+    let err = stderr(&out);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("request size 2MiB must be positive and fit the 1MiB region"),
+        "{err}"
+    );
+}
