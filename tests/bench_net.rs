@@ -1,7 +1,7 @@
 //! `remora bench net --tls` end to end: both sides measured at every
 //! `--tls-tput-sizes` size, every window pair's throughput ratio reported
 //! beside the whole phase's, the memory node's CPU per byte on each side,
-//! and sealing alone timed beside them.
+//! sealing and opening alone timed beside them, and the p50 floor they set.
 
 mod common;
 
@@ -41,6 +41,19 @@ fn net_tls_reports_window_ratios_beside_the_whole() {
     assert!(v["replies_checked"].as_u64().unwrap() > 0, "{v}");
     let seal = v["tls"]["seal_s_per_gb"].as_f64().unwrap();
     assert!(seal > 0.0 && seal.is_finite(), "{v}");
+    let open = v["tls"]["open_s_per_gb"].as_f64().unwrap();
+    assert!(open > 0.0 && open.is_finite(), "{v}");
+    // The p50 floor: plain's p50 plus the reply's seal and open.
+    for r in v["tls"]["latency"].as_array().unwrap() {
+        let size = r["size_bytes"].as_f64().unwrap();
+        let plain_p50 = r["plain"]["p50_ns"].as_f64().unwrap();
+        let floor = (plain_p50 + (seal + open) * size) / plain_p50;
+        let got = r["p50_floor_ratio"].as_f64().unwrap();
+        assert!(
+            got > 1.0 && (got - floor).abs() < 1e-3 * floor,
+            "{r}: {got} against {floor}"
+        );
+    }
     let rows = v["tls"]["throughput"].as_array().unwrap();
     let sizes: Vec<u64> = rows.iter().map(|t| t["size_bytes"].as_u64().unwrap()).collect();
     assert_eq!(sizes, [4096, 16384], "{v}");
@@ -80,7 +93,11 @@ fn net_tls_reports_window_ratios_beside_the_whole() {
             "{t}"
         );
     }
-    for line in ["memory node CPU per GB read", "seal only: sealing alone"] {
+    for line in [
+        "memory node CPU per GB read",
+        "seal only: sealing alone",
+        "floor ×: the least p50 ratio",
+    ] {
         assert!(stdout.contains(line), "{stdout}");
     }
     assert!(stdout.contains("16KiB   "), "{stdout}");

@@ -311,11 +311,14 @@ pub fn run(args: &NetArgs) -> anyhow::Result<()> {
             &image,
             &mut verified,
         )?;
-        tls_report = Some(tls::TlsReport {
+        let mut report = tls::TlsReport {
             latency,
             tput: Vec::new(),
             seal: None,
-        });
+            open: None,
+        };
+        report.time_crypto(cpus)?;
+        tls_report = Some(report);
     }
 
     let mut tput = Vec::new();
@@ -340,8 +343,6 @@ pub fn run(args: &NetArgs) -> anyhow::Result<()> {
             for _ in 1..args.conns {
                 tls_rem.push(tls::connect(&cluster, &grant)?);
             }
-            let server_cpu = cpus.map(|(_, s)| s);
-            let mut seal = tls::seal_cost(server_cpu)?;
             for &size in &args.tls_tput_sizes {
                 let row = throughput_phase(
                     &TputParams::new(args, size)?,
@@ -355,9 +356,8 @@ pub fn run(args: &NetArgs) -> anyhow::Result<()> {
                     memnode_pid,
                 )?;
                 t.tput.push((size, row));
-                seal = tls::faster(Some(seal), tls::seal_cost(server_cpu)?);
+                t.time_crypto(cpus)?;
             }
-            t.seal = Some(seal);
         }
         let image2 = Image::new(to_usize(region)?, 2);
         tput.push(throughput_phase(

@@ -296,17 +296,18 @@ impl TlsConfig {
     }
 }
 
-/// The record layer's sealing alone, timed on this machine: see [`seal_cost`].
+/// The record layer's sealing or opening alone, timed on this machine: see
+/// [`seal_cost`] and [`open_cost`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SealCost {
-    /// Plaintext bytes sealed.
+pub struct CryptoCost {
+    /// Plaintext bytes sealed or opened.
     pub bytes: u64,
     /// The time it took.
     pub elapsed: Duration,
 }
 
-impl SealCost {
-    /// CPU seconds per GB (10⁹ bytes) of plaintext sealed.
+impl CryptoCost {
+    /// CPU seconds per GB (10⁹ bytes) of plaintext.
     pub fn secs_per_gb(&self) -> f64 {
         self.elapsed.as_secs_f64() * 1e9 / (self.bytes.max(1) as f64)
     }
@@ -321,7 +322,24 @@ impl SealCost {
 /// A sender's TLS costs at least this much more per byte than plain TCP, so
 /// where the sender's CPU bounds throughput, plain's cost per byte `p` caps
 /// TLS ÷ plain at `p / (p + cost)`; `remora bench net --tls` prints that cap.
-pub fn seal_cost(plaintext: &[u8], min: Duration) -> io::Result<SealCost> {
+pub fn seal_cost(plaintext: &[u8], min: Duration) -> io::Result<CryptoCost> {
     let (bytes, elapsed) = record::seal_only(plaintext, min)?;
-    Ok(SealCost { bytes, elapsed })
+    Ok(CryptoCost { bytes, elapsed })
+}
+
+/// Times what TLS adds to every byte a client reads, on this CPU: the
+/// records of `plaintext` are opened again and again by the same code a
+/// TLS read runs (opened in place in the read buffer, the plaintext copied
+/// out), for at least `min`, less the time of copying the ciphertext in,
+/// which stands for the socket read that plain TCP does too.
+///
+/// With one request in flight the reply's seal and open run one after the
+/// other, so TLS adds at least `(seal + open) × size` to a round trip;
+/// `remora bench net --tls` prints the p50 ratio that floor allows.
+pub fn open_cost(plaintext: &[u8], min: Duration) -> io::Result<CryptoCost> {
+    let (bytes, with_open, copy_in) = record::open_only(plaintext, min)?;
+    Ok(CryptoCost {
+        bytes,
+        elapsed: with_open.saturating_sub(copy_in),
+    })
 }

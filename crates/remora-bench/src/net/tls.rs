@@ -11,7 +11,10 @@
 //! CPU per byte plain over TLS, so both are printed with the ceiling they
 //! set; beside them, sealing alone is timed on the memory node's CPU, as
 //! the least TLS can add per byte (AES-GCM runs at a fixed speed on a CPU,
-//! while plain's cost per byte falls as requests grow).
+//! while plain's cost per byte falls as requests grow). Likewise for
+//! latency: with one request in flight a reply is sealed and then opened,
+//! so the open is timed alone on the client's CPU too, and each size's row
+//! shows the least p50 ratio the two allow.
 //!
 //! The throughput goal is judged on the median of the window pairs' ratios
 //! (each `--slices` window of TLS over the plain window beside it), printed
@@ -23,7 +26,7 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow};
 use remora_cluster::LocalCluster;
-use remora_proto::tls::SealCost;
+use remora_proto::tls::CryptoCost;
 use remora_proto::{ByteSize, ConnOptions, MemNodeClient, RegionGrant, TlsConfig, TlsMode};
 use serde_json::{Value, json};
 
@@ -60,32 +63,46 @@ pub(super) fn connect(cluster: &LocalCluster, grant: &RegionGrant) -> anyhow::Re
     })
 }
 
-/// Times sealing alone on `cpu` (the memory node's, where pinned): the
-/// fastest of three bursts of 50 ms, as the least TLS adds to a sender's
-/// cost per byte. The run takes it beside every throughput phase and keeps
-/// the fastest, since this shared machine's speed drifts within a run.
-pub(super) fn seal_cost(cpu: Option<usize>) -> anyhow::Result<SealCost> {
+/// One half of the record layer's work on a reply, timed alone.
+#[derive(Debug, Clone, Copy)]
+enum Crypto {
+    /// The memory node's seal (with the copy into the record).
+    Seal,
+    /// The client's open (with the copy out of the read buffer).
+    Open,
+}
+
+/// Times `what` alone on `cpu` (the memory node's for the seal, the
+/// client's for the open, where pinned): the fastest of three bursts of
+/// 50 ms, as the least TLS adds per byte on that side. The run times both
+/// after the latency phase and beside every throughput phase and keeps the
+/// fastest, since this shared machine's speed drifts within a run.
+fn crypto_cost(what: Crypto, cpu: Option<usize>) -> anyhow::Result<CryptoCost> {
     std::thread::scope(|s| {
         s.spawn(|| {
             if let Some(cpu) = cpu {
-                super::pin::pin_current(cpu).context("pinning the seal timing")?;
+                super::pin::pin_current(cpu).context("pinning the TLS timing")?;
             }
             let plaintext = Image::new(64 << 10, 3);
-            let mut best: Option<SealCost> = None;
+            let mut best: Option<CryptoCost> = None;
             for _ in 0..3 {
-                let c = remora_proto::tls::seal_cost(plaintext.bytes(), Duration::from_millis(50))
-                    .context("timing the TLS seal")?;
+                let min = Duration::from_millis(50);
+                let c = match what {
+                    Crypto::Seal => remora_proto::tls::seal_cost(plaintext.bytes(), min),
+                    Crypto::Open => remora_proto::tls::open_cost(plaintext.bytes(), min),
+                }
+                .with_context(|| format!("timing the TLS {what:?}"))?;
                 best = Some(faster(best, c));
             }
-            best.ok_or_else(|| anyhow!("no seal timed"))
+            best.ok_or_else(|| anyhow!("no {what:?} timed"))
         })
         .join()
-        .map_err(|_| anyhow!("the seal timing thread panicked"))?
+        .map_err(|_| anyhow!("the TLS timing thread panicked"))?
     })
 }
 
-/// The faster of two seal timings.
-pub(super) fn faster(a: Option<SealCost>, b: SealCost) -> SealCost {
+/// The faster of two timings.
+fn faster(a: Option<CryptoCost>, b: CryptoCost) -> CryptoCost {
     match a {
         Some(a) if a.secs_per_gb() <= b.secs_per_gb() => a,
         _ => b,
@@ -97,11 +114,36 @@ pub(super) struct TlsReport {
     pub(super) latency: Vec<LatencyRow>,
     /// READ throughput, one phase per request size.
     pub(super) tput: Vec<(ByteSize, TputRow)>,
-    /// Sealing alone, timed on this CPU.
-    pub(super) seal: Option<SealCost>,
+    /// Sealing alone, timed on the memory node's CPU.
+    pub(super) seal: Option<CryptoCost>,
+    /// Opening alone, timed on the client's CPU.
+    pub(super) open: Option<CryptoCost>,
 }
 
 impl TlsReport {
+    /// Times the seal on `cpus`' server CPU and the open on its client CPU
+    /// (as pinned), keeping the fastest of this and earlier timings.
+    pub(super) fn time_crypto(&mut self, cpus: Option<(usize, usize)>) -> anyhow::Result<()> {
+        self.seal = Some(faster(self.seal, crypto_cost(Crypto::Seal, cpus.map(|(_, s)| s))?));
+        self.open = Some(faster(self.open, crypto_cost(Crypto::Open, cpus.map(|(c, _)| c))?));
+        Ok(())
+    }
+
+    /// The least TLS can add to a READ round trip of `size` bytes with one
+    /// request in flight: the reply is sealed, then opened, one after the
+    /// other; in µs.
+    fn crypto_floor_us(&self, size: u64) -> Option<f64> {
+        let (seal, open) = (self.seal?, self.open?);
+        Some((seal.secs_per_gb() + open.secs_per_gb()) * size as f64 / 1e3)
+    }
+
+    /// The p50 ratio TLS could reach at best in `r`: plain's p50 plus the
+    /// seal and open of the reply, over plain's p50.
+    fn p50_floor(&self, r: &LatencyRow) -> Option<f64> {
+        let plain = r.raw.at(0.5) as f64 / 1e3;
+        Some((plain + self.crypto_floor_us(r.size.0)?) / plain.max(1e-9))
+    }
+
     pub(super) fn print(&self) {
         println!();
         println!(
@@ -113,8 +155,8 @@ impl TlsReport {
             GOAL_SIZE >> 10
         );
         println!(
-            "{:<7} {:<10} {:>9} {:>9} {:>9} {:>8} {:>8}",
-            "size", "side", "p50 µs", "p99 µs", "p999 µs", "p50 ×", "p99 ×"
+            "{:<7} {:<10} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8}",
+            "size", "side", "p50 µs", "p99 µs", "p999 µs", "p50 ×", "p99 ×", "floor ×"
         );
         for r in &self.latency {
             let goal = if r.size.0 == GOAL_SIZE {
@@ -132,8 +174,9 @@ impl TlsReport {
             {
                 let size = if i == 0 { r.size.to_string() } else { String::new() };
                 let tail = if i == 1 {
+                    let floor = self.p50_floor(r).map(|f| format!("{f:.2}×")).unwrap_or_default();
                     format!(
-                        "{:>8} {:>8}{goal}",
+                        "{:>8} {:>8} {floor:>8}{goal}",
                         format!("{:.2}×", r.ratio(0.5)),
                         format!("{:.2}×", r.ratio(0.99))
                     )
@@ -147,6 +190,14 @@ impl TlsReport {
                     us(h.at(0.999))
                 );
             }
+        }
+        if let (Some(seal), Some(open)) = (self.seal, self.open) {
+            println!(
+                "floor ×: the least p50 ratio TLS allows here, plain's p50 plus the reply's seal ({:.3} s/GB on the memory \
+                 node's CPU) and then its open ({:.3} s/GB on the client's, the copy out included), each timed alone",
+                seal.secs_per_gb(),
+                open.secs_per_gb()
+            );
         }
         if self.tput.is_empty() {
             return;
@@ -225,6 +276,7 @@ impl TlsReport {
                     "tls": r.remora.to_json(),
                     "p50_ratio": r.ratio(0.5),
                     "p99_ratio": r.ratio(0.99),
+                    "p50_floor_ratio": self.p50_floor(r),
                 })
             })
             .collect();
@@ -251,6 +303,7 @@ impl TlsReport {
             "latency": latency,
             "throughput": tput,
             "seal_s_per_gb": self.seal.map(|c| c.secs_per_gb()),
+            "open_s_per_gb": self.open.map(|c| c.secs_per_gb()),
             "goal_p50_ratio": GOAL_P50_RATIO,
             "goal_tput_ratio": GOAL_TPUT_RATIO,
         })

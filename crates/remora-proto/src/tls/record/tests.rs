@@ -291,18 +291,27 @@ proptest! {
     }
 }
 
-/// The seal timing counts whole passes over the plaintext, runs at least as
-/// long as asked, and returns at once on nothing to seal.
+/// The seal and open timings count whole passes over the plaintext (the
+/// open's every record really opens: a failure is an error), run at least
+/// as long as asked, and return at once on nothing to time.
 #[test]
-fn seal_cost_counts_every_pass_it_times() {
+fn crypto_costs_count_every_pass_they_time() {
     let plaintext = pattern(40_000, 7);
-    let one = crate::tls::seal_cost(&plaintext, Duration::ZERO).unwrap();
-    assert_eq!(one.bytes, 40_000);
-    let timed = crate::tls::seal_cost(&plaintext, Duration::from_millis(20)).unwrap();
-    assert!(timed.elapsed >= Duration::from_millis(20), "{timed:?}");
-    assert_eq!(timed.bytes % 40_000, 0, "{timed:?}");
-    assert!(timed.bytes > 40_000, "{timed:?}");
-    let per_gb = timed.secs_per_gb();
-    assert!(per_gb > 0.0 && per_gb.is_finite(), "{timed:?}");
-    assert_eq!(crate::tls::seal_cost(&[], Duration::from_secs(3600)).unwrap().bytes, 0);
+    let timings: [(&str, CostFn); 2] = [("seal", crate::tls::seal_cost), ("open", crate::tls::open_cost)];
+    for (what, cost) in timings {
+        assert_eq!(cost(&plaintext, Duration::ZERO).unwrap().bytes, 40_000, "{what}");
+        let timed = cost(&plaintext, Duration::from_millis(20)).unwrap();
+        assert_eq!(timed.bytes % 40_000, 0, "{what}: {timed:?}");
+        assert!(timed.bytes > 40_000, "{what}: {timed:?}");
+        assert!(timed.secs_per_gb().is_finite(), "{what}: {timed:?}");
+        assert_eq!(cost(&[], Duration::from_secs(3600)).unwrap().bytes, 0, "{what}");
+    }
+    // The seal's time is all its own; the open's is less the copy in,
+    // timed apart, so the whole is checked before the subtraction.
+    let sealed = crate::tls::seal_cost(&plaintext, Duration::from_millis(20)).unwrap();
+    assert!(sealed.elapsed >= Duration::from_millis(20), "{sealed:?}");
+    let (bytes, opened, _) = super::open_only(&plaintext, Duration::from_millis(20)).unwrap();
+    assert!(opened >= Duration::from_millis(20), "{opened:?} for {bytes} bytes");
 }
+
+type CostFn = fn(&[u8], Duration) -> std::io::Result<crate::tls::CryptoCost>;
