@@ -17,14 +17,14 @@ use crate::traffic::Traffic;
 /// more. Opaque outside the runtime.
 pub struct FarMemory {
     /// Where regions and connections come from (the manager, or an in-process cluster).
-    pub(crate) backend: Arc<dyn FarBackend>,
-    pub(crate) regions: RegionTable,
-    pub(crate) pages: FarPageHeap,
-    pub(crate) traffic: Arc<Traffic>,
+    backend: Arc<dyn FarBackend>,
+    regions: RegionTable,
+    pages: FarPageHeap,
+    traffic: Arc<Traffic>,
     /// How long to keep asking the manager when it has no free region.
-    pub(crate) patience: Duration,
+    patience: Duration,
     /// Suspected memory nodes and read latency (failure detection).
-    pub(crate) detector: Detector,
+    detector: Detector,
 }
 
 impl FarMemory {
@@ -38,6 +38,48 @@ impl FarMemory {
             patience,
             detector: Detector::default(),
         }
+    }
+
+    /// Where regions and connections come from.
+    pub(crate) fn backend(&self) -> &Arc<dyn FarBackend> {
+        &self.backend
+    }
+
+    /// The regions held, by region-table index.
+    pub(crate) fn regions(&self) -> &RegionTable {
+        &self.regions
+    }
+
+    /// Free and used far pages of every region held.
+    pub(crate) fn pages(&self) -> &FarPageHeap {
+        &self.pages
+    }
+
+    /// What crosses the wire, counted at the transport.
+    pub(crate) fn traffic(&self) -> &Arc<Traffic> {
+        &self.traffic
+    }
+
+    /// How long to keep asking the manager for a region, or waiting for a
+    /// stripe to become readable again.
+    pub(crate) fn patience(&self) -> Duration {
+        self.patience
+    }
+
+    /// Suspects and latency bounds (failure detection).
+    pub(crate) fn detector(&self) -> &Detector {
+        &self.detector
+    }
+
+    /// Memory node `node` failed a request: read around it and place
+    /// nothing new on it until the manager rules.
+    pub(crate) fn suspect(&self, node: remora_proto::NodeId) {
+        self.detector.suspects.suspect(node);
+    }
+
+    /// Whether `node` is suspected now.
+    pub(crate) fn is_suspect(&self, node: remora_proto::NodeId) -> bool {
+        self.detector.suspects.is_suspect(node)
     }
 
     /// Far bytes handed out to spans and not yet released.

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use remora_memnode::InProcessCluster;
-use remora_runtime::scheme::{FarMemory, NonFt, Scheme, SpanAddr};
+use remora_runtime::scheme::{CopyRead, FarMemory, NonFt, Scheme, SpanAddr};
 use remora_runtime::{Remotable, Runtime, RuntimeConfig, RuntimeError};
 
 /// Records the order of hook calls around a real scheme.
@@ -53,9 +53,9 @@ impl Scheme for Hooked {
         self.check();
         self.inner.swap_out(far, spans, sums)
     }
-    fn swap_in(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<(), RuntimeError> {
+    fn read_copy(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<CopyRead, RuntimeError> {
         self.check();
-        self.inner.swap_in(far, at, dest)
+        self.inner.read_copy(far, at, dest)
     }
     fn release(&self, far: &FarMemory, at: SpanAddr, pages: u32) {
         self.check();

@@ -35,7 +35,7 @@ pub(super) fn notice_loop(
                         "memory node {node} at {addr} died, holding {} of our regions",
                         regions.len()
                     );
-                    inner.far.regions.sever(&addr);
+                    inner.far.regions().sever(&addr);
                     inner.scheme.node_failed(&inner.far, node);
                 }
                 remora_proto::EventKind::NodeDraining { node, addr, .. } => {
@@ -61,7 +61,12 @@ pub(super) fn confirm_loop(weak: &std::sync::Weak<Inner>) {
             if inner.stop.load(StdOrdering::Acquire) {
                 return;
             }
-            match inner.far.detector.suspects.next_to_confirm(Duration::from_millis(100)) {
+            match inner
+                .far
+                .detector()
+                .suspects
+                .next_to_confirm(Duration::from_millis(100))
+            {
                 Some(n) => n,
                 None => continue,
             }
@@ -69,12 +74,12 @@ pub(super) fn confirm_loop(weak: &std::sync::Weak<Inner>) {
         // The verdict may take the node's lease: no strong reference
         // meanwhile, so a runtime dropped now is not kept alive by it.
         let backend = match weak.upgrade() {
-            Some(inner) => Arc::clone(&inner.far.backend),
+            Some(inner) => Arc::clone(inner.far.backend()),
             None => return,
         };
         let verdict = backend.confirm(node);
         let Some(inner) = weak.upgrade() else { return };
-        let suspects = &inner.far.detector.suspects;
+        let suspects = &inner.far.detector().suspects;
         match verdict {
             Ok(alive) => {
                 if alive {

@@ -397,7 +397,7 @@ impl Runtime {
     /// The far-memory regions this runtime holds now, by region-table index
     /// (for tools and fault-injection tests).
     pub fn regions(&self) -> Vec<(u16, remora_proto::RegionGrant)> {
-        self.inner.far.regions.held()
+        self.inner.far.regions().held()
     }
 
     /// The regions that hold far data now (spans, parity, holes or kept
@@ -406,10 +406,10 @@ impl Runtime {
     pub fn regions_with_data(&self) -> Vec<(u16, remora_proto::RegionGrant)> {
         let far = &self.inner.far;
         let mut v: Vec<_> = far
-            .regions
+            .regions()
             .held()
             .into_iter()
-            .map(|(i, g)| (far.pages.usage(i).0, i, g))
+            .map(|(i, g)| (far.pages().usage(i).0, i, g))
             .filter(|(used, ..)| *used > 0)
             .collect();
         v.sort_by_key(|(used, i, _)| (std::cmp::Reverse(*used), *i));
@@ -418,7 +418,7 @@ impl Runtime {
 
     /// This compute node's id at the manager.
     pub fn compute_id(&self) -> remora_proto::ComputeId {
-        self.inner.far.backend.id()
+        self.inner.far.backend().id()
     }
 }
 

@@ -159,17 +159,17 @@ pub(super) struct Counters {
 impl Inner {
     pub(super) fn stats(&self) -> Stats {
         let (_, live) = self.far_map.totals();
-        let t = &self.far.traffic;
+        let t = &self.far.traffic();
         let rep = self.scheme.report();
         let c = &self.counters;
         let get = |a: &AtomicU64| a.load(StdOrdering::Relaxed);
-        let (suspicions, suspicions_cleared) = self.far.detector.suspects.counts();
+        let (suspicions, suspicions_cleared) = self.far.detector().suspects.counts();
         Stats {
             degraded_reads: rep.degraded_reads,
             suspicions,
             suspicions_cleared,
-            overdue_reads: self.far.detector.reads.overdue(),
-            overdue_writes: self.far.detector.writes.overdue(),
+            overdue_reads: self.far.detector().reads.overdue(),
+            overdue_writes: self.far.detector().writes.overdue(),
             reconstructed_bytes: rep.reconstructed_bytes,
             reconstruct_seconds: rep.reconstruct_time.as_secs_f64(),
             recoveries: rep.recoveries,

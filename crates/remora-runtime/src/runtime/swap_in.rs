@@ -4,7 +4,6 @@
 //! otherwise the whole span comes back and its objects' words point at it.
 
 use super::*;
-use crate::error::LossCause;
 use crate::far_page_map::FarSpan;
 use crate::size_classes::{ClassIndex, MIN_SHARED_OBJECTS};
 
@@ -113,8 +112,10 @@ impl Inner {
     }
 
     /// The remote read of a far span into `dest`, checked against its
-    /// checksum (a corrupt copy is rebuilt from redundancy and rewritten).
-    /// Says whether the far copy holds exactly these bytes, so it can be kept.
+    /// checksum and read around or repaired by the scheme as needed
+    /// ([`crate::scheme::read`]). Says whether the far copy holds exactly
+    /// these bytes, so it can be kept. The read runs outside the caller's
+    /// scope: `dest` is ours alone until it is published.
     fn read_far_span(
         &self,
         fs: &FarSpan,
@@ -122,25 +123,8 @@ impl Inner {
         dest: &mut [u8],
         scope: &DerefScope<'_>,
     ) -> Result<bool, RuntimeError> {
-        scope.step_out(|| self.scheme.swap_in(&self.far, at, dest))?;
-        if checksum(dest) == fs.checksum {
-            return Ok(true);
-        }
-        // A corrupt far copy is handled like a lost one: rebuild it from
-        // redundancy, then write the good bytes back so the redundancy
-        // that covers it stays consistent.
-        tracing::warn!("span r{}:p{} failed its checksum; rebuilding it", fs.region, fs.page);
-        match self.scheme.degraded_read(&self.far, at, dest) {
-            Ok(()) if checksum(dest) == fs.checksum => {
-                if let Err(e) = self.scheme.repair(&self.far, at, dest) {
-                    tracing::warn!("could not rewrite repaired span r{}:p{}: {e}", fs.region, fs.page);
-                    return Ok(false);
-                }
-                Ok(true)
-            }
-            Err(e) => Err(e),
-            Ok(()) => Err(RuntimeError::lost(at, LossCause::Corrupt)),
-        }
+        let verified = scope.step_out(|| crate::scheme::read(&*self.scheme, &self.far, at, dest, fs.checksum))?;
+        Ok(verified == crate::scheme::Verified::Copy)
     }
 
     /// The size class of `fs` if a swap-in from it brings back only the

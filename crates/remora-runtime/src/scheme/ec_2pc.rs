@@ -1,8 +1,8 @@
 //! `ec-2pc`: erasure-coded spansets of fixed slots whose parity is updated
 //! in place with two-phase commit (paper §3.4, Table 1).
 //!
-//! A spanset is k data slots plus m parity members of one span size, one
-//! per position of a stripe group ([`super::placement`]): k+m regions on
+//! A spanset ([`super::spanset`]) is k data slots plus m parity members of
+//! one span size, one per position of a stripe group ([`super::placement`]): k+m regions on
 //! k+m distinct memory nodes, as in `ec-batch`. What differs is what
 //! happens to a slot whose span is swapped in: `ec-batch` leaves a hole
 //! that only compaction reclaims; here the slot becomes **free** and a
@@ -33,72 +33,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
-use remora_proto::{NodeId, RebuildRow};
+use remora_proto::NodeId;
 
 use super::recovery::{self, Lost};
-use super::shards::{self, Shard, Stripes};
-use super::{Scheme, SchemeReport, SpanAddr};
+use super::shards::{self, Stripes};
+use super::spanset::{Held, Member, Spanset, bytes, offset};
+use super::{CopyRead, Scheme, SchemeReport, SpanAddr, read};
 use crate::error::RuntimeError;
 use crate::far_memory::FarMemory;
 use crate::size_classes::PAGE_SIZE;
-
-/// What a data slot holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Slot {
-    /// Never written: zeros to the parity, whatever the region holds there.
-    Unwritten,
-    /// A span that came back: its bytes stay (the parity covers them) until
-    /// a fill replaces them.
-    Free,
-    /// A transaction is writing a span here.
-    Filling,
-    /// A far span.
-    Live,
-    /// A span that came back clean and may return without a write (see
-    /// [`Scheme::keep`]); it keeps nothing else alive.
-    Kept,
-}
-
-struct Spanset {
-    group: usize,
-    /// Length of every member, data and parity.
-    pages: u32,
-    /// First page of each position's member (k slots, then m parity).
-    page: Vec<u32>,
-    /// Generation each member holds on its node: a commit moves it one up,
-    /// a plain write (new spanset, zeroing, repair, rebuild) back to 0.
-    generation: Vec<u64>,
-    /// Checksum of each member's bytes; `None` for parity once changed in
-    /// place (its new bytes are computed on the memory nodes).
-    sum: Vec<Option<u64>>,
-    slots: Vec<Slot>,
-    /// A transaction is under way: members may disagree until it ends.
-    busy: bool,
-    /// Degraded reads under way: no transaction may start.
-    readers: u32,
-    /// Never filled again: a transaction went wrong in a way that may have
-    /// left staged changes or generations we do not know.
-    sealed: bool,
-    /// Positions whose bytes may differ from what we recorded (a commit
-    /// whose outcome we never learned): read around them.
-    doubt: Vec<bool>,
-}
-
-impl Spanset {
-    /// Whether a live (or arriving) span keeps the spanset.
-    fn holds_live(&self) -> bool {
-        self.slots.iter().any(|s| matches!(s, Slot::Live | Slot::Filling))
-    }
-
-    /// Bytes a survivor read of position `p` takes (0: zeros, for free).
-    fn read_len(&self, k: usize, p: usize) -> usize {
-        if p < k && self.slots[p] == Slot::Unwritten {
-            0
-        } else {
-            bytes(self.pages)
-        }
-    }
-}
 
 #[derive(Default)]
 struct State {
@@ -125,14 +68,6 @@ struct Shared {
 /// Erasure-coded spansets of reusable slots, parity updated by 2PC.
 pub struct Ec2pc {
     sh: Arc<Shared>,
-}
-
-fn bytes(pages: u32) -> usize {
-    pages as usize * PAGE_SIZE
-}
-
-fn offset(page: u32) -> u64 {
-    page as u64 * PAGE_SIZE as u64
 }
 
 impl Ec2pc {
@@ -167,17 +102,15 @@ impl Shared {
         }
         let ss = st.sets.remove(&id)?;
         let regions = self.c.place.group(ss.group).regions;
-        for (&r, &pg) in regions.iter().zip(&ss.page).take(self.c.k) {
-            st.by_span.remove(&(r, pg));
+        for (&r, m) in regions.iter().zip(ss.data()) {
+            st.by_span.remove(&(r, m.page));
         }
         Some(ss)
     }
 
     /// Gives back the far space of a spanset already out of the table.
     fn free_far(&self, far: &FarMemory, ss: &Spanset) {
-        for p in 0..self.c.n() {
-            self.c.place.free(far, ss.group, p, ss.page[p], ss.pages);
-        }
+        ss.free_far(far, &self.c.place);
     }
 
     /// A live slot's span left far memory: the slot becomes free, or kept
@@ -187,12 +120,12 @@ impl Shared {
         let mut st = self.lock();
         let &(id, pos) = st.by_span.get(&(at.region, at.page))?;
         let ss = st.sets.get_mut(&id)?;
-        if ss.slots[pos] != Slot::Live {
+        if ss.held(pos) != Held::Live {
             return None;
         }
-        ss.slots[pos] = Slot::Free;
+        ss.set_held(pos, Held::Hole);
         if ss.holds_live() && keep {
-            ss.slots[pos] = Slot::Kept;
+            ss.set_held(pos, Held::Kept);
             return Some(id);
         }
         let dead = self.take_if_dead(&mut st, id);
@@ -212,7 +145,7 @@ impl Shared {
                 .get(&(at.region, at.page))
                 .ok_or_else(|| RuntimeError::lost_because(at, format!("{}: no spanset holds it", self.c.name)))?;
             let ss = &st.sets[&id];
-            (id, pos, ss.group, ss.doubt[pos])
+            (id, pos, ss.group, ss.members[pos].doubt)
         };
         Ok((id, pos, doubt || self.c.place.unusable(far, group, pos)))
     }
@@ -221,7 +154,6 @@ impl Shared {
     /// (the member's length). Waits for a transaction on the spanset to end
     /// and keeps new ones out meanwhile.
     fn decode(&self, far: &FarMemory, id: u64, want: usize, out: &mut [u8]) -> Result<(), RuntimeError> {
-        let (k, n) = (self.c.k, self.c.n());
         let lost = || RuntimeError::lost_because(None::<SpanAddr>, format!("{}: no spanset {id}", self.c.name));
         let (group, cands) = {
             let mut st = self.lock();
@@ -231,22 +163,8 @@ impl Shared {
             let ss = st.sets.get_mut(&id).ok_or_else(lost)?;
             ss.readers += 1;
             let g = self.c.place.group(ss.group);
-            let mut cands: Vec<usize> = (0..n).filter(|&p| p != want && !g.failed[p] && !ss.doubt[p]).collect();
-            // Unwritten slots cost nothing, then data, then parity; suspects
-            // last (a paused node would make every wave wait for it).
-            let suspect = |p: usize| far.detector.suspects.is_suspect(g.nodes[p]);
-            cands.sort_by_key(|&p| (ss.read_len(k, p) > 0, suspect(p), p >= k));
-            let cands: Vec<Shard> = cands
-                .into_iter()
-                .map(|p| Shard {
-                    pos: p,
-                    node: g.nodes[p],
-                    region: g.regions[p],
-                    offset: offset(ss.page[p]),
-                    len: ss.read_len(k, p),
-                    generation: None,
-                })
-                .collect();
+            // No transaction runs while we read (`readers`): plain reads.
+            let cands = ss.decode_candidates(&g, want, |n| far.is_suspect(n), false);
             (ss.group, cands)
         };
         let res = self.c.decode_from(far, group, id, &cands, want, out);
@@ -273,7 +191,7 @@ impl Shared {
     /// them). Waits for the group's transactions to end first; none starts
     /// while the position is failed.
     fn recover(&self, far: &FarMemory, lost: &Lost) -> Result<u64, RuntimeError> {
-        let (g, pos, k) = (lost.group, lost.pos, self.c.k);
+        let (g, pos) = (lost.group, lost.pos);
         recovery::rebuild(far, &self.c.place, lost, |cands| {
             let mut st = self.lock();
             while st.sets.values().any(|ss| ss.group == g && ss.busy) {
@@ -281,21 +199,14 @@ impl Shared {
             }
             st.sets
                 .values_mut()
-                .filter(|ss| ss.group == g && ss.read_len(k, pos) > 0)
-                .map(|ss| {
+                .filter(|ss| ss.group == g)
+                .filter_map(|ss| {
+                    let row = ss.rebuild_row(pos, cands)?;
                     // The rebuild writes the member plainly: generation 0,
                     // and its bytes are what the survivors say.
-                    ss.generation[pos] = 0;
-                    ss.doubt[pos] = false;
-                    let len = bytes(ss.pages) as u32;
-                    let r = RebuildRow {
-                        offset: offset(ss.page[pos]),
-                        row_len: len,
-                        offsets: cands.iter().map(|&p| offset(ss.page[p])).collect(),
-                        lens: cands.iter().map(|&p| ss.read_len(k, p) as u32).collect(),
-                        out_len: len,
-                    };
-                    (r, ss.sum[pos])
+                    ss.members[pos].generation = 0;
+                    ss.members[pos].doubt = false;
+                    Some(row)
                 })
                 .collect()
         })
@@ -332,12 +243,15 @@ impl Shared {
                 .collect()
         })?;
         let regions = self.c.place.group(group).regions;
-        let sum = (0..k)
-            .map(|p| chunk.get(p).map(|&i| sums[i]))
-            .chain(parity.iter().map(|v| Some(remora_proto::checksum::checksum(v))))
+        let members = (0..k)
+            .map(|p| Member::written(page[p], pages, chunk.get(p).map(|&i| sums[i])))
+            .chain((0..m).map(|j| {
+                let sum = remora_proto::checksum::checksum(&parity[j]);
+                Member::written(page[k + j], pages, Some(sum))
+            }))
             .collect();
-        let slots = (0..k)
-            .map(|p| if p < chunk.len() { Slot::Live } else { Slot::Unwritten })
+        let held = (0..k)
+            .map(|p| if p < chunk.len() { Held::Live } else { Held::Unwritten })
             .collect();
         let mut st = self.lock();
         st.next_id += 1;
@@ -346,21 +260,7 @@ impl Shared {
         for (p, (&r, &pg)) in regions.iter().zip(&page).take(k).enumerate() {
             st.by_span.insert((r, pg), (id, p));
         }
-        st.sets.insert(
-            id,
-            Spanset {
-                group,
-                pages,
-                page,
-                generation: vec![0; k + m],
-                sum,
-                slots,
-                busy: false,
-                readers: 0,
-                sealed: false,
-                doubt: vec![false; k + m],
-            },
-        );
+        st.sets.insert(id, Spanset::new(group, pages, members, held));
         Ok(id)
     }
 
@@ -370,10 +270,11 @@ impl Shared {
     fn unplace(&self, far: &FarMemory, id: u64, spans: usize) {
         let mut st = self.lock();
         if let Some(ss) = st.sets.get_mut(&id) {
-            ss.slots[..spans]
-                .iter_mut()
-                .filter(|s| **s == Slot::Live)
-                .for_each(|s| *s = Slot::Free);
+            for p in 0..spans {
+                if ss.held(p) == Held::Live {
+                    ss.set_held(p, Held::Hole);
+                }
+            }
         }
         let dead = self.take_if_dead(&mut st, id);
         drop(st);
@@ -388,7 +289,7 @@ impl Shared {
         let ss = st.sets.get(&id)?;
         Some(SpanAddr {
             region: self.c.place.group(ss.group).regions[pos],
-            page: ss.page[pos],
+            page: ss.members[pos].page,
         })
     }
 }
@@ -482,42 +383,27 @@ impl Scheme for Ec2pc {
         Ok(out)
     }
 
-    fn swap_in(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<(), RuntimeError> {
+    fn read_copy(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<CopyRead, RuntimeError> {
         let (_, _, around) = self.sh.locate(far, at)?;
         if around {
-            return self.sh.degraded(far, at, dest);
+            return Ok(CopyRead::Unreadable { failed: None });
         }
-        let (r, c) = match far.regions.reader(at.region) {
-            Ok(x) => x,
-            Err(_) => {
-                far.detector.suspects.suspect(far.regions.get(at.region).grant.node);
-                return self.sh.degraded(far, at, dest);
-            }
-        };
-        match shards::timed_read(far, &c, r.grant.cap, offset(at.page), dest) {
-            Ok(()) => Ok(()),
-            Err(e) if e.is_node_down() => {
-                tracing::debug!("swap-in from {} failed ({e}); degraded read", r.grant.addr);
-                far.detector.suspects.suspect(r.grant.node);
-                self.sh.degraded(far, at, dest)
-            }
-            Err(e) => Err(e.into()),
-        }
+        read::read_member(far, at.region, offset(at.page), dest)
     }
 
-    fn degraded_read(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<(), RuntimeError> {
+    fn read_around(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<(), RuntimeError> {
         self.sh.degraded(far, at, dest)
     }
 
     fn repair(&self, far: &FarMemory, at: SpanAddr, good: &[u8]) -> Result<(), RuntimeError> {
-        let (r, c) = far.regions.client(at.region)?;
+        let (r, c) = far.regions().client(at.region)?;
         c.write(r.grant.cap, offset(at.page), good)?;
         // A plain write restarts the member's generation on its node.
         let mut st = self.sh.lock();
         if let Some(&(id, pos)) = st.by_span.get(&(at.region, at.page)) {
             if let Some(ss) = st.sets.get_mut(&id) {
-                ss.generation[pos] = 0;
-                ss.doubt[pos] = false;
+                ss.members[pos].generation = 0;
+                ss.members[pos].doubt = false;
             }
         }
         drop(st);
@@ -539,8 +425,8 @@ impl Scheme for Ec2pc {
             return false;
         };
         match st.sets.get_mut(&id) {
-            Some(ss) if id == token && ss.slots[pos] == Slot::Kept => {
-                ss.slots[pos] = Slot::Live;
+            Some(ss) if id == token && ss.held(pos) == Held::Kept => {
+                ss.set_held(pos, Held::Live);
                 true
             }
             _ => false,
@@ -555,8 +441,8 @@ impl Scheme for Ec2pc {
         if let Some(ss) = st.sets.get_mut(&id) {
             // A free slot now; the spanset still holds a live span (or it
             // would have gone, cancelling this copy).
-            if id == token && ss.slots[pos] == Slot::Kept {
-                ss.slots[pos] = Slot::Free;
+            if id == token && ss.held(pos) == Held::Kept {
+                ss.set_held(pos, Held::Hole);
             }
         }
     }
@@ -582,13 +468,8 @@ impl Scheme for Ec2pc {
         let sh = &*self.sh;
         let (mut hole_pages, mut kept_pages) = (0u64, 0u64);
         for ss in sh.lock().sets.values() {
-            for s in &ss.slots {
-                match s {
-                    Slot::Unwritten | Slot::Free | Slot::Filling => hole_pages += ss.pages as u64,
-                    Slot::Kept => kept_pages += ss.pages as u64,
-                    Slot::Live => {}
-                }
-            }
+            hole_pages += ss.hole_pages();
+            kept_pages += ss.kept_pages();
         }
         SchemeReport {
             hole_bytes: hole_pages * PAGE_SIZE as u64,

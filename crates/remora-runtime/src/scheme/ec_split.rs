@@ -53,7 +53,7 @@ use remora_proto::{NodeId, RebuildRow};
 
 use super::recovery::{self, Lost};
 use super::shards::{self, Shard, Stripes, Waiters};
-use super::{Scheme, SchemeReport, SpanAddr};
+use super::{CopyRead, Scheme, SchemeReport, SpanAddr};
 use crate::error::RuntimeError;
 use crate::far_memory::FarMemory;
 use crate::size_classes::PAGE_SIZE;
@@ -456,7 +456,7 @@ impl Shared {
                     format!("{NAME}: re-encoded fragment {p} differs from what was written"),
                 ));
             }
-            let (r, c) = far.regions.client(g.regions[p])?;
+            let (r, c) = far.regions().client(g.regions[p])?;
             c.write(r.grant.cap, offset(loc.pages[p]) + loc.at as u64, bytes)?;
         }
         self.c.repairs.fetch_add(1, Ordering::Relaxed);
@@ -524,11 +524,13 @@ impl Scheme for EcSplit {
         Ok(out)
     }
 
-    fn swap_in(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<(), RuntimeError> {
-        self.sh.read(far, at, dest, false)
+    fn read_copy(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<CopyRead, RuntimeError> {
+        // The fragments are read around failures as they are gathered.
+        self.sh.read(far, at, dest, false)?;
+        Ok(CopyRead::Read)
     }
 
-    fn degraded_read(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<(), RuntimeError> {
+    fn read_around(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<(), RuntimeError> {
         self.sh.read(far, at, dest, true)
     }
 

@@ -17,10 +17,12 @@
 //!   a swap-in is refilled by a later swap-out, parity updated in place by
 //!   two-phase commit (paper Table 1).
 //!
-//! What every scheme shares lives beside them: `placement` (stripe groups
-//! on distinct nodes, suspects, far space), `recovery` (rebuilding a
-//! dead node's positions, joined on shutdown) and `shards` (reading k of
-//! k+m shards around failures, writing a stripe).
+//! What every scheme shares lives beside them: `read` (the whole read of a
+//! far span: verify, read around, repair), `spanset` (k data plus m parity
+//! members on a stripe group), `placement` (stripe groups on distinct
+//! nodes, suspects, far space), `recovery` (rebuilding a dead node's
+//! positions, joined on shutdown) and `shards` (reading k of k+m shards
+//! around failures, writing a stripe).
 //!
 //! # Lock contract
 //!
@@ -28,7 +30,7 @@
 //! that another [`Scheme`] call could need, from any thread, concurrently.
 //! A method may block on the network (up to the transport's timeouts) and
 //! on the manager (up to `patience`); it never calls back into the runtime.
-//! `swap_in`, `degraded_read` and `repair` of one span are never concurrent
+//! `read_copy`, `read_around` and `repair` of one span are never concurrent
 //! with each other or with that span's `release`/`keep` (the caller holds
 //! the far span's lock); `release`, `keep`, `reuse` and `drop_kept` never
 //! touch the network.
@@ -39,9 +41,11 @@ mod ec_split;
 mod node_writes;
 mod non_ft;
 pub(crate) mod placement;
+mod read;
 pub(crate) mod recovery;
 mod retry;
 pub(crate) mod shards;
+pub(crate) mod spanset;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,6 +54,8 @@ pub use ec_2pc::Ec2pc;
 pub use ec_batch::EcBatch;
 pub use ec_split::EcSplit;
 pub use non_ft::NonFt;
+pub use read::CopyRead;
+pub(crate) use read::{Verified, read};
 use remora_proto::NodeId;
 
 use crate::error::{LossCause, RuntimeError};
@@ -144,13 +150,16 @@ pub trait Scheme: Send + Sync {
         1
     }
 
-    /// Reads the span at `at` into `dest` (its full length). The remote
-    /// reads it takes are counted by the transport, not reported here.
-    fn swap_in(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<(), RuntimeError>;
+    /// Reads the span's own far copy at `at` into `dest` (its full
+    /// length), or says it cannot be read now. The remote reads it takes
+    /// are counted by the transport, not reported here. Only the read path
+    /// (`scheme::read`) calls it: it verifies the bytes and decides to read
+    /// around the copy.
+    fn read_copy(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<CopyRead, RuntimeError>;
 
-    /// Rebuilds the span at `at` from redundancy, ignoring its own far copy
-    /// (which failed its checksum).
-    fn degraded_read(&self, _far: &FarMemory, at: SpanAddr, _dest: &mut [u8]) -> Result<(), RuntimeError> {
+    /// Rebuilds the span at `at` from redundancy, without its own far copy
+    /// (unreadable, or failed its checksum): a degraded read.
+    fn read_around(&self, _far: &FarMemory, at: SpanAddr, _dest: &mut [u8]) -> Result<(), RuntimeError> {
         Err(RuntimeError::lost(at, LossCause::NoRedundancy { scheme: self.name() }))
     }
 

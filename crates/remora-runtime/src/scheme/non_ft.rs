@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::node_writes::{self, NodeWrites};
 use super::placement::Placement;
 use super::retry::Retry;
-use super::{Scheme, SchemeReport, SpanAddr};
+use super::{CopyRead, Scheme, SchemeReport, SpanAddr};
 use crate::error::{LossCause, RuntimeError};
 use crate::far_memory::FarMemory;
 use crate::size_classes::PAGE_SIZE;
@@ -64,7 +64,7 @@ impl Scheme for NonFt {
             let (region, page) = (grp.regions[0], at[0]);
             placed.push((SpanAddr { region, page }, pages));
             // `client` reconnects when the region's connection broke earlier.
-            match far.regions.client(region) {
+            match far.regions().client(region) {
                 Ok((r, c)) => node_writes::add(
                     &mut batches,
                     (grp.nodes[0], c),
@@ -100,19 +100,19 @@ impl Scheme for NonFt {
             // Nothing stays half-placed: the caller keeps every span local,
             // and the next attempt avoids the node that failed for a while.
             if let Some(n) = node {
-                far.detector.suspects.suspect(n);
+                far.suspect(n);
             }
             for (at, pages) in placed {
-                far.pages.free(at.region, at.page, pages);
+                far.pages().free(at.region, at.page, pages);
             }
             return Err(e);
         }
         Ok(placed.into_iter().map(|(at, _)| at).collect())
     }
 
-    fn swap_in(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<(), RuntimeError> {
+    fn read_copy(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<CopyRead, RuntimeError> {
         let reader = || {
-            far.regions.reader(at.region).map_err(|e| match e {
+            far.regions().reader(at.region).map_err(|e| match e {
                 RuntimeError::Rpc(e) => lost(at, e),
                 other => other,
             })
@@ -133,13 +133,13 @@ impl Scheme for NonFt {
                 Err(RpcError::Broken { .. }) if retry.wait() => {
                     (r, c) = reader()?;
                 }
-                res => return res.map_err(|e| lost(at, e)),
+                res => return res.map(|()| CopyRead::Read).map_err(|e| lost(at, e)),
             }
         }
     }
 
     fn release(&self, far: &FarMemory, at: SpanAddr, pages: u32) {
-        far.pages.free(at.region, at.page, pages);
+        far.pages().free(at.region, at.page, pages);
     }
 
     fn keep(&self, _far: &FarMemory, _at: SpanAddr, pages: u32) -> Option<u64> {
@@ -151,7 +151,7 @@ impl Scheme for NonFt {
     fn reuse(&self, far: &FarMemory, at: SpanAddr, pages: u32, _token: u64) -> bool {
         // The kept copy is the only one: never bet the span on a node we
         // can no longer reach (the caller then writes it elsewhere).
-        if far.regions.client(at.region).is_err() {
+        if far.regions().client(at.region).is_err() {
             return false;
         }
         self.kept_pages.fetch_sub(pages as u64, Ordering::Relaxed);
@@ -161,7 +161,7 @@ impl Scheme for NonFt {
     // A copy that `reuse` refused stays kept until the caller drops it.
     fn drop_kept(&self, far: &FarMemory, at: SpanAddr, pages: u32, _token: u64) {
         self.kept_pages.fetch_sub(pages as u64, Ordering::Relaxed);
-        far.pages.free(at.region, at.page, pages);
+        far.pages().free(at.region, at.page, pages);
     }
 
     fn give_back(&self, far: &FarMemory) -> u64 {

@@ -67,7 +67,7 @@ struct State {
 /// Share of group `g`'s pages in use.
 fn fill(far: &FarMemory, g: &Group) -> f64 {
     let (used, all) = g.regions.iter().fold((0u64, 0u64), |(u, a), &r| {
-        let (ru, ra) = far.pages.usage(r);
+        let (ru, ra) = far.pages().usage(r);
         (u + ru as u64, a + ra as u64)
     });
     if all == 0 { 0.0 } else { used as f64 / all as f64 }
@@ -104,7 +104,7 @@ impl Placement {
             let st = lock(&self.st);
             (st.groups[g].failed[pos], st.groups[g].nodes[pos])
         };
-        failed || far.detector.suspects.is_suspect(node)
+        failed || far.is_suspect(node)
     }
 
     /// Takes one run of `pages[i]` far pages at each position `i` of one
@@ -157,7 +157,7 @@ impl Placement {
             if g.retired
                 || g.failed.iter().any(|&f| f)
                 || g.nodes.iter().any(|n| avoid.contains(n))
-                || (!suspects_too && g.nodes.iter().any(|n| far.detector.suspects.is_suspect(*n)))
+                || (!suspects_too && g.nodes.iter().any(|n| far.is_suspect(*n)))
             {
                 continue;
             }
@@ -177,7 +177,7 @@ impl Placement {
                     got.push(0);
                     continue;
                 }
-                match far.pages.alloc_in(g.regions[pos], want) {
+                match far.pages().alloc_in(g.regions[pos], want) {
                     Some(p) => got.push(p),
                     None => break,
                 }
@@ -190,7 +190,7 @@ impl Placement {
             // here: every allocation holds this lock).
             for (pos, &p) in got.iter().enumerate() {
                 if pages[pos] > 0 {
-                    far.pages.free(g.regions[pos], p, pages[pos]);
+                    far.pages().free(g.regions[pos], p, pages[pos]);
                 }
             }
         }
@@ -211,7 +211,7 @@ impl Placement {
                 if g.retired || g.failed.iter().any(|&f| f) {
                     continue;
                 }
-                if g.regions.iter().any(|&r| far.pages.usage(r).0 > 0) {
+                if g.regions.iter().any(|&r| far.pages().usage(r).0 > 0) {
                     continue;
                 }
                 if !spare {
@@ -221,7 +221,7 @@ impl Placement {
                 // Every allocation holds `st`, and frees only empty a region
                 // further, so each region of this group comes out.
                 for &r in &g.regions {
-                    let removed = far.pages.remove_if_empty(r);
+                    let removed = far.pages().remove_if_empty(r);
                     debug_assert!(removed, "an empty region stays empty under the placement lock");
                 }
                 g.retired = true;
@@ -231,7 +231,7 @@ impl Placement {
         };
         let mut bytes = 0;
         for r in regions {
-            if let Some(grant) = far.regions.vacate(r) {
+            if let Some(grant) = far.regions().vacate(r) {
                 bytes += grant.size;
                 far.give_back(grant.cap.region);
             }
@@ -241,7 +241,7 @@ impl Placement {
                 "{}: gave {} MiB of empty regions back ({} regions held)",
                 self.scheme,
                 bytes >> 20,
-                far.regions.len()
+                far.regions().len()
             );
         }
         bytes
@@ -251,7 +251,7 @@ impl Placement {
     pub(crate) fn free(&self, far: &FarMemory, g: usize, pos: usize, page: u32, pages: u32) {
         if pages > 0 {
             let region = lock(&self.st).groups[g].regions[pos];
-            far.pages.free(region, page, pages);
+            far.pages().free(region, page, pages);
         }
     }
 
@@ -274,16 +274,16 @@ impl Placement {
         }
         let mut avoid = avoid.to_vec();
         if avoid_suspects {
-            avoid.extend(far.detector.suspects.list());
+            avoid.extend(far.detector().suspects.list());
         }
         let n = self.width as u32;
         let start = Instant::now();
         let grants = loop {
-            match far.backend.alloc(n, true, &avoid) {
+            match far.backend().alloc(n, true, &avoid) {
                 Ok(g) => break g,
                 Err(RpcError::Remote(RemoteError::NoCapacity { .. })) if !wait => return Ok(false),
                 Err(RpcError::Remote(RemoteError::NoCapacity { available, .. })) => {
-                    if start.elapsed() > far.patience {
+                    if start.elapsed() > far.patience() {
                         return Err(RuntimeError::FarMemoryExhausted(format!(
                             "{} needs {n} regions on distinct live memory nodes; {available} available",
                             self.scheme
@@ -313,7 +313,7 @@ impl Placement {
         let mut regions = Vec::with_capacity(grants.len());
         let mut nodes = Vec::with_capacity(grants.len());
         for g in &grants {
-            match far.regions.add(g.clone()) {
+            match far.regions().add(g.clone()) {
                 Ok(idx) => {
                     nodes.push(g.node);
                     regions.push(idx);
@@ -329,7 +329,7 @@ impl Placement {
             }
         }
         for &r in &regions {
-            far.pages.add_region(r, pages);
+            far.pages().add_region(r, pages);
         }
         let mut st = lock(&self.st);
         let group = Group {
@@ -354,7 +354,7 @@ impl Placement {
             "{}: stripe group {gi} of {} x {pages} pages ({} regions held)",
             self.scheme,
             self.width,
-            far.regions.len()
+            far.regions().len()
         );
         Ok(true)
     }
@@ -380,13 +380,13 @@ impl Placement {
         let start = Instant::now();
         let exclude = self.group(g).nodes;
         loop {
-            match far.backend.alloc(1, false, &exclude) {
+            match far.backend().alloc(1, false, &exclude) {
                 Ok(v) => {
                     return v.into_iter().next().ok_or_else(|| {
                         RuntimeError::FarMemoryExhausted("the manager granted no region for a rebuild".into())
                     });
                 }
-                Err(RpcError::Remote(RemoteError::NoCapacity { .. })) if start.elapsed() < far.patience => {
+                Err(RpcError::Remote(RemoteError::NoCapacity { .. })) if start.elapsed() < far.patience() => {
                     thread::sleep(Duration::from_millis(100));
                 }
                 Err(e) => return Err(e.into()),
@@ -399,7 +399,7 @@ impl Placement {
     pub(crate) fn rebind(&self, far: &FarMemory, g: usize, pos: usize, grant: RegionGrant) -> Result<(), RuntimeError> {
         let idx = self.group(g).regions[pos];
         let node = grant.node;
-        far.regions.rebind(idx, grant)?;
+        far.regions().rebind(idx, grant)?;
         let mut st = lock(&self.st);
         st.groups[g].nodes[pos] = node;
         st.groups[g].failed[pos] = false;

@@ -20,7 +20,7 @@ use std::time::Instant;
 use remora_proto::msg::{DeltaTarget, MemRequest, Member};
 use remora_proto::{NodeId, RemoteError, RpcError, TxnId, TxnOp};
 
-use super::{Shared, Slot, bytes, offset};
+use super::{Held, Shared, bytes, offset};
 use crate::detector::SUSPECT_FOR;
 use crate::error::RuntimeError;
 use crate::far_memory::FarMemory;
@@ -61,13 +61,11 @@ impl Shared {
         let mut usable: HashMap<usize, bool> = HashMap::new();
         let mut best: Option<(u64, usize)> = None;
         for (&id, ss) in &st.sets {
-            if ss.pages != pages || ss.busy || ss.readers > 0 || ss.sealed || st.cooling.contains_key(&ss.group) {
+            if ss.row_pages != pages || ss.busy || ss.readers > 0 || ss.sealed || st.cooling.contains_key(&ss.group) {
                 continue;
             }
-            let free = ss
-                .slots
-                .iter()
-                .filter(|&&s| s == Slot::Free || (unwritten && s == Slot::Unwritten))
+            let free = (0..self.c.k)
+                .filter(|&p| ss.held(p) == Held::Hole || (unwritten && ss.held(p) == Held::Unwritten))
                 .count();
             if free == 0 || best.is_some_and(|(_, f)| f >= free.min(want)) {
                 continue;
@@ -81,8 +79,8 @@ impl Shared {
         }
         let (id, count) = best?;
         let ss = st.sets.get_mut(&id)?;
-        let mut slots: Vec<usize> = (0..self.c.k).filter(|&p| ss.slots[p] == Slot::Free).collect();
-        slots.extend((0..self.c.k).filter(|&p| unwritten && ss.slots[p] == Slot::Unwritten));
+        let mut slots: Vec<usize> = (0..self.c.k).filter(|&p| ss.held(p) == Held::Hole).collect();
+        slots.extend((0..self.c.k).filter(|&p| unwritten && ss.held(p) == Held::Unwritten));
         slots.truncate(count);
         ss.busy = true;
         Some((id, slots))
@@ -105,11 +103,13 @@ impl Shared {
             let ss = st.sets.get_mut(&id).ok_or_else(|| {
                 RuntimeError::lost_because(None::<SpanAddr>, format!("{}: no spanset {id}", self.c.name))
             })?;
-            let unwritten: Vec<bool> = picks.iter().map(|&(p, _)| ss.slots[p] == Slot::Unwritten).collect();
+            let unwritten: Vec<bool> = picks.iter().map(|&(p, _)| ss.held(p) == Held::Unwritten).collect();
             for &(p, _) in picks {
-                ss.slots[p] = Slot::Filling;
+                ss.set_held(p, Held::Filling);
             }
-            (ss.group, ss.pages, ss.page.clone(), ss.generation.clone(), unwritten)
+            let page: Vec<u32> = ss.members.iter().map(|m| m.page).collect();
+            let generation: Vec<u64> = ss.members.iter().map(|m| m.generation).collect();
+            (ss.group, ss.row_pages, page, generation, unwritten)
         };
         let g = self.c.place.group(group);
         let len = bytes(pages);
@@ -136,25 +136,25 @@ impl Shared {
         })?;
         ss.busy = false;
         for &p in &zeroed {
-            ss.generation[p] = 0;
-            ss.sum[p] = Some(remora_proto::checksum::checksum(&vec![0u8; len]));
+            ss.members[p].generation = 0;
+            ss.members[p].sum = Some(remora_proto::checksum::checksum(&vec![0u8; len]));
         }
         let res = match outcome {
             Ok(doubt) => {
                 for &(p, i) in picks {
-                    ss.slots[p] = Slot::Live;
-                    ss.sum[p] = Some(sums[i]);
+                    ss.set_held(p, Held::Live);
+                    ss.members[p].sum = Some(sums[i]);
                 }
                 for &p in &participants {
-                    ss.generation[p] += 1;
+                    ss.members[p].generation += 1;
                     if p >= k {
-                        ss.sum[p] = None;
+                        ss.members[p].sum = None;
                     }
                 }
                 if !doubt.is_empty() {
                     ss.sealed = true;
                     for p in doubt {
-                        ss.doubt[p] = true;
+                        ss.members[p].doubt = true;
                     }
                 }
                 Ok(picks
@@ -167,15 +167,16 @@ impl Shared {
             }
             Err(f) => {
                 for (&(p, _), &was) in picks.iter().zip(&unwritten) {
-                    ss.slots[p] = if was && !zeroed.contains(&p) {
-                        Slot::Unwritten
+                    let h = if was && !zeroed.contains(&p) {
+                        Held::Unwritten
                     } else {
-                        Slot::Free
+                        Held::Hole
                     };
+                    ss.set_held(p, h);
                 }
                 ss.sealed |= f.stale || !aborted;
                 if let Some(node) = f.node {
-                    far.detector.suspects.suspect(node);
+                    far.suspect(node);
                 }
                 st.cooling.insert(group, Instant::now());
                 Err(f.err)
@@ -209,7 +210,7 @@ impl Shared {
         }
         let zeros = vec![0u8; len];
         for (&(p, _), _) in picks.iter().zip(unwritten).filter(|(_, w)| **w) {
-            let (r, c) = far.regions.client(regions[p]).map_err(|e| Failure {
+            let (r, c) = far.regions().client(regions[p]).map_err(|e| Failure {
                 err: e,
                 node: Some(nodes[p]),
                 stale: false,
@@ -236,7 +237,7 @@ impl Shared {
         len: usize,
     ) -> Result<(), Failure> {
         let (k, m) = (self.c.k, self.c.m);
-        let parity: Vec<_> = (k..k + m).map(|p| far.regions.get(regions[p])).collect();
+        let parity: Vec<_> = (k..k + m).map(|p| far.regions().get(regions[p])).collect();
         let mut sent = Vec::with_capacity(picks.len());
         let mut first: Option<Failure> = None;
         for &(pos, i) in picks {
@@ -259,7 +260,7 @@ impl Shared {
                     node: None,
                     stale: false,
                 })?;
-            let r = far.regions.client(regions[pos]).and_then(|(r, c)| {
+            let r = far.regions().client(regions[pos]).and_then(|(r, c)| {
                 let op = TxnOp::Put {
                     to: Member {
                         cap: r.grant.cap,
@@ -306,7 +307,7 @@ impl Shared {
         for (n, &p) in participants.iter().enumerate() {
             let mut last = None;
             for _ in 0..COMMIT_ATTEMPTS {
-                let r = far.regions.client(regions[p]).and_then(|(r, c)| {
+                let r = far.regions().client(regions[p]).and_then(|(r, c)| {
                     shards::decide(far, &c, &MemRequest::Commit { cap: r.grant.cap, txn }).map_err(RuntimeError::from)
                 });
                 match r {
@@ -338,7 +339,7 @@ impl Shared {
                 Some(f) => {
                     tracing::warn!("{}: commit of txn {} on {}: {}", self.c.name, txn.0, nodes[p], f.err);
                     if let Some(node) = f.node {
-                        far.detector.suspects.suspect(node);
+                        far.suspect(node);
                     }
                     doubt.push(p);
                 }
@@ -352,7 +353,7 @@ impl Shared {
     fn abort(&self, far: &FarMemory, txn: TxnId, regions: &[u16], participants: &[usize]) -> bool {
         let mut all = true;
         for &p in participants {
-            let r = far.regions.client(regions[p]).and_then(|(r, c)| {
+            let r = far.regions().client(regions[p]).and_then(|(r, c)| {
                 shards::decide(far, &c, &MemRequest::Abort { cap: r.grant.cap, txn }).map_err(RuntimeError::from)
             });
             if let Err(e) = r {

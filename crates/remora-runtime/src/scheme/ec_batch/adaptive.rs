@@ -182,7 +182,7 @@ impl Adaptive {
     /// Asks every memory node holding a region of ours for its load, all at
     /// once; returns the highest CPU use any of them reported.
     fn poll(&self, far: &FarMemory) -> Option<u32> {
-        let mut addrs: Vec<String> = far.regions.held().into_iter().map(|(_, g)| g.addr).collect();
+        let mut addrs: Vec<String> = far.regions().held().into_iter().map(|(_, g)| g.addr).collect();
         addrs.sort_unstable();
         addrs.dedup();
         let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
@@ -191,7 +191,7 @@ impl Adaptive {
         for a in &addrs {
             let link = match links.get(a) {
                 Some(l) => l.clone(),
-                None => match far.regions.connect(a) {
+                None => match far.regions().connect(a) {
                     Ok(l) => {
                         links.insert(a.clone(), l.clone());
                         l

@@ -39,7 +39,7 @@ use remora_proto::{RpcError, TxnId, TxnOp};
 
 use super::adaptive::{Adaptive, Gate, Policy};
 use super::pairing::{self, Candidate};
-use super::{Shared, Spanset, State, bytes, offset};
+use super::{Held, Shared, Spanset, State, bytes, offset};
 use crate::error::RuntimeError;
 use crate::far_memory::FarMemory;
 use crate::pause_gate::PauseGate;
@@ -305,7 +305,7 @@ impl Shared {
                 continue;
             }
             debug_assert!(ss.masks_agree(), "spanset {id}'s masks are stale");
-            let (live, holes) = (ss.live, ss.fold_holes());
+            let (live, holes) = (ss.live_mask(), ss.fold_holes());
             // A spanset can only be folded (few live spans) or be folded
             // into (some holes): most full ones are neither.
             let foldable = live != 0 && live.count_ones() <= (self.c.k as u32 / 2).max(1);
@@ -319,7 +319,7 @@ impl Shared {
                 !st.recovering.contains(&ss.group) && (0..self.c.n()).all(|p| !self.c.place.unusable(far, ss.group, p))
             });
             if ok {
-                let order = (live.count_ones(), ss.kept.count_ones());
+                let order = (live.count_ones(), ss.kept_mask().count_ones());
                 cands.push((ss.row_pages, ss.group, order, (id, live, holes)));
             }
         }
@@ -382,9 +382,9 @@ impl Shared {
         let mut cancelled = 0u64;
         let bs = st.sets.get_mut(&b).expect("picked from the table");
         bs.busy = true;
-        for p in 0..bs.members.len() {
-            if bs.members[p].kept {
-                bs.set_kept(p, false);
+        for p in 0..bs.k() {
+            if bs.is_kept(p) {
+                bs.set_held(p, Held::Hole);
                 cancelled += bs.members[p].pages as u64;
             }
         }
@@ -392,7 +392,7 @@ impl Shared {
         let as_ = st.sets.get_mut(&a).expect("picked from the table");
         as_.busy = true;
         // A's kept holes are never picked (see `Spanset::fold_holes`).
-        debug_assert_eq!(as_.kept & live_b, 0, "a fold fills a kept hole");
+        debug_assert_eq!(as_.kept_mask() & live_b, 0, "a fold fills a kept hole");
         let fold = Fold {
             a,
             b,
@@ -403,7 +403,7 @@ impl Shared {
                 .map(|&p| (as_.members[p].page, as_.members[p].generation))
                 .collect(),
             b_page,
-            parity: as_.parity.iter().map(|p| (p.page, p.generation)).collect(),
+            parity: as_.parity().iter().map(|p| (p.page, p.generation)).collect(),
             moves,
         };
         // k > 1 here (replication does not compact): a kept copy weighs its pages.
@@ -433,7 +433,7 @@ impl Shared {
             let node = g.nodes[pos];
             move |e: RpcError| {
                 if e.is_node_down() {
-                    far.detector.suspects.suspect(node);
+                    far.suspect(node);
                 }
                 e
             }
@@ -447,7 +447,7 @@ impl Shared {
         }
         involved[k..].iter_mut().for_each(|i| *i = true);
         let links: Vec<Option<(Arc<FarRegion>, Link)>> = (0..k + m)
-            .map(|p| involved[p].then(|| far.regions.client(g.regions[p])).transpose())
+            .map(|p| involved[p].then(|| far.regions().client(g.regions[p])).transpose())
             .collect::<Result<_, _>>()?;
         let link = |p: usize| links[p].as_ref().expect("an involved position has a link");
         let member = |r: &FarRegion, page: u32, generation: u64, len: usize| TxnMember {
@@ -569,7 +569,7 @@ impl Shared {
             let first = t.and_then(|t| shards::wait_decided(far, c, &req, t));
             if !self.committed(far, r, c, &req, first) {
                 // Its member is rebuilt from the others, which committed.
-                far.detector.suspects.suspect(r.grant.node);
+                far.suspect(r.grant.node);
             }
         }
         Ok(())
@@ -638,21 +638,23 @@ impl Shared {
             am.name = bm.name;
             am.sum = bm.sum;
             am.generation += 1;
-            a.set_live(p, bm.live);
+            // Live, or a hole if it came back meanwhile (b is busy: no
+            // kept copies).
+            a.set_held(p, b.held(p));
             st.by_span.insert((regions[p], bm.name), (f.a, p));
         }
-        for par in &mut a.parity {
+        for par in a.parity_mut() {
             par.generation += 1;
             par.sum = None;
         }
-        for (p, bm) in b.members.iter().enumerate() {
+        for (p, bm) in b.data().iter().enumerate() {
             if bm.pages > 0 && !f.moves.contains(&p) {
                 st.by_span.remove(&(regions[p], bm.name));
             }
         }
         st.hole_pages += a.hole_pages();
         a.busy = false;
-        let a_empty = a.live == 0;
+        let a_empty = a.live_mask() == 0;
         self.compaction.folds.fetch_add(1, Ordering::Relaxed);
         self.compaction.freed_pages.fetch_add(b.far_pages(), Ordering::Relaxed);
         // Dead spans the fold did away with: b's holes, given back, and a's
@@ -660,7 +662,7 @@ impl Shared {
         // the moved spans' old pages are what is given back for them). The
         // paper's exact complement frees k dead spans this way.
         let b_holes: u64 = b
-            .members
+            .data()
             .iter()
             .enumerate()
             .filter(|(p, m)| !f.moves.contains(p) && m.pages > 0)
@@ -688,7 +690,10 @@ impl Shared {
     /// was busy) and nobody holds it busy.
     fn release_busy_if_empty(&self, far: &FarMemory, id: u64) {
         let mut st = self.lock();
-        let empty = st.sets.get(&id).is_some_and(|ss: &Spanset| !ss.busy && ss.live == 0);
+        let empty = st
+            .sets
+            .get(&id)
+            .is_some_and(|ss: &Spanset| !ss.busy && ss.live_mask() == 0);
         let ss = if empty { self.remove_set(&mut st, id) } else { None };
         drop(st);
         if let Some(ss) = ss {

@@ -4,14 +4,11 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use remora_proto::RebuildRow;
-
-use super::{Shared, bytes, offset};
+use super::{Shared, bytes};
 use crate::error::RuntimeError;
 use crate::far_memory::FarMemory;
 use crate::scheme::SpanAddr;
 use crate::scheme::recovery::{self, Lost};
-use crate::scheme::shards::Shard;
 
 impl Shared {
     /// Reads the member at `want` of spanset `id` by decoding k survivors
@@ -19,36 +16,16 @@ impl Shared {
     /// generation and used only at the one the spanset expects, so a member
     /// a compaction changed (or failed to change) is never mixed in.
     pub(super) fn decode(&self, far: &FarMemory, id: u64, want: usize, out: &mut [u8]) -> Result<(), RuntimeError> {
-        let (group, row_pages, at, virt, gens) = {
+        let (group, row_pages, cands) = {
             let st = self.lock();
             let ss = st.sets.get(&id).ok_or_else(|| {
                 RuntimeError::lost_because(None::<SpanAddr>, format!("{}: no spanset {id}", self.c.name))
             })?;
-            let at: Vec<(u32, usize)> = (0..self.c.n()).map(|p| ss.at(p)).collect();
-            let virt: Vec<bool> = (0..self.c.n())
-                .map(|p| p < self.c.k && ss.members[p].pages == 0)
-                .collect();
-            let gens: Vec<u64> = (0..self.c.n()).map(|p| ss.generation(p)).collect();
-            (ss.group, ss.row_pages, at, virt, gens)
+            let g = self.c.place.group(ss.group);
+            let cands = ss.decode_candidates(&g, want, |n| far.is_suspect(n), true);
+            (ss.group, ss.row_pages, cands)
         };
-        let g = self.c.place.group(group);
         debug_assert_eq!(out.len(), bytes(row_pages));
-        // Candidates: virtual members cost nothing, then data, then parity;
-        // suspects last (a paused node would make every wave wait for it).
-        let mut cands: Vec<usize> = (0..self.c.n()).filter(|&p| p != want && !g.failed[p]).collect();
-        let suspect = |p: usize| far.detector.suspects.is_suspect(g.nodes[p]);
-        cands.sort_by_key(|&p| (!virt[p], suspect(p), p >= self.c.k));
-        let cands: Vec<Shard> = cands
-            .into_iter()
-            .map(|p| Shard {
-                pos: p,
-                node: g.nodes[p],
-                region: g.regions[p],
-                offset: offset(at[p].0),
-                len: at[p].1,
-                generation: Some(gens[p]),
-            })
-            .collect();
         self.c.decode_from(far, group, id, &cands, want, out)
     }
 
@@ -105,25 +82,13 @@ impl Shared {
             st.sets
                 .values()
                 .filter(|ss| ss.group == g)
-                .filter_map(|ss| {
-                    let (out_page, out_len) = ss.at(pos);
-                    (out_len > 0).then(|| {
-                        let r = RebuildRow {
-                            offset: offset(out_page),
-                            row_len: bytes(ss.row_pages) as u32,
-                            offsets: cands.iter().map(|&p| offset(ss.at(p).0)).collect(),
-                            lens: cands.iter().map(|&p| ss.at(p).1 as u32).collect(),
-                            out_len: out_len as u32,
-                        };
-                        (r, ss.sum(pos))
-                    })
-                })
+                .filter_map(|ss| ss.rebuild_row(pos, cands))
                 .collect()
         });
         let mut st = self.lock();
         if res.is_ok() {
             for ss in st.sets.values_mut().filter(|ss| ss.group == g) {
-                ss.set_generation(pos, 0);
+                ss.members[pos].generation = 0;
             }
         }
         st.recovering.remove(&g);

@@ -2,9 +2,9 @@
 //! `replication`, which is the same engine with k = 1 (RS(1, m)'s parity
 //! rows are all ones: each parity member is a verbatim copy).
 //!
-//! A spanset is k data spans plus m parity spans, one per position of a
-//! stripe group ([`super::placement`]): k+m regions on k+m distinct memory
-//! nodes. Each member sits at its own page of its position's region
+//! A spanset ([`super::spanset`]) is k data spans plus m parity spans, one
+//! per position of a stripe group ([`super::placement`]): k+m regions on
+//! k+m distinct memory nodes. Each member sits at its own page of its position's region
 //! (per-position spansets), so a later compaction can recombine the live
 //! spans of two spansets position by position. Data spans may be shorter
 //! than the spanset's row (zero-padded for the parity) or virtual (all zero,
@@ -17,7 +17,8 @@
 //!   they stay, because the parity still covers them, until every data span
 //!   of the spanset is a hole and the spanset is freed.
 //! - **Degraded read**: when the span's node is dead (or unreachable, or its
-//!   copy is corrupt) read k survivors of the spanset and decode.
+//!   copy is corrupt), the read path ([`super::read`]) asks for a decode
+//!   from k survivors of the spanset.
 //! - **Recovery**: when the manager declares a node dead, each affected
 //!   group position gets a replacement region; every member at that
 //!   position (holes included: other members' parity equations need them)
@@ -58,177 +59,11 @@ pub(crate) use adaptive::Policy;
 pub(crate) use compaction::{Compaction, Mode};
 
 use super::shards::{self, Stripes};
-use super::{Scheme, SchemeReport, SpanAddr};
+use super::spanset::{Held, Member, Spanset, bytes, offset};
+use super::{CopyRead, Scheme, SchemeReport, SpanAddr, read};
 use crate::error::RuntimeError;
 use crate::far_memory::FarMemory;
 use crate::size_classes::PAGE_SIZE;
-
-#[derive(Clone, Copy)]
-struct Member {
-    /// First page in its position's region (meaningless when virtual).
-    page: u32,
-    /// Length in pages; 0 for a virtual (all-zero, never written) member.
-    pages: u32,
-    /// The name the runtime knows its span by (see the module docs); held
-    /// in `by_span` while the spanset is alive (virtual members have none).
-    name: u32,
-    /// Its generation on its memory node (0 after a plain write; one up
-    /// per committed change in place).
-    generation: u64,
-    /// Holds a live span (false: a hole, a kept copy, or virtual).
-    live: bool,
-    /// A hole whose span is local and clean: it may come back without a
-    /// write (see [`Scheme::keep`]). It never keeps the spanset alive.
-    kept: bool,
-    /// Checksum of its bytes as written (a hole keeps its bytes, so its
-    /// checksum stays valid until the spanset is freed).
-    sum: u64,
-}
-
-#[derive(Clone, Copy)]
-struct Parity {
-    page: u32,
-    /// Checksum as written; unknown once deltas changed it in place.
-    sum: Option<u64>,
-    generation: u64,
-}
-
-struct Spanset {
-    group: usize,
-    /// Length of every parity member (the longest data member).
-    row_pages: u32,
-    members: Vec<Member>,
-    parity: Vec<Parity>,
-    /// Compacted or decoded now (the spanset lock; see the module docs).
-    busy: bool,
-    /// Swap-ins reading one of its members now.
-    readers: u32,
-    /// Bit p: data member p is live ([`Member::live`], kept in step by
-    /// [`Spanset::set_live`]). Picking folds reads the masks of every
-    /// spanset; reading each member instead was a cache miss per spanset.
-    live: u64,
-    /// Bit p: data member p is as long as the row (a hole there can take a
-    /// span of the row's length).
-    full: u64,
-    /// Bit p: data member p is a kept copy ([`Member::kept`], kept in step
-    /// by [`Spanset::set_kept`]).
-    kept: u64,
-}
-
-fn set_bit(mask: &mut u64, pos: usize, on: bool) {
-    if on {
-        *mask |= 1 << pos;
-    } else {
-        *mask &= !(1 << pos);
-    }
-}
-
-impl Spanset {
-    fn new(group: usize, row_pages: u32, members: Vec<Member>, parity: Vec<Parity>) -> Self {
-        let mask = |f: &dyn Fn(&Member) -> bool| {
-            members
-                .iter()
-                .enumerate()
-                .filter(|(_, m)| f(m))
-                .fold(0u64, |acc, (p, _)| acc | 1 << p)
-        };
-        let (live, full, kept) = (mask(&|m| m.live), mask(&|m| m.pages == row_pages), mask(&|m| m.kept));
-        Self {
-            group,
-            row_pages,
-            members,
-            parity,
-            // Until the whole swap-out is placed (see `swap_out`): no fold
-            // may take it before the caller has its names.
-            busy: true,
-            readers: 0,
-            live,
-            full,
-            kept,
-        }
-    }
-
-    /// Marks data member `pos` live or not.
-    fn set_live(&mut self, pos: usize, live: bool) {
-        self.members[pos].live = live;
-        set_bit(&mut self.live, pos, live);
-    }
-
-    /// Marks data member `pos` a kept copy or not.
-    fn set_kept(&mut self, pos: usize, kept: bool) {
-        self.members[pos].kept = kept;
-        set_bit(&mut self.kept, pos, kept);
-    }
-
-    /// Whether the masks say what the members do (checked in debug builds).
-    fn masks_agree(&self) -> bool {
-        self.members.iter().enumerate().all(|(p, m)| {
-            (self.live >> p & 1 == 1) == m.live
-                && (self.full >> p & 1 == 1) == (m.pages == self.row_pages)
-                && (self.kept >> p & 1 == 1) == m.kept
-        })
-    }
-
-    /// Data members that are holes as long as the row, as a bit mask.
-    fn hole_mask(&self) -> u64 {
-        self.full & !self.live
-    }
-
-    /// The holes a fold may fill: not kept copies, whose spans would have
-    /// to be written again at their next eviction if their far bytes were
-    /// overwritten. Filling kept holes cost a quarter of `ec-batch`'s clean
-    /// re-evictions in `bench micro` at 4 threads.
-    fn fold_holes(&self) -> u64 {
-        self.hole_mask() & !self.kept
-    }
-
-    /// Page and length in bytes of the member at `pos` (data or parity).
-    fn at(&self, pos: usize) -> (u32, usize) {
-        match self.members.get(pos) {
-            Some(m) => (m.page, bytes(m.pages)),
-            None => (self.parity[pos - self.members.len()].page, bytes(self.row_pages)),
-        }
-    }
-
-    fn sum(&self, pos: usize) -> Option<u64> {
-        match self.members.get(pos) {
-            Some(m) => Some(m.sum),
-            None => self.parity[pos - self.members.len()].sum,
-        }
-    }
-
-    /// The generation the member at `pos` holds on its node.
-    fn generation(&self, pos: usize) -> u64 {
-        match self.members.get(pos) {
-            Some(m) => m.generation,
-            None => self.parity[pos - self.members.len()].generation,
-        }
-    }
-
-    fn set_generation(&mut self, pos: usize, generation: u64) {
-        match self.members.get_mut(pos) {
-            Some(m) => m.generation = generation,
-            None => {
-                let k = self.members.len();
-                self.parity[pos - k].generation = generation;
-            }
-        }
-    }
-
-    /// Pages of its holes (data members neither live nor kept).
-    fn hole_pages(&self) -> u64 {
-        self.members
-            .iter()
-            .filter(|m| !m.live && !m.kept)
-            .map(|m| m.pages as u64)
-            .sum()
-    }
-
-    /// Pages it holds in far memory, parity included.
-    fn far_pages(&self) -> u64 {
-        self.members.iter().map(|m| m.pages as u64).sum::<u64>() + (self.parity.len() as u64) * self.row_pages as u64
-    }
-}
 
 #[derive(Default)]
 struct State {
@@ -267,14 +102,6 @@ pub struct EcBatch {
     /// Compaction threads, joined by `stop`.
     threads: Mutex<Vec<JoinHandle<()>>>,
     stop: Arc<AtomicBool>,
-}
-
-fn bytes(pages: u32) -> usize {
-    pages as usize * PAGE_SIZE
-}
-
-fn offset(page: u32) -> u64 {
-    page as u64 * PAGE_SIZE as u64
 }
 
 impl EcBatch {
@@ -362,22 +189,14 @@ impl Shared {
         for ((row, chunk), (group, pages)) in rows.iter().zip(chunks).zip(placed) {
             let regions = self.c.place.group(group).regions;
             let mut members: Vec<Member> = (0..k)
-                .map(|p| Member {
-                    page: pages[p],
-                    pages: row.sizes[p],
-                    name: 0,
-                    generation: 0,
-                    live: chunk.get(p).is_some(),
-                    kept: false,
-                    sum: chunk.get(p).map_or(0, |&i| sums[i]),
-                })
+                .map(|p| Member::written(pages[p], row.sizes[p], Some(chunk.get(p).map_or(0, |&i| sums[i]))))
                 .collect();
-            let parity = (0..m)
-                .map(|j| Parity {
-                    page: pages[k + j],
-                    sum: Some(remora_proto::checksum::checksum(&row.parity[j])),
-                    generation: 0,
-                })
+            members.extend((0..m).map(|j| {
+                let sum = remora_proto::checksum::checksum(&row.parity[j]);
+                Member::written(pages[k + j], row.pages, Some(sum))
+            }));
+            let held = (0..k)
+                .map(|p| if p < chunk.len() { Held::Live } else { Held::Unwritten })
                 .collect();
             st.next_id += 1;
             let id = st.next_id;
@@ -390,7 +209,11 @@ impl Shared {
                     page: mb.name,
                 };
             }
-            st.sets.insert(id, Spanset::new(group, row.pages, members, parity));
+            let mut ss = Spanset::new(group, row.pages, members, held);
+            // Until the whole swap-out is placed (see `swap_out`): no fold
+            // may take it before the caller has its names.
+            ss.busy = true;
+            st.sets.insert(id, ss);
             st.made += 1;
             ids.push(id);
         }
@@ -423,34 +246,16 @@ impl Scheme for EcBatch {
         Ok(out)
     }
 
-    fn swap_in(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<(), RuntimeError> {
-        let sh = &*self.sh;
-        let (id, _, _, page, unusable) = sh.begin_read(far, at)?;
-        let res = if unusable {
-            Err(None)
-        } else {
-            match far.regions.reader(at.region) {
-                Ok((r, c)) => shards::timed_read(far, &c, r.grant.cap, offset(page), dest).map_err(|e| Some((e, r))),
-                Err(_) => {
-                    far.detector.suspects.suspect(far.regions.get(at.region).grant.node);
-                    Err(None)
-                }
-            }
-        };
-        sh.end_read(far, id);
-        match res {
-            Ok(()) => Ok(()),
-            Err(None) => sh.degraded(far, at, dest),
-            Err(Some((e, r))) if e.is_node_down() => {
-                tracing::debug!("swap-in from {} failed ({e}); degraded read", r.grant.addr);
-                far.detector.suspects.suspect(r.grant.node);
-                sh.degraded(far, at, dest)
-            }
-            Err(Some((e, _))) => Err(e.into()),
+    fn read_copy(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<CopyRead, RuntimeError> {
+        // Counted among the spanset's readers while the read is in flight.
+        let reading = self.sh.begin_read(far, at)?;
+        if reading.around {
+            return Ok(CopyRead::Unreadable { failed: None });
         }
+        read::read_member(far, at.region, offset(reading.page), dest)
     }
 
-    fn degraded_read(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<(), RuntimeError> {
+    fn read_around(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<(), RuntimeError> {
         self.sh.degraded(far, at, dest)
     }
 
@@ -463,7 +268,7 @@ impl Scheme for EcBatch {
         let page = sh.lock().sets.get(&id).map(|ss| ss.members[pos].page);
         let res = match page {
             Some(page) => far
-                .regions
+                .regions()
                 .client(at.region)
                 .and_then(|(r, c)| Ok(c.write(r.grant.cap, offset(page), good)?)),
             None => Ok(()),
@@ -471,7 +276,7 @@ impl Scheme for EcBatch {
         if res.is_ok() {
             // A plain write: the memory node restarts the member's generation.
             if let Some(ss) = sh.lock().sets.get_mut(&id) {
-                ss.set_generation(pos, 0);
+                ss.members[pos].generation = 0;
             }
             sh.c.repairs.fetch_add(1, Ordering::Relaxed);
         }
@@ -498,13 +303,11 @@ impl Scheme for EcBatch {
         if ss.busy {
             return false; // its kept copies were cancelled by a compaction
         }
-        let mem = &ss.members[pos];
-        if id != token || !mem.kept {
+        if id != token || !ss.is_kept(pos) {
             return false;
         }
-        let pages = mem.pages as u64;
-        ss.set_kept(pos, false);
-        ss.set_live(pos, true);
+        let pages = ss.members[pos].pages as u64;
+        ss.set_held(pos, Held::Live);
         st.kept_pages -= self.sh.kept_weight(pages);
         true
     }
@@ -517,12 +320,11 @@ impl Scheme for EcBatch {
         let Some(ss) = st.sets.get_mut(&id) else {
             return;
         };
-        let mem = &ss.members[pos];
-        if id != token || !mem.kept {
+        if id != token || !ss.is_kept(pos) {
             return;
         }
-        let pages = mem.pages as u64;
-        ss.set_kept(pos, false);
+        let pages = ss.members[pos].pages as u64;
+        ss.set_held(pos, Held::Hole);
         st.kept_pages -= self.sh.kept_weight(pages);
         st.hole_pages += pages;
         st.made += 1;

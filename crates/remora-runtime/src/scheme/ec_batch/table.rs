@@ -5,11 +5,10 @@
 use std::sync::MutexGuard;
 use std::time::Duration;
 
-use super::{Shared, Spanset, State};
+use super::{Held, Shared, Spanset, State};
 use crate::error::RuntimeError;
 use crate::far_memory::FarMemory;
 use crate::scheme::SpanAddr;
-use crate::size_classes::PAGE_SIZE;
 
 impl Shared {
     pub(super) fn lock(&self) -> MutexGuard<'_, State> {
@@ -40,16 +39,15 @@ impl Shared {
         let mut st = self.lock();
         let &(id, pos) = st.by_span.get(&(at.region, at.page))?;
         let ss = st.sets.get_mut(&id)?;
-        let mem = &ss.members[pos];
-        if !mem.live {
+        if !ss.is_live(pos) {
             return None;
         }
-        let pages = mem.pages as u64;
-        ss.set_live(pos, false);
+        let pages = ss.members[pos].pages as u64;
+        ss.set_held(pos, Held::Hole);
         let keep = keep && !ss.busy;
-        if ss.busy || ss.live != 0 || (keep && self.c.k == 1) {
+        if ss.busy || ss.live_mask() != 0 || (keep && self.c.k == 1) {
             if keep {
-                ss.set_kept(pos, true);
+                ss.set_held(pos, Held::Kept);
                 st.kept_pages += self.kept_weight(pages);
                 return Some(id);
             }
@@ -73,14 +71,14 @@ impl Shared {
     pub(super) fn remove_set(&self, st: &mut State, id: u64) -> Option<Spanset> {
         let ss = st.sets.remove(&id)?;
         let regions = self.c.place.group(ss.group).regions;
-        for (i, m) in ss.members.iter().enumerate() {
+        for (i, m) in ss.data().iter().enumerate() {
             if m.pages == 0 {
                 continue;
             }
             st.by_span.remove(&(regions[i], m.name));
-            if m.kept {
+            if ss.is_kept(i) {
                 st.kept_pages -= self.kept_weight(m.pages as u64);
-            } else if !m.live {
+            } else if !ss.is_live(i) {
                 st.hole_pages -= m.pages as u64;
             }
         }
@@ -135,7 +133,7 @@ impl Shared {
         let empty = match st.sets.get_mut(&id) {
             Some(ss) => {
                 ss.busy = false;
-                !ss.members.iter().any(|m| m.live)
+                ss.live_mask() == 0
             }
             None => false,
         };
@@ -147,25 +145,27 @@ impl Shared {
         }
     }
 
-    /// Counts a swap-in reading the span named `at`; returns its spanset,
-    /// position, row pages, page, and whether to read around its node.
-    pub(super) fn begin_read(
-        &self,
-        far: &FarMemory,
-        at: SpanAddr,
-    ) -> Result<(u64, usize, u32, u32, bool), RuntimeError> {
-        let (id, pos, group, row_pages, page) = {
+    /// Counts a swap-in reading the span named `at` among its spanset's
+    /// readers until the returned guard is dropped.
+    pub(super) fn begin_read<'a>(&'a self, far: &'a FarMemory, at: SpanAddr) -> Result<Reading<'a>, RuntimeError> {
+        let (id, pos, group, page) = {
             let mut st = self.lock();
             let &(id, pos) = st.by_span.get(&(at.region, at.page)).ok_or_else(|| self.no_span(at))?;
             let ss = st.sets.get_mut(&id).ok_or_else(|| self.no_span(at))?;
             ss.readers += 1;
-            (id, pos, ss.group, ss.row_pages, ss.members[pos].page)
+            (id, pos, ss.group, ss.members[pos].page)
         };
-        Ok((id, pos, row_pages, page, self.c.place.unusable(far, group, pos)))
+        Ok(Reading {
+            sh: self,
+            far,
+            id,
+            page,
+            around: self.c.place.unusable(far, group, pos),
+        })
     }
 
-    /// The read `begin_read` counted is over.
-    pub(super) fn end_read(&self, far: &FarMemory, id: u64) {
+    /// The read a [`Reading`] counted is over.
+    fn end_read(&self, far: &FarMemory, id: u64) {
         let mut st = self.lock();
         if let Some(ss) = st.sets.get_mut(&id) {
             ss.readers -= 1;
@@ -191,63 +191,25 @@ impl Shared {
 
     /// Gives back the far space of a spanset already out of the table.
     pub(super) fn free_far(&self, far: &FarMemory, ss: &Spanset) {
-        for p in 0..self.c.n() {
-            let (page, len) = ss.at(p);
-            self.c.place.free(far, ss.group, p, page, (len / PAGE_SIZE) as u32);
-        }
+        ss.free_far(far, &self.c.place);
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::super::{Member, Parity, Spanset};
+/// A swap-in's read of one member: while it lives the member's spanset
+/// counts it as a reader, so a fold that moves the spanset's spans away
+/// leaves its pages to the last reader to free.
+pub(super) struct Reading<'a> {
+    sh: &'a Shared,
+    far: &'a FarMemory,
+    id: u64,
+    /// The member's first page in its region.
+    pub(super) page: u32,
+    /// Its node is dead or suspected: read around it.
+    pub(super) around: bool,
+}
 
-    fn member(pages: u32, live: bool, kept: bool) -> Member {
-        Member {
-            page: 0,
-            pages,
-            name: 0,
-            generation: 0,
-            live,
-            kept,
-            sum: 0,
-        }
-    }
-
-    #[test]
-    fn folds_fill_holes_but_never_kept_copies() {
-        let parity = vec![
-            Parity {
-                page: 0,
-                sum: None,
-                generation: 0
-            };
-            2
-        ];
-        // Positions: live, hole, kept copy, short hole.
-        let members = vec![
-            member(2, true, false),
-            member(2, false, false),
-            member(2, false, true),
-            member(1, false, false),
-        ];
-        let mut ss = Spanset::new(0, 2, members, parity);
-        assert!(ss.masks_agree());
-        assert_eq!(ss.hole_mask(), 0b0110);
-        assert_eq!(
-            ss.fold_holes(),
-            0b0010,
-            "the kept copy and the short hole are not fillable"
-        );
-        // The kept copy comes back (clean re-eviction), then leaves again as a plain hole.
-        ss.set_kept(2, false);
-        ss.set_live(2, true);
-        assert!(ss.masks_agree());
-        assert_eq!(ss.fold_holes(), 0b0010);
-        ss.set_live(2, false);
-        assert_eq!(ss.fold_holes(), 0b0110);
-        ss.set_kept(1, true);
-        assert!(ss.masks_agree());
-        assert_eq!(ss.fold_holes(), 0b0100);
+impl Drop for Reading<'_> {
+    fn drop(&mut self) {
+        self.sh.end_read(self.far, self.id);
     }
 }

@@ -57,12 +57,12 @@ fn rebuild_on(
         pos,
         ..
     } = lost;
-    let client = far.regions.connect(&grant.addr)?;
+    let client = far.regions().connect(&grant.addr)?;
     let grp = place.group(g);
     let sources: Vec<RebuildSource> = cands
         .iter()
         .map(|&p| {
-            let r = far.regions.get(grp.regions[p]);
+            let r = far.regions().get(grp.regions[p]);
             RebuildSource {
                 index: p as u8,
                 addr: r.grant.addr.clone(),
@@ -135,7 +135,7 @@ fn survivors(far: &FarMemory, place: &Placement, lost: &Lost) -> Result<Vec<usiz
             },
         ));
     }
-    cands.sort_by_key(|&p| (far.detector.suspects.is_suspect(grp.nodes[p]), p >= k));
+    cands.sort_by_key(|&p| (far.is_suspect(grp.nodes[p]), p >= k));
     if attempt > 0 && cands.len() > k {
         cands.remove((attempt - 1) % cands.len());
     }

@@ -28,7 +28,7 @@ pub(crate) struct Gathered {
 }
 
 fn send(far: &FarMemory, s: &Shard) -> Result<(Ticket, Link), RuntimeError> {
-    let (r, c) = far.regions.reader(s.region)?;
+    let (r, c) = far.regions().reader(s.region)?;
     let t = match s.generation {
         None => c.send_read(r.grant.cap, s.offset, s.len)?,
         Some(_) => {
@@ -113,7 +113,7 @@ pub(crate) fn gather(
                     inflight.push((i, t, c));
                 }
                 Err(e) => {
-                    far.detector.suspects.suspect(s.node);
+                    far.suspect(s.node);
                     got.failed += 1;
                     tracing::debug!("shard {} on {}: {e}", s.pos, s.node);
                 }
@@ -124,7 +124,7 @@ pub(crate) fn gather(
             Ok(()) => got.failed += 1,
             Err(e) => {
                 if e.is_node_down() {
-                    far.detector.suspects.suspect(cands[i].node);
+                    far.suspect(cands[i].node);
                 }
                 if matches!(e, RpcError::Broken { .. }) {
                     broke.push(i);
@@ -141,13 +141,13 @@ pub(crate) fn gather(
                 for (i, t, c) in inflight {
                     let d = &mut dests[i][..cands[i].len];
                     let wait = if spare {
-                        far.detector.reads.bound(c.call_timeout())
+                        far.detector().reads.bound(c.call_timeout())
                     } else {
                         c.call_timeout()
                     };
                     let r = c.wait(t, Some(d), wait).and_then(|r| answered(&cands[i], r));
                     if spare && matches!(r, Err(RpcError::Timeout { .. })) && wait < c.call_timeout() {
-                        far.detector.reads.count_overdue();
+                        far.detector().reads.count_overdue();
                     }
                     arrive(i, r, d, &mut got);
                 }

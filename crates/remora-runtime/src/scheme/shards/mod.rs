@@ -30,12 +30,12 @@ use remora_proto::{Cap, NodeId, RpcError};
 
 use remora_ec::Codec;
 
+use super::SchemeReport;
 use super::node_writes::{self, NodeWrites};
 use super::placement::Placement;
 use super::recovery::Recovery;
 use super::retry::Retry;
-use super::{SchemeReport, SpanAddr};
-use crate::error::{LossCause, RuntimeError};
+use crate::error::RuntimeError;
 use crate::far_memory::FarMemory;
 use crate::region_table::Link;
 
@@ -87,59 +87,6 @@ impl Stripes {
         })
     }
 
-    /// Decodes member `want` of spanset `id` in `group` into `out` from the
-    /// first k of `cands` (in order of preference) to arrive: a degraded
-    /// read. Fewer than k is a typed loss naming why.
-    pub(crate) fn decode_from(
-        &self,
-        far: &FarMemory,
-        group: usize,
-        id: u64,
-        cands: &[Shard],
-        want: usize,
-        out: &mut [u8],
-    ) -> Result<(), RuntimeError> {
-        let len = out.len();
-        let mut space = vec![0u8; cands.len() * len];
-        let mut dests: Vec<&mut [u8]> = space.chunks_mut(len.max(1)).collect();
-        let got = gather(far, cands, &mut dests, self.k, None, &mut |_, _| true);
-        if got.arrived.len() < self.k {
-            return Err(RuntimeError::lost(
-                None::<SpanAddr>,
-                self.too_few(group, got.arrived.len()),
-            ));
-        }
-        let present: Vec<(usize, &[u8])> = got.arrived.iter().map(|&i| (cands[i].pos, &*dests[i])).collect();
-        self.codec
-            .decode_data(&present, want, out)
-            .map_err(|e| RuntimeError::lost_because(None::<SpanAddr>, format!("decode of spanset {id}: {e}")))
-    }
-
-    /// Runs a degraded read `read` again while it fails only because fewer
-    /// than k members could be read *now* ([`LossCause::Unreadable`]: a
-    /// node paused or cut off but not yet declared dead, or its
-    /// replacement still being rebuilt), up to the runtime's patience.
-    /// Only a stripe that really lost more than m members
-    /// ([`LossCause::TooFewSurvivors`]) reaches the caller as lost at once.
-    pub(crate) fn until_readable<T>(
-        &self,
-        far: &FarMemory,
-        mut read: impl FnMut() -> Result<T, RuntimeError>,
-    ) -> Result<T, RuntimeError> {
-        let start = Instant::now();
-        loop {
-            match read() {
-                Err(RuntimeError::DataLost {
-                    cause: LossCause::Unreadable { .. },
-                    ..
-                }) if start.elapsed() < far.patience => {
-                    std::thread::sleep(std::time::Duration::from_millis(50));
-                }
-                other => return other,
-            }
-        }
-    }
-
     /// Frees the pages of overdue writes settled since, then gives empty
     /// stripe groups back (see `Scheme::give_back`).
     pub(crate) fn give_back(&self, far: &FarMemory) -> u64 {
@@ -160,24 +107,6 @@ impl Stripes {
         self.batches.fetch_add(1, Ordering::Relaxed);
         if spans < self.k {
             self.partial_batches.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    /// Why fewer than k members of a stripe in `group` could be read
-    /// (`read` arrived): final when fewer than k of the group's positions
-    /// survive (a node declared dead never serves again), otherwise a
-    /// later try may read them.
-    pub(crate) fn too_few(&self, group: usize, read: usize) -> LossCause {
-        let g = self.place.group(group);
-        let survivors = g.failed.iter().filter(|&&f| !f).count();
-        if survivors < self.k {
-            LossCause::TooFewSurvivors {
-                group,
-                survivors,
-                needed: self.k,
-            }
-        } else {
-            LossCause::Unreadable { read, needed: self.k }
         }
     }
 
@@ -213,16 +142,16 @@ pub(crate) fn timed_read(far: &FarMemory, link: &Link, cap: Cap, offset: u64, de
     let start = Instant::now();
     let t = link.send_read(cap, offset, dest.len())?;
     let cap_wait = link.call_timeout();
-    let bound = far.detector.reads.bound(cap_wait);
+    let bound = far.detector().reads.bound(cap_wait);
     match link.wait(t, Some(dest), bound) {
         Ok(MemResponse::Data) => {
-            far.detector.reads.record(start.elapsed());
+            far.detector().reads.record(start.elapsed());
             Ok(())
         }
         Ok(other) => Err(RpcError::Unexpected(format!("{other:?}"))),
         Err(e @ RpcError::Timeout { .. }) => {
             if bound < cap_wait {
-                far.detector.reads.count_overdue();
+                far.detector().reads.count_overdue();
             }
             Err(e)
         }
@@ -236,10 +165,10 @@ pub(crate) fn timed_read(far: &FarMemory, link: &Link, cap: Cap, offset: u64, de
 pub(crate) fn wait_prepared(far: &FarMemory, link: &Link, t: Ticket, delta: Option<&mut [u8]>) -> Result<(), RpcError> {
     let start = Instant::now();
     let full = link.call_timeout();
-    let bound = far.detector.txns.bound(full);
+    let bound = far.detector().txns.bound(full);
     match link.wait(t, delta, bound) {
         Ok(MemResponse::Prepared) => {
-            far.detector.txns.record(start.elapsed());
+            far.detector().txns.record(start.elapsed());
             Ok(())
         }
         Ok(other) => Err(RpcError::Unexpected(format!("{other:?}"))),
@@ -258,7 +187,7 @@ pub(crate) fn decide(far: &FarMemory, link: &Link, req: &MemRequest) -> Result<(
 /// several decisions can be in flight at once on different nodes.
 pub(crate) fn wait_decided(far: &FarMemory, link: &Link, req: &MemRequest, t: Ticket) -> Result<(), RpcError> {
     let full = link.call_timeout();
-    let bound = far.detector.txns.bound(full);
+    let bound = far.detector().txns.bound(full);
     match (req, link.wait(t, None, bound)) {
         (MemRequest::Commit { .. }, Ok(MemResponse::Committed))
         | (MemRequest::Abort { .. }, Ok(MemResponse::Aborted)) => Ok(()),
@@ -269,7 +198,7 @@ pub(crate) fn wait_decided(far: &FarMemory, link: &Link, req: &MemRequest, t: Ti
 
 fn overdue(far: &FarMemory, e: RpcError, early: bool) -> RpcError {
     if early && matches!(e, RpcError::Timeout { .. }) {
-        far.detector.txns.count_overdue();
+        far.detector().txns.count_overdue();
     }
     e
 }

@@ -35,7 +35,7 @@ fn write_stripes(
     for (s, (&group, ws)) in placed.iter().zip(writes).enumerate() {
         let g = place.group(group);
         for (pos, pieces) in ws {
-            match far.regions.client(g.regions[*pos]) {
+            match far.regions().client(g.regions[*pos]) {
                 Ok((r, link)) => {
                     for &(offset, d) in pieces {
                         node_writes::add(
@@ -67,7 +67,7 @@ fn write_stripes(
     let mut late = Vec::new();
     for (t, b) in inflight {
         let full = b.link.call_timeout();
-        let bound = far.detector.writes.bound(full);
+        let bound = far.detector().writes.bound(full);
         // The replies are waited for one node after the other, so a timely
         // node's reply may sit unread when its turn comes after the bound
         // is spent (a preempted evictor spends it alone): a wait with no
@@ -75,12 +75,12 @@ fn write_stripes(
         let left = bound.saturating_sub(sent_at.elapsed());
         let id = t.raw();
         match b.link.wait_keeping(t, None, left) {
-            Ok(MemResponse::Written) => far.detector.writes.record(sent_at.elapsed()),
+            Ok(MemResponse::Written) => far.detector().writes.record(sent_at.elapsed()),
             Ok(other) => {
                 first_err.get_or_insert((b.node, RpcError::Unexpected(format!("{other:?}")).into()));
             }
             Err(e @ RpcError::Timeout { .. }) if bound < full => {
-                far.detector.writes.count_overdue();
+                far.detector().writes.count_overdue();
                 first_err.get_or_insert((b.node, e.into()));
                 late.push((b.tags, b.link, Ticket::from_raw(id)));
             }
@@ -217,7 +217,7 @@ pub(crate) fn place_and_write_many<'a>(
             Ok(()) => return Ok(placed),
             Err(WriteFailure { node, err, late }) => {
                 tracing::warn!("{}: write to {node} failed ({err}); placing the stripe again", c.name);
-                far.detector.suspects.suspect(node);
+                far.suspect(node);
                 // The runs an overdue request may still write stay allocated.
                 free_runs(&placed, &|s, p| {
                     !late.iter().any(|(carried, _, _)| carried.contains(&(s, p)))
