@@ -46,6 +46,8 @@ use crate::peer_traffic::PeerCounters;
 use crate::region::RegionTable;
 
 mod conn;
+#[cfg(test)]
+mod tests;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
