@@ -19,6 +19,7 @@ mod peer_traffic;
 mod rebuild;
 mod region;
 mod serve;
+mod service;
 mod txn;
 
 use std::net::{SocketAddr, TcpListener};
@@ -115,6 +116,19 @@ pub(crate) struct Shared {
     pub(crate) tls: Option<TlsConfig>,
     /// Connections to peers, for offloaded reconstruction.
     pub(crate) peers: Mutex<std::collections::HashMap<String, Arc<dyn remora_proto::MemTransport>>>,
+}
+
+impl Shared {
+    /// This node's request handling, with `env` for what is the daemon's own.
+    pub(crate) fn service<E>(&self, env: E) -> service::Service<'_, E> {
+        service::Service {
+            regions: &self.regions,
+            lease: &self.lease,
+            admin: &self.admin,
+            peer: &self.peer,
+            env,
+        }
+    }
 }
 
 /// A running memory node.

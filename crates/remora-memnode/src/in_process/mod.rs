@@ -4,10 +4,11 @@
 //!
 //! An [`InProcessCluster`] holds memory nodes that live in this process and
 //! stands in for the manager: it hands out regions ([`FarBackend`]) and
-//! tells compute nodes when a node dies. A node serves the wire's
-//! [`MemRequest`]s with the daemon's own capability checks
-//! (`region`) and offloaded rebuild (`rebuild`), so a scheme
-//! tested here speaks exactly the protocol it speaks to a real daemon. It
+//! tells compute nodes when a node dies. A node answers the wire's
+//! [`MemRequest`](remora_proto::msg::MemRequest)s through the daemon's own
+//! request handling (`service`: lease, capability and admin checks, every
+//! request kind), so a scheme tested here speaks exactly the protocol it
+//! speaks to a real daemon, and is refused what a daemon refuses. It
 //! never replaces the tests against real processes; it adds the faults a
 //! real process cannot be made to show at a precise moment:
 //!
@@ -19,7 +20,10 @@
 //! - [`NodeHandle::die_after`]: the node dies in the middle of a later
 //!   write, having stored only part of it;
 //! - [`NodeHandle::die_at_txn`]: the node dies at a given step of the
-//!   transactions it takes part in (before or after applying it).
+//!   transactions it takes part in (before or after applying it);
+//! - [`NodeHandle::lapse_lease`]: the node's lease lapses, as a daemon's
+//!   does when the manager stops acknowledging it, so it serves no data
+//!   (until [`NodeHandle::renew_lease`]).
 //!
 //! A node here shares its process with the compute node, so it cannot
 //! measure its own CPU use: it reports the figure a test sets with
@@ -29,18 +33,21 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use remora_proto::msg::{MemRequest, MemResponse, NodeLoad, PeerTraffic};
-use remora_proto::rpc::Ticket;
+use remora_proto::msg::PeerTraffic;
 use remora_proto::{
-    Cap, ComputeId, Epoch, Event, EventKind, FarBackend, MemTransport, NodeId, NodeState, RegionGrant, RegionId,
-    RemoteError, Rights, RpcError, SessionEvent, Token,
+    AdminKey, Cap, ComputeId, Epoch, Event, EventKind, FarBackend, MemTransport, NodeId, NodeState, RegionGrant,
+    RegionId, RemoteError, Rights, RpcError, SessionEvent, Token,
 };
 
+use crate::lease::Lease;
 use crate::peer_traffic::PeerCounters;
 use crate::region::RegionTable;
-use crate::txn::TxnCtx;
+
+mod conn;
+#[cfg(test)]
+mod tests;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -95,6 +102,11 @@ struct Node {
     peer: PeerCounters,
     /// What it answers to `Load` (set by tests).
     cpu_permille: AtomicU32,
+    /// Held from the start (the cluster is its manager); lapsed by tests.
+    lease: Lease,
+    /// Known to no one: the cluster grants through its own API, so admin
+    /// requests on the wire are refused as a daemon refuses a wrong key.
+    admin: AdminKey,
 }
 
 #[derive(Debug)]
@@ -164,7 +176,10 @@ impl InProcessCluster {
             faults: Faults::default(),
             peer: PeerCounters::default(),
             cpu_permille: AtomicU32::new(0),
+            lease: Lease::default(),
+            admin: Token::random(),
         });
+        node.lease.hold();
         nodes.push(Arc::clone(&node));
         NodeHandle {
             node,
@@ -223,28 +238,6 @@ impl Shared {
     fn node_by_addr(&self, addr: &str) -> Option<Arc<Node>> {
         let nodes = self.nodes.read().unwrap_or_else(|p| p.into_inner());
         nodes.iter().find(|n| n.addr == addr).cloned()
-    }
-
-    fn connect(self: &Arc<Self>, addr: &str) -> Result<Arc<dyn MemTransport>, RpcError> {
-        let node = self.node_by_addr(addr).ok_or_else(|| RpcError::Connect {
-            addr: addr.to_string(),
-            reason: "no such in-process node".into(),
-        })?;
-        if node.faults.dead.load(Ordering::Acquire) {
-            return Err(RpcError::Connect {
-                addr: addr.to_string(),
-                reason: "connection refused (node is dead)".into(),
-            });
-        }
-        let incarnation = node.faults.incarnation.load(Ordering::Acquire);
-        Ok(Arc::new(Conn {
-            node,
-            sh: Arc::clone(self),
-            incarnation,
-            broken: AtomicBool::new(false),
-            next: AtomicU64::new(1),
-            done: Mutex::new(HashMap::new()),
-        }))
     }
 }
 
@@ -344,6 +337,18 @@ impl NodeHandle {
         self.node.cpu_permille.store(permille, Ordering::Release);
     }
 
+    /// The node's lease lapses, as a daemon's does when the manager stops
+    /// acknowledging its heartbeats: it refuses data requests and rebuilds
+    /// with `Unavailable` (and still answers `Ping` and `Stats`).
+    pub fn lapse_lease(&self) {
+        self.node.lease.expire();
+    }
+
+    /// The node's lease holds again (the manager acknowledged it).
+    pub fn renew_lease(&self) {
+        self.node.lease.hold();
+    }
+
     /// What this node has sent to peers so far.
     pub fn peer_traffic(&self) -> PeerTraffic {
         self.node.peer.snapshot()
@@ -381,131 +386,6 @@ impl Node {
 
     fn is_dead(&self) -> bool {
         self.faults.dead.load(Ordering::Acquire)
-    }
-
-    /// What a transaction request works with; peers are this cluster's nodes.
-    fn txn_ctx<'a>(
-        &'a self,
-        sh: &'a Arc<Shared>,
-    ) -> TxnCtx<'a, impl Fn(&str) -> Result<Arc<dyn MemTransport>, RemoteError> + 'a> {
-        TxnCtx {
-            regions: &self.regions,
-            peer: move |addr: &str| {
-                sh.connect(addr)
-                    .map_err(|e| RemoteError::Internal(format!("peer {addr}: {e}")))
-            },
-            counters: &self.peer,
-        }
-    }
-
-    fn serve(&self, sh: &Arc<Shared>, req: &MemRequest, payload: &[u8]) -> Result<(MemResponse, Vec<u8>), RemoteError> {
-        match req {
-            MemRequest::Read { cap, offset, len } => {
-                let region = self.regions.get(cap.region)?;
-                let g = region.read();
-                let range = g.check(&region, cap, false, *offset, *len as u64)?;
-                self.peer.served_read(cap.rights, *len as u64);
-                Ok((MemResponse::Data, g.mem[range].to_vec()))
-            }
-            MemRequest::ReadV { ranges } => {
-                let mut out = Vec::new();
-                for r in ranges {
-                    let region = self.regions.get(r.cap.region)?;
-                    let g = region.read();
-                    let range = g.check(&region, &r.cap, false, r.offset, r.len as u64)?;
-                    out.extend_from_slice(&g.mem[range]);
-                }
-                self.peer.served_read_v(ranges, out.len() as u64);
-                Ok((MemResponse::Data, out))
-            }
-            MemRequest::Write { cap, offset } => {
-                let region = self.regions.get(cap.region)?;
-                let mut g = region.write();
-                let range = g.check(&region, cap, true, *offset, payload.len() as u64)?;
-                g.mem[range.clone()].copy_from_slice(payload);
-                g.wrote(&range);
-                Ok((MemResponse::Written, Vec::new()))
-            }
-            MemRequest::WriteV { ranges } => {
-                let total: u64 = ranges.iter().map(|r| r.len as u64).sum();
-                if total != payload.len() as u64 {
-                    return Err(RemoteError::BadRequest(format!(
-                        "ranges total {total} bytes but the payload has {}",
-                        payload.len()
-                    )));
-                }
-                for r in ranges {
-                    let region = self.regions.get(r.cap.region)?;
-                    region.read().check(&region, &r.cap, true, r.offset, r.len as u64)?;
-                }
-                let mut at = 0;
-                for r in ranges {
-                    let region = self.regions.get(r.cap.region)?;
-                    let mut g = region.write();
-                    let range = g.check(&region, &r.cap, true, r.offset, r.len as u64)?;
-                    g.mem[range.clone()].copy_from_slice(&payload[at..at + r.len as usize]);
-                    g.wrote(&range);
-                    at += r.len as usize;
-                }
-                Ok((MemResponse::Written, Vec::new()))
-            }
-            MemRequest::Ping => Ok((MemResponse::Pong, Vec::new())),
-            MemRequest::Load => Ok((
-                MemResponse::Load(NodeLoad {
-                    cpu_permille: self.cpu_permille.load(Ordering::Acquire),
-                    cores: 1,
-                }),
-                Vec::new(),
-            )),
-            MemRequest::Rebuild {
-                cap,
-                k,
-                m,
-                want,
-                sources,
-                rows,
-            } => {
-                let peer = |addr: &str| {
-                    sh.connect(addr)
-                        .map_err(|e| RemoteError::Internal(format!("peer {addr}: {e}")))
-                };
-                let (bytes, checksums) =
-                    crate::rebuild::rebuild(&self.regions, &peer, *cap, *k, *m, *want, sources, rows)?;
-                Ok((MemResponse::Rebuilt { bytes, checksums }, Vec::new()))
-            }
-            MemRequest::PrepareMany { txn, ops } => {
-                let deltas = self.txn_ctx(sh).prepare_many(*txn, ops, payload)?;
-                Ok((MemResponse::Prepared, deltas))
-            }
-            MemRequest::Prepare { txn, op } => {
-                let delta = self.txn_ctx(sh).prepare(*txn, op, payload)?;
-                Ok((MemResponse::Prepared, delta.unwrap_or_default()))
-            }
-            MemRequest::Commit { cap, txn } => {
-                self.txn_ctx(sh).commit(cap, *txn)?;
-                Ok((MemResponse::Committed, Vec::new()))
-            }
-            MemRequest::Abort { cap, txn } => {
-                self.txn_ctx(sh).abort(cap, *txn)?;
-                Ok((MemResponse::Aborted, Vec::new()))
-            }
-            MemRequest::ReadMember { cap, offset, len } => {
-                let (generation, bytes) = self.txn_ctx(sh).read_member(cap, *offset, *len)?;
-                self.peer.served_read(cap.rights, u64::from(*len));
-                Ok((MemResponse::Member { generation }, bytes))
-            }
-            MemRequest::Stats => {
-                let stats = remora_proto::MemNodeStats {
-                    deltas_in_flight: self.peer.deltas_in_flight(),
-                    peer: self.peer.snapshot(),
-                    ..self.regions.stats()
-                };
-                Ok((MemResponse::Stats(stats), Vec::new()))
-            }
-            MemRequest::Grant { .. } | MemRequest::Revoke { .. } | MemRequest::Fault { .. } => Err(
-                RemoteError::Unsupported("admin requests: an in-process cluster grants through its own API".into()),
-            ),
-        }
     }
 }
 
@@ -613,193 +493,5 @@ impl FarBackend for Backend {
     fn confirm(&self, node: NodeId) -> Result<bool, RpcError> {
         let nodes = self.sh.nodes.read().unwrap_or_else(|p| p.into_inner());
         Ok(nodes.iter().any(|n| n.id == node && !n.is_dead()))
-    }
-}
-
-/// A served request waiting for its caller.
-struct Done {
-    result: Result<(MemResponse, Vec<u8>), RpcError>,
-    ready_at: Instant,
-}
-
-/// A connection to an in-process node. Each request is served when it is
-/// sent; its reply waits for [`MemTransport::wait`] (after any injected delay).
-struct Conn {
-    node: Arc<Node>,
-    sh: Arc<Shared>,
-    incarnation: u64,
-    broken: AtomicBool,
-    next: AtomicU64,
-    done: Mutex<HashMap<u64, Done>>,
-}
-
-impl std::fmt::Debug for Conn {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "InProcessConn({})", self.node.addr)
-    }
-}
-
-impl Conn {
-    fn broken(&self, reason: &str) -> RpcError {
-        self.broken.store(true, Ordering::Release);
-        RpcError::Broken {
-            addr: self.node.addr.clone(),
-            reason: reason.into(),
-        }
-    }
-
-    fn gone(&self) -> bool {
-        self.node.is_dead() || self.node.faults.incarnation.load(Ordering::Acquire) != self.incarnation
-    }
-
-    /// Serves `req`, with the node's faults applied.
-    fn serve(&self, req: &MemRequest, payload: &[u8]) -> Result<(MemResponse, Vec<u8>), RpcError> {
-        let f = &self.node.faults;
-        let data = matches!(
-            req,
-            MemRequest::Read { .. } | MemRequest::ReadV { .. } | MemRequest::Write { .. } | MemRequest::WriteV { .. }
-        );
-        if data && f.die_after.load(Ordering::Acquire) >= 0 && f.die_after.fetch_sub(1, Ordering::AcqRel) == 0 {
-            // Dies mid-request: a write gets half its bytes stored first.
-            if let MemRequest::Write { cap, offset } = req {
-                let half = &payload[..payload.len() / 2];
-                let _ = self.node.serve(
-                    &self.sh,
-                    &MemRequest::Write {
-                        cap: *cap,
-                        offset: *offset,
-                    },
-                    half,
-                );
-            }
-            self.node.die();
-            return Err(self.broken("node died mid-request"));
-        }
-        let txn = matches!(
-            req,
-            MemRequest::Prepare { .. }
-                | MemRequest::PrepareMany { .. }
-                | MemRequest::Commit { .. }
-                | MemRequest::Abort { .. }
-        );
-        if txn && f.die_at_txn.load(Ordering::Acquire) >= 0 && f.die_at_txn.fetch_sub(1, Ordering::AcqRel) == 0 {
-            if f.die_after_applying.load(Ordering::Acquire) {
-                let _ = self.node.serve(&self.sh, req, payload);
-            }
-            self.node.die();
-            return Err(self.broken("node died at a transaction step"));
-        }
-        if f.fail_next.load(Ordering::Acquire) > 0
-            && f.fail_next
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
-                .is_ok()
-        {
-            return Err(self.broken("injected connection failure"));
-        }
-        let (resp, mut bytes) = self.node.serve(&self.sh, req, payload).map_err(RpcError::Remote)?;
-        if resp == MemResponse::Data && f.corrupt_reads.load(Ordering::Acquire) {
-            if let Some(b) = bytes.first_mut() {
-                *b ^= 1;
-            }
-        }
-        Ok((resp, bytes))
-    }
-}
-
-impl MemTransport for Conn {
-    fn peer(&self) -> &str {
-        &self.node.addr
-    }
-
-    fn is_broken(&self) -> bool {
-        self.broken.load(Ordering::Acquire) || self.gone()
-    }
-
-    fn close(&self) {
-        self.broken.store(true, Ordering::Release);
-    }
-
-    fn call_timeout(&self) -> Duration {
-        Duration::from_micros(self.node.faults.call_timeout_us.load(Ordering::Acquire))
-    }
-
-    fn send(&self, req: &MemRequest, payload: &[&[u8]]) -> Result<Ticket, RpcError> {
-        if self.is_broken() {
-            return Err(self.broken("node is dead"));
-        }
-        let joined: Vec<u8>;
-        let payload: &[u8] = match payload {
-            [] => &[],
-            [one] => one,
-            many => {
-                joined = many.concat();
-                &joined
-            }
-        };
-        let result = self.serve(req, payload);
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let delay = Duration::from_micros(self.node.faults.delay_us.load(Ordering::Acquire));
-        lock(&self.done).insert(
-            id,
-            Done {
-                result,
-                ready_at: Instant::now() + delay,
-            },
-        );
-        Ok(Ticket::from_raw(id))
-    }
-
-    fn wait(&self, t: Ticket, dest: Option<&mut [u8]>, timeout: Duration) -> Result<MemResponse, RpcError> {
-        self.wait_for(t, dest, timeout, false)
-    }
-
-    fn wait_keeping(&self, t: Ticket, dest: Option<&mut [u8]>, timeout: Duration) -> Result<MemResponse, RpcError> {
-        self.wait_for(t, dest, timeout, true)
-    }
-}
-
-impl Conn {
-    /// Waits for request `t`; with `keep`, a timeout leaves it in flight.
-    fn wait_for(
-        &self,
-        t: Ticket,
-        dest: Option<&mut [u8]>,
-        timeout: Duration,
-        keep: bool,
-    ) -> Result<MemResponse, RpcError> {
-        let done = lock(&self.done)
-            .remove(&t.raw())
-            .ok_or_else(|| RpcError::Unexpected(format!("no request {} in flight", t.raw())))?;
-        let now = Instant::now();
-        if done.ready_at > now {
-            let late = done.ready_at - now;
-            if late > timeout {
-                std::thread::sleep(timeout);
-                if keep {
-                    lock(&self.done).insert(t.raw(), done);
-                }
-                return Err(RpcError::Timeout {
-                    addr: self.node.addr.clone(),
-                    after: timeout,
-                });
-            }
-            std::thread::sleep(late);
-        }
-        let (resp, bytes) = done.result?;
-        match dest {
-            Some(d) if d.len() == bytes.len() => d.copy_from_slice(&bytes),
-            Some(d) => {
-                return Err(RpcError::Unexpected(format!(
-                    "payload of {} bytes for a buffer of {}",
-                    bytes.len(),
-                    d.len()
-                )));
-            }
-            None if !bytes.is_empty() => {
-                return Err(RpcError::Unexpected("a reply payload with no buffer for it".into()));
-            }
-            None => {}
-        }
-        Ok(resp)
     }
 }
