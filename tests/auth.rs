@@ -7,45 +7,15 @@ mod common;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{cluster, session, stderr};
-use remora_cluster::LocalCluster;
+use common::{BIN, await_refusals, cluster, refusals, run_remora, session, stderr};
 use remora_proto::frame::{HEADER_LEN, hello};
 use remora_proto::{ClusterKey, ComputeSession, ConnOptions, MemNodeClient, MemTransport, RemoteError, RpcError};
 
-const BIN: &str = env!("CARGO_BIN_EXE_remora");
 const MIB: u64 = 1 << 20;
-
-/// Runs the `remora` binary with no cluster key in its environment; one
-/// still running after 30 s (a daemon that was let in) is killed and fails
-/// the test rather than hanging it.
-fn remora(args: &[&str]) -> Output {
-    common::run_remora(args, &[])
-}
-
-/// Counts the manager's log lines that refuse a connection.
-fn refusals(c: &LocalCluster, log: &str) -> usize {
-    std::fs::read_to_string(c.dir().join(log))
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.contains("refusing connection from"))
-        .count()
-}
-
-/// Waits until `log` holds at least `n` refusals (logging is asynchronous to us).
-fn await_refusals(c: &LocalCluster, log: &str, n: usize) -> usize {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let got = refusals(c, log);
-        if got >= n || Instant::now() > deadline {
-            return got;
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-}
 
 fn opts(key: Option<ClusterKey>) -> ConnOptions {
     ConnOptions {
@@ -64,35 +34,41 @@ fn wrong_key_file(dir: &Path) -> std::path::PathBuf {
 fn daemons_refuse_to_start_without_a_key_and_keygen_makes_one() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let out = remora(&[
-        "manager",
-        "--listen",
-        "127.0.0.1:0",
-        "--data-dir",
-        data.to_str().unwrap(),
-    ]);
+    let out = run_remora(
+        &[
+            "manager",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data.to_str().unwrap(),
+        ],
+        &[],
+    );
     assert!(!out.status.success());
     assert!(stderr(&out).contains("remora keygen --out FILE"), "{}", stderr(&out));
-    let out = remora(&[
-        "memnode",
-        "--manager",
-        "127.0.0.1:1",
-        "--listen",
-        "127.0.0.1:0",
-        "--capacity",
-        "1GiB",
-    ]);
+    let out = run_remora(
+        &[
+            "memnode",
+            "--manager",
+            "127.0.0.1:1",
+            "--listen",
+            "127.0.0.1:0",
+            "--capacity",
+            "1GiB",
+        ],
+        &[],
+    );
     assert!(!out.status.success());
     assert!(stderr(&out).contains("remora keygen --out FILE"), "{}", stderr(&out));
 
     let key = dir.path().join("cluster.key");
-    let out = remora(&["keygen", "--out", key.to_str().unwrap()]);
+    let out = run_remora(&["keygen", "--out", key.to_str().unwrap()], &[]);
     assert!(out.status.success(), "{}", stderr(&out));
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(std::fs::metadata(&key).unwrap().permissions().mode() & 0o777, 0o600);
     let k = ClusterKey::read_file(&key).unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains(&k.id()));
-    let again = remora(&["keygen", "--out", key.to_str().unwrap()]);
+    let again = run_remora(&["keygen", "--out", key.to_str().unwrap()], &[]);
     assert!(!again.status.success(), "keygen overwrote a key");
     assert_eq!(ClusterKey::read_file(&key).unwrap().to_hex(), k.to_hex());
 
@@ -139,10 +115,13 @@ fn memory_nodes_without_the_key_never_join() {
         "--region-size",
         "64MiB",
     ];
-    let keyless = remora(&[&base[..], &["--insecure-no-auth"]].concat());
+    let keyless = run_remora(&[&base[..], &["--insecure-no-auth"]].concat(), &[]);
     assert!(!keyless.status.success());
     assert!(stderr(&keyless).contains("not authorized"), "{}", stderr(&keyless));
-    let wrong_key = remora(&[&base[..], &["--cluster-key-file", wrong.to_str().unwrap()]].concat());
+    let wrong_key = run_remora(
+        &[&base[..], &["--cluster-key-file", wrong.to_str().unwrap()]].concat(),
+        &[],
+    );
     assert!(!wrong_key.status.success());
     assert!(
         stderr(&wrong_key).contains("proof of the cluster key"),
@@ -216,34 +195,40 @@ fn status_and_drain_need_the_key() {
     let key = c.key_file().to_str().unwrap().to_string();
     let wrong = wrong_key_file(c.dir());
 
-    let out = remora(&["status", "--manager", &manager]);
+    let out = run_remora(&["status", "--manager", &manager], &[]);
     assert!(!out.status.success());
     assert!(stderr(&out).contains("requires the cluster key"), "{}", stderr(&out));
     assert!(
         !String::from_utf8_lossy(&out.stdout).contains(&node),
         "status leaked to a keyless client"
     );
-    let out = remora(&[
-        "status",
-        "--manager",
-        &manager,
-        "--cluster-key-file",
-        wrong.to_str().unwrap(),
-    ]);
+    let out = run_remora(
+        &[
+            "status",
+            "--manager",
+            &manager,
+            "--cluster-key-file",
+            wrong.to_str().unwrap(),
+        ],
+        &[],
+    );
     assert!(!out.status.success());
     assert!(!String::from_utf8_lossy(&out.stdout).contains(&node));
-    let out = remora(&["drain", "--manager", &manager, "--node", &node]);
+    let out = run_remora(&["drain", "--manager", &manager, "--node", &node], &[]);
     assert!(!out.status.success());
     assert!(stderr(&out).contains("requires the cluster key"), "{}", stderr(&out));
-    let out = remora(&[
-        "drain",
-        "--manager",
-        &manager,
-        "--node",
-        &node,
-        "--cluster-key-file",
-        wrong.to_str().unwrap(),
-    ]);
+    let out = run_remora(
+        &[
+            "drain",
+            "--manager",
+            &manager,
+            "--node",
+            &node,
+            "--cluster-key-file",
+            wrong.to_str().unwrap(),
+        ],
+        &[],
+    );
     assert!(!out.status.success());
     assert_eq!(await_refusals(&c, "manager.log", 4), 4);
     let st = c.status().unwrap();
@@ -255,7 +240,7 @@ fn status_and_drain_need_the_key() {
     );
 
     // With the key (flag or environment) both work.
-    let out = remora(&["status", "--manager", &manager, "--cluster-key-file", &key]);
+    let out = run_remora(&["status", "--manager", &manager, "--cluster-key-file", &key], &[]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains(&node));
     let out = Command::new(BIN)

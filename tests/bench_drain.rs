@@ -2,15 +2,9 @@
 //! every object verifies afterwards, and the JSON carries the figures with
 //! the write amplification each scheme must have.
 
-use std::process::Command;
+mod common;
 
-fn remora(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_remora"))
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("remora runs")
-}
+use common::remora;
 
 #[test]
 fn drain_evicts_and_verifies_both_schemes() {

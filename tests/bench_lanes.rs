@@ -1,12 +1,14 @@
 //! `remora bench lanes` end to end: three phases, every read checked.
 
+mod common;
+
 use std::process::Command;
 
 #[test]
 fn lanes_bench_measures_three_phases_and_verifies_reads() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("lanes.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_remora"))
+    let out = Command::new(common::BIN)
         .args([
             "bench",
             "lanes",
@@ -47,7 +49,7 @@ fn lanes_bench_measures_three_phases_and_verifies_reads() {
 #[test]
 fn lanes_bench_rejects_bad_flags() {
     for bad in [["--read-rate", "0"], ["--write-size", "0"], ["--region-size", "1KiB"]] {
-        let out = Command::new(env!("CARGO_BIN_EXE_remora"))
+        let out = Command::new(common::BIN)
             .args(["bench", "lanes"])
             .args(bad)
             .output()

@@ -1,32 +1,9 @@
 //! `remora bench micro` and `remora bench runtime` end to end, with tiny
 //! parameters: they run, verify every object, and write the JSON they promise.
 
-use std::process::Command;
-
 mod common;
 
-fn remora(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_remora"))
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("remora runs")
-}
-
-/// Runs `remora` with `args` and returns its stdout and stderr; fails the
-/// test, showing both, unless it succeeded.
-fn remora_ok(args: &[&str]) -> (String, String) {
-    let out = remora(args);
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "remora {args:?} failed:\n{stdout}\n{stderr}");
-    (stdout, stderr)
-}
-
-fn read_json(path: &std::path::Path) -> serde_json::Value {
-    let text = std::fs::read_to_string(path).expect("JSON written");
-    serde_json::from_str(&text).expect("valid JSON")
-}
+use common::{read_json, remora, remora_ok};
 
 #[test]
 fn micro_runs_swaps_and_verifies() {

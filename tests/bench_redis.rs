@@ -9,7 +9,7 @@
 
 use std::net::TcpStream;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -17,11 +17,7 @@ use serde_json::Value;
 
 mod common;
 
-fn remora() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_remora"));
-    c.env("RUST_LOG", "warn");
-    c
-}
+use common::{read_json, remora_command};
 
 fn redis_server() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("REMORA_REDIS_SERVER").filter(|p| !p.is_empty()) {
@@ -49,11 +45,6 @@ fn have_redis(test: &str) -> bool {
         "{test}: SKIPPED: redis-server not found (sudo apt-get install redis-server, or set REMORA_REDIS_SERVER)"
     );
     false
-}
-
-fn read_json(path: &std::path::Path) -> Value {
-    let text = std::fs::read_to_string(path).expect("JSON written");
-    serde_json::from_str(&text).expect("valid JSON")
 }
 
 fn f(r: &Value, key: &str) -> f64 {
@@ -105,7 +96,7 @@ fn redis_cache_runs_beside_remora_and_cleans_up() {
     }
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("micro.json");
-    let out = remora()
+    let out = remora_command("warn")
         .args(["bench", "micro", "--scheme", "redis-cache:1,non-ft"])
         .args(common::SMALL_ARRAY)
         .args([
@@ -276,7 +267,7 @@ fn redis_servers_die_with_a_killed_bench() {
     }
     // The killed benchmark cannot remove its servers' directories: they go in ours.
     let tmp = tempfile::tempdir().unwrap();
-    let mut child = remora()
+    let mut child = remora_command("warn")
         .env("TMPDIR", tmp.path())
         .args([
             "bench",
@@ -327,7 +318,7 @@ fn redis_cache_open_loop_keeps_up() {
     }
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("open.json");
-    let out = remora()
+    let out = remora_command("warn")
         .args([
             "bench",
             "micro",
@@ -387,7 +378,7 @@ fn missing_redis_is_a_skip_or_an_error_when_required() {
         "--json",
         json.to_str().unwrap(),
     ];
-    let out = remora()
+    let out = remora_command("warn")
         .args(args)
         .env("REMORA_REDIS_SERVER", "/nonexistent/redis-server")
         .env_remove("REMORA_REQUIRE_REDIS")
@@ -405,7 +396,7 @@ fn missing_redis_is_a_skip_or_an_error_when_required() {
     assert_eq!(v["results"].as_array().map(Vec::len), Some(0), "{v}");
     assert_eq!(v["skipped"][0]["scheme"], "redis-cache", "{v}");
 
-    let out = remora()
+    let out = remora_command("warn")
         .args(args)
         .env("REMORA_REDIS_SERVER", "/nonexistent/redis-server")
         .env("REMORA_REQUIRE_REDIS", "1")

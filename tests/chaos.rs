@@ -2,20 +2,16 @@
 //! kills, pauses and partitions while a workload writes, every object
 //! verified, and the JSON it promises.
 
-use std::process::Command;
+mod common;
 
 fn chaos(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_remora"))
+    let out = common::remora_command("error")
         .arg("chaos")
         .args(args)
         .env("RUST_LOG", "error")
         .output()
         .expect("remora runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    (out.status.success(), common::stdout(&out), common::stderr(&out))
 }
 
 /// Runs a short chaos run with `faults` and returns its JSON.

@@ -11,43 +11,14 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use remora_runtime::{RemBox, Remotable, Runtime, RuntimeConfig, Stats};
+use remora_runtime::{RemBox, Runtime, Stats};
 
-const MIB: usize = 1 << 20;
-/// Objects of about 1 KiB: 14 to a span, so a written object dirties a span
-/// that also holds objects only read.
-const WORDS: usize = 127;
-
-#[derive(Clone, Copy)]
-struct Obj {
-    id: u64,
-    version: u64,
-    words: [u64; WORDS - 2],
-}
-// SAFETY: integers only.
-unsafe impl Remotable for Obj {}
-
-fn obj(id: u64, version: u64) -> Obj {
-    let mut words = [0u64; WORDS - 2];
-    for (i, w) in words.iter_mut().enumerate() {
-        *w = (id << 24 | i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ version.rotate_left(17);
-    }
-    Obj { id, version, words }
-}
-
-#[track_caller]
-fn check(o: &Obj, id: u64, version: u64) {
-    assert_eq!((o.id, o.version), (id, version), "object {id}: header");
-    assert!(
-        o.words == obj(id, version).words,
-        "object {id} v{version}: payload differs"
-    );
-}
+/// Objects of about 1 KiB (1016 bytes): 14 to a span, so a written object
+/// dirties a span that also holds objects only read.
+type Obj1016 = Words<125>;
 
 fn runtime(c: &remora_cluster::LocalCluster, scheme: &str, budget: usize) -> Runtime {
-    let mut cfg = RuntimeConfig::new(c.manager_addr(), budget);
-    cfg.conn = c.conn_options();
-    cfg.name = format!("clean-{scheme}");
+    let mut cfg = runtime_config(c, &format!("clean-{scheme}"), budget);
     cfg.scheme = remora_runtime::scheme::by_name(scheme).expect("known scheme");
     cfg.object_swap_in = false;
     Runtime::connect(cfg).expect("runtime connects")
@@ -56,13 +27,13 @@ fn runtime(c: &remora_cluster::LocalCluster, scheme: &str, budget: usize) -> Run
 /// Reads every object once, in a scattered order (an odd stride over a
 /// power-of-two count): in address order, all the spans of an ec-batch row
 /// would come back together and free the row, cancelling its kept copies.
-fn read_all(rt: &Runtime, objs: &[RemBox<Obj>], versions: &[u64]) {
+fn read_all(rt: &Runtime, objs: &[RemBox<Obj1016>], versions: &[u64]) {
     let n = objs.len();
     assert!(n.is_power_of_two());
     for k in 0..n {
         let i = (k * 9973) % n;
         let scope = rt.scope();
-        check(objs[i].deref(&scope).expect("deref"), i as u64, versions[i]);
+        Obj1016::check(objs[i].deref(&scope).expect("deref"), i as u64, versions[i]);
     }
 }
 
@@ -70,7 +41,7 @@ fn clean_reeviction(scheme: &str) {
     let c = cluster(7, 256 << 20, 16 << 20);
     let rt = runtime(&c, scheme, 4 * MIB);
     let n = 16 * 1024usize; // ~16 MiB of objects, 4x the budget
-    let mut objs: Vec<RemBox<Obj>> = (0..n).map(|i| rt.alloc(obj(i as u64, 0)).unwrap()).collect();
+    let mut objs: Vec<RemBox<Obj1016>> = (0..n).map(|i| rt.alloc(obj(i as u64, 0)).unwrap()).collect();
     let mut versions = vec![0u64; n];
     rt.wait_for_eviction(Duration::from_secs(30)).unwrap();
 
@@ -164,7 +135,7 @@ fn filtering_leaves_the_cold_objects_of_a_clean_span_in_place() {
     let rt = Runtime::connect(cfg).expect("runtime connects");
     let (spans, per) = (64usize, 14usize);
     let n = spans * per;
-    let objs: Vec<RemBox<Obj>> = (0..n).map(|i| rt.alloc(obj(i as u64, 0)).unwrap()).collect();
+    let objs: Vec<RemBox<Obj1016>> = (0..n).map(|i| rt.alloc(obj(i as u64, 0)).unwrap()).collect();
     rt.set_local_budget(MIB / 4);
     rt.wait_for_eviction(Duration::from_secs(30)).unwrap();
     assert!(rt.stats().far_objects as usize >= n * 3 / 4, "{:?}", rt.stats());
@@ -176,7 +147,7 @@ fn filtering_leaves_the_cold_objects_of_a_clean_span_in_place() {
     while Instant::now() < until {
         for i in (0..n).filter(|&i| hot(i)) {
             let scope = rt.scope();
-            check(objs[i].deref(&scope).expect("deref"), i as u64, 0);
+            Obj1016::check(objs[i].deref(&scope).expect("deref"), i as u64, 0);
         }
     }
     let s0 = rt.stats();
@@ -198,6 +169,6 @@ fn filtering_leaves_the_cold_objects_of_a_clean_span_in_place() {
     );
     for (i, o) in objs.iter().enumerate() {
         let scope = rt.scope();
-        check(o.deref(&scope).expect("deref"), i as u64, 0);
+        Obj1016::check(o.deref(&scope).expect("deref"), i as u64, 0);
     }
 }

@@ -21,13 +21,13 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::time::{Duration, Instant};
 
-use common::{assert_bytes_eq, matches, obj, pattern};
+use common::{Obj2K, Words, assert_bytes_eq, obj, pattern};
 use remora_cluster::LocalCluster;
 use remora_proto::msg::{ComputeState, Fault};
 use remora_proto::{
     Cap, DeltaTarget, MemNodeClient, MemTransport, Member, RegionId, RemoteError, Rights, RpcError, Token, TxnId, TxnOp,
 };
-use remora_runtime::{Runtime, RuntimeConfig, scheme};
+use remora_runtime::{RemBox, Runtime, scheme};
 
 const MIB: u64 = 1 << 20;
 const NODES: usize = 3;
@@ -60,7 +60,7 @@ impl Drop for Worker {
 
 impl Worker {
     fn spawn(c: &LocalCluster, scheme: &str, compaction_threads: usize) -> Worker {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_remora"))
+        let mut child = Command::new(common::BIN)
             .args([
                 "--log",
                 "warn",
@@ -403,12 +403,10 @@ fn new_runtime_reads_back_what_it_wrote(c: &LocalCluster, scheme_name: &str, com
         compaction_trigger: 0.0,
         ..scheme::SchemeOptions::default()
     };
-    let mut cfg = RuntimeConfig::new(c.manager_addr(), 512 << 10);
-    cfg.conn = c.conn_options();
-    cfg.name = "survivor".into();
+    let mut cfg = common::runtime_config(c, "survivor", 512 << 10);
     cfg.scheme = scheme::make(scheme_name, &opts).unwrap();
     let rt = Runtime::connect(cfg).unwrap();
-    let mut objs: Vec<_> = (0..1000).map(|i| rt.alloc(obj(i, 0)).unwrap()).collect();
+    let mut objs: Vec<RemBox<Obj2K>> = (0..1000).map(|i| rt.alloc(obj(i, 0)).unwrap()).collect();
     for round in 1..=2u64 {
         for (i, o) in objs.iter_mut().enumerate() {
             if i as u64 % 2 == round % 2 {
@@ -421,7 +419,7 @@ fn new_runtime_reads_back_what_it_wrote(c: &LocalCluster, scheme_name: &str, com
         let scope = rt.scope();
         let want = if i % 2 == 0 { 2 } else { 1 };
         assert!(
-            matches(o.deref(&scope).unwrap(), i as u64, want),
+            Words::is(o.deref(&scope).unwrap(), i as u64, want),
             "object {i} did not read back as version {want}"
         );
     }

@@ -12,23 +12,21 @@ use std::time::{Duration, Instant};
 use common::*;
 use remora_cluster::LocalCluster;
 use remora_proto::{NodeId, NodeState};
-use remora_runtime::{RemBox, Runtime, RuntimeConfig, Stats, scheme};
+use remora_runtime::{RemBox, Runtime, Stats, scheme};
 
 /// Long enough that the manager's own heartbeat rule cannot be what
 /// declares a node dead in these tests (its lease is 4 s: 4 heartbeat
 /// intervals of 1 s).
 const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(30);
 
-fn setup() -> (LocalCluster, Runtime, Vec<RemBox<Obj>>) {
+fn setup() -> (LocalCluster, Runtime, Vec<RemBox<Obj2K>>) {
     // Six nodes for RS(4,2), then a spare to rebuild on.
     let mut c = cluster_with_timeout(6, 64 << 20, 8 << 20, HEARTBEAT_TIMEOUT);
-    let mut cfg = RuntimeConfig::new(c.manager_addr(), 2 << 20);
-    cfg.conn = c.conn_options();
+    let mut cfg = runtime_config(&c, "detection-test", 2 << 20);
     cfg.scheme = scheme::by_name("ec-batch").unwrap();
     cfg.patience = Duration::from_secs(30);
-    cfg.name = "detection-test".into();
     let rt = Runtime::connect(cfg).unwrap();
-    let objs: Vec<RemBox<Obj>> = (0..4096u64).map(|i| rt.alloc(obj(i, 0)).unwrap()).collect();
+    let objs: Vec<RemBox<Obj2K>> = (0..4096u64).map(|i| rt.alloc(obj(i, 0)).unwrap()).collect();
     rt.wait_for_eviction(Duration::from_secs(60)).unwrap();
     c.add_memnode().unwrap();
     (c, rt, objs)
@@ -45,21 +43,13 @@ fn state(c: &LocalCluster, id: NodeId) -> NodeState {
 }
 
 /// Reads every object back and compares it; returns the stats after.
-fn verify_all(rt: &Runtime, objs: &[RemBox<Obj>]) -> Stats {
+fn verify_all(rt: &Runtime, objs: &[RemBox<Obj2K>]) -> Stats {
     for (i, b) in objs.iter().enumerate() {
         let s = rt.scope();
         let o = b.deref(&s).unwrap_or_else(|e| panic!("object {i}: {e}"));
-        assert!(matches(o, i as u64, 0), "object {i}: got id {} v{}", o.id, o.version);
+        assert!(Words::is(o, i as u64, 0), "object {i}: got id {} v{}", o.id, o.version);
     }
     rt.stats()
-}
-
-fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// A paused node (SIGSTOP: its connections stay open, nothing answers) is
@@ -85,13 +75,13 @@ fn a_paused_node_is_read_around_at_once_and_confirmed_dead_after_its_lease() {
         "its spans were decoded: {st:?}"
     );
     // The manager rules after the node's 4 s lease; its own rule would take 30 s.
-    wait_for(
+    wait_until(
         "the manager declaring the paused node dead",
         Duration::from_secs(20),
         || state(&c, victim) == NodeState::Dead,
     );
     eprintln!("declared dead {:?} after the pause", paused.elapsed());
-    wait_for("the rebuild", Duration::from_secs(60), || {
+    wait_until("the rebuild", Duration::from_secs(60), || {
         let s = rt.stats();
         s.recoveries >= 1 && s.recovering == 0
     });
@@ -117,7 +107,7 @@ fn a_short_stall_is_suspected_but_never_fenced() {
         });
         verify_all(&rt, &objs);
     });
-    wait_for("the manager's alive verdict", Duration::from_secs(20), || {
+    wait_until("the manager's alive verdict", Duration::from_secs(20), || {
         rt.stats().suspicions_cleared > before.suspicions_cleared
     });
     let st = verify_all(&rt, &objs);
@@ -143,13 +133,13 @@ fn a_killed_node_is_confirmed_dead_without_waiting_for_heartbeats() {
     let killed = Instant::now();
     let st = verify_all(&rt, &objs);
     assert!(st.suspicions >= 1 && st.degraded_reads >= 1, "{st:?}");
-    wait_for(
+    wait_until(
         "the manager declaring the killed node dead",
         Duration::from_secs(20),
         || state(&c, victim) == NodeState::Dead,
     );
     eprintln!("declared dead {:?} after the kill", killed.elapsed());
-    wait_for("the rebuild", Duration::from_secs(60), || {
+    wait_until("the rebuild", Duration::from_secs(60), || {
         let s = rt.stats();
         s.recoveries >= 1 && s.recovering == 0
     });

@@ -16,8 +16,7 @@ fn ec_runtime(c: &remora_cluster::LocalCluster, budget: usize, patience: Duratio
 }
 
 fn scheme_runtime(c: &remora_cluster::LocalCluster, name: &str, budget: usize, patience: Duration) -> Runtime {
-    let mut cfg = RuntimeConfig::new(c.manager_addr(), budget);
-    cfg.conn = c.conn_options();
+    let mut cfg = runtime_config(c, "ec-test", budget);
     // Compacting schemes fold whenever a fold exists, so compaction runs
     // hard through the failures these tests inject.
     let opts = scheme::SchemeOptions {
@@ -26,7 +25,6 @@ fn scheme_runtime(c: &remora_cluster::LocalCluster, name: &str, budget: usize, p
     };
     cfg.scheme = scheme::make(name, &opts).unwrap();
     cfg.patience = patience;
-    cfg.name = "ec-test".into();
     Runtime::connect(cfg).unwrap()
 }
 
@@ -73,7 +71,7 @@ fn kill_during_workload(name: &str, amp: f64, reads: u64) {
     let c = quick_cluster(7, 64 << 20, 8 << 20);
     let rt = scheme_runtime(&c, name, 2 << 20, Duration::from_secs(20));
     let n = 8192u64; // 16 MiB of 2 KiB objects: 8x the budget
-    let objs: Vec<RwLock<RemBox<Obj>>> = (0..n).map(|i| RwLock::new(rt.alloc(obj(i, 0)).unwrap())).collect();
+    let objs: Vec<RwLock<RemBox<Obj2K>>> = (0..n).map(|i| RwLock::new(rt.alloc(obj(i, 0)).unwrap())).collect();
     let versions: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
     let before = rt.stats();
     assert!(before.swap_outs > 0);
@@ -188,7 +186,7 @@ fn kill_during_workload(name: &str, amp: f64, reads: u64) {
         let g = o.read().unwrap();
         let v = versions[i].load(Ordering::Relaxed);
         assert!(
-            matches(g.deref(&scope).unwrap(), i as u64, v),
+            Words::is(g.deref(&scope).unwrap(), i as u64, v),
             "object {i} v{v} wrong after recovery"
         );
     }
@@ -215,7 +213,7 @@ fn unreachable_node(name: &str) {
     cfg.conn.call_timeout = Duration::from_millis(300);
     let rt = Runtime::connect(cfg).unwrap();
     let n = 4096u64;
-    let objs: Vec<RemBox<Obj>> = (0..n).map(|i| rt.alloc(obj(i, 3)).unwrap()).collect();
+    let objs: Vec<RemBox<Obj2K>> = (0..n).map(|i| rt.alloc(obj(i, 3)).unwrap()).collect();
     rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
     // Pause a node that holds this runtime's data.
     let held: Vec<String> = rt.regions_with_data().iter().map(|(_, g)| g.addr.clone()).collect();
@@ -224,7 +222,7 @@ fn unreachable_node(name: &str) {
     let scope = rt.scope();
     for (i, o) in objs.iter().take(1024).enumerate() {
         assert!(
-            matches(o.deref(&scope).unwrap(), i as u64, 3),
+            Words::is(o.deref(&scope).unwrap(), i as u64, 3),
             "{name}: object {i} wrong while a node is paused"
         );
     }
@@ -255,7 +253,7 @@ fn corrupt_and_repair(name: &str) {
     let c = cluster(6, 64 << 20, 8 << 20);
     let rt = scheme_runtime(&c, name, 2 << 20, Duration::from_secs(20));
     let n = 4096u64;
-    let objs: Vec<RemBox<Obj>> = (0..n).map(|i| rt.alloc(obj(i, 0)).unwrap()).collect();
+    let objs: Vec<RemBox<Obj2K>> = (0..n).map(|i| rt.alloc(obj(i, 0)).unwrap()).collect();
     rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
     // Flip the first 256 KiB of every region this runtime holds on one node.
     let held: Vec<String> = rt.regions_with_data().iter().map(|(_, g)| g.addr.clone()).collect();
@@ -280,7 +278,7 @@ fn corrupt_and_repair(name: &str) {
     let scope = rt.scope();
     for (i, o) in objs.iter().enumerate() {
         assert!(
-            matches(o.deref(&scope).unwrap(), i as u64, 0),
+            Words::is(o.deref(&scope).unwrap(), i as u64, 0),
             "{name}: object {i} wrong after corruption"
         );
     }
@@ -299,7 +297,7 @@ fn recovery_verifies_rebuilt_shards_against_checksums() {
     let c = quick_cluster(7, 64 << 20, 8 << 20);
     let rt = ec_runtime(&c, 2 << 20, Duration::from_secs(20));
     let n = 4096u64;
-    let objs: Vec<RemBox<Obj>> = (0..n).map(|i| rt.alloc(obj(i, 5)).unwrap()).collect();
+    let objs: Vec<RemBox<Obj2K>> = (0..n).map(|i| rt.alloc(obj(i, 5)).unwrap()).collect();
     rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
     let corrupt = c.memnodes()[1].addr.clone();
     for (_, g) in rt.regions() {
@@ -331,7 +329,7 @@ fn recovery_verifies_rebuilt_shards_against_checksums() {
     let scope = rt.scope();
     for (i, o) in objs.iter().enumerate() {
         assert!(
-            matches(o.deref(&scope).unwrap(), i as u64, 5),
+            Words::is(o.deref(&scope).unwrap(), i as u64, 5),
             "object {i} wrong after recovery"
         );
     }
@@ -350,7 +348,7 @@ fn swap_out_waits_for_k_plus_m_nodes() {
     let done = AtomicBool::new(false);
     let result = std::thread::scope(|s| {
         let h = s.spawn(|| {
-            let v: Result<Vec<RemBox<Obj>>, _> = (0..2048u64).map(|i| rt.alloc(obj(i, 7))).collect();
+            let v: Result<Vec<RemBox<Obj2K>>, _> = (0..2048u64).map(|i| rt.alloc(obj(i, 7))).collect();
             done.store(true, Ordering::SeqCst);
             v
         });
@@ -364,7 +362,7 @@ fn swap_out_waits_for_k_plus_m_nodes() {
     assert!(rt.stats().swap_outs > 0);
     let scope = rt.scope();
     for (i, o) in objs.iter().enumerate() {
-        assert!(matches(o.deref(&scope).unwrap(), i as u64, 7));
+        assert!(Words::is(o.deref(&scope).unwrap(), i as u64, 7));
     }
     drop(scope);
     drop(objs);
@@ -372,7 +370,7 @@ fn swap_out_waits_for_k_plus_m_nodes() {
     // Bounded: with 5 nodes and short patience, a typed error.
     let c5 = cluster(5, 64 << 20, 8 << 20);
     let rt = ec_runtime(&c5, 1 << 20, Duration::from_secs(2));
-    let r: Result<Vec<RemBox<Obj>>, _> = (0..2048u64).map(|i| rt.alloc(obj(i, 0))).collect();
+    let r: Result<Vec<RemBox<Obj2K>>, _> = (0..2048u64).map(|i| rt.alloc(obj(i, 0))).collect();
     match r {
         Err(e) => eprintln!("typed error as expected: {e}"),
         Ok(_) => panic!("allocation succeeded without anywhere to evict to"),
@@ -398,7 +396,7 @@ fn concurrent_evictions_share_a_new_stripe_group() {
     // 16 MiB of 2 KiB objects from 4 threads: far more than the budget, and
     // less than one group holds (4 data positions of 16 MiB).
     let per_thread = 2048u64;
-    let objs: Vec<Vec<RemBox<Obj>>> = std::thread::scope(|s| {
+    let objs: Vec<Vec<RemBox<Obj2K>>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..4u64)
             .map(|t| {
                 let rt = &rt;
@@ -423,7 +421,7 @@ fn concurrent_evictions_share_a_new_stripe_group() {
     for (t, v) in objs.iter().enumerate() {
         for (i, o) in v.iter().enumerate() {
             let id = t as u64 * per_thread + i as u64;
-            assert!(matches(o.deref(&scope).unwrap(), id, 0), "object {id}");
+            assert!(Words::is(o.deref(&scope).unwrap(), id, 0), "object {id}");
         }
     }
 }
@@ -436,12 +434,12 @@ fn paused_runtime_folds_nothing_until_resumed() {
     let c = quick_cluster(7, 64 << 20, 8 << 20);
     let rt = scheme_runtime(&c, "ec-batch-local", 2 << 20, Duration::from_secs(20));
     let n = 8192u64; // 16 MiB of 2 KiB objects: 8x the budget
-    let mut objs: Vec<RemBox<Obj>> = (0..n).map(|i| rt.alloc(obj(i, 0)).unwrap()).collect();
+    let mut objs: Vec<RemBox<Obj2K>> = (0..n).map(|i| rt.alloc(obj(i, 0)).unwrap()).collect();
     let mut versions = vec![0u64; n as usize];
     // Random accesses (a write in 5): cold spans come back and leave holes
     // scattered over the spansets; checks every byte read.
     let mut x = 0x2545_F491_4F6C_DD1Du64;
-    let mut sweep = |objs: &mut Vec<RemBox<Obj>>, rounds: u64| {
+    let mut sweep = |objs: &mut Vec<RemBox<Obj2K>>, rounds: u64| {
         for _ in 0..rounds * n {
             x ^= x << 13;
             x ^= x >> 7;
@@ -453,11 +451,11 @@ fn paused_runtime_folds_nothing_until_resumed() {
                 let v = versions[i];
                 if x % 5 == 0 {
                     let got = o.deref_mut(&scope).unwrap();
-                    assert!(matches(got, i as u64, v), "object {i} v{v}");
+                    assert!(Words::is(got, i as u64, v), "object {i} v{v}");
                     *got = obj(i as u64, v + 1);
                     versions[i] = v + 1;
                 } else {
-                    assert!(matches(o.deref(&scope).unwrap(), i as u64, v), "object {i} v{v}");
+                    assert!(Words::is(o.deref(&scope).unwrap(), i as u64, v), "object {i} v{v}");
                 }
             }
         }
@@ -490,6 +488,6 @@ fn paused_runtime_folds_nothing_until_resumed() {
     sweep(&mut objs, 1);
     let scope = rt.scope();
     for (i, o) in objs.iter().enumerate() {
-        assert!(matches(o.deref(&scope).unwrap(), i as u64, versions[i]), "object {i}");
+        assert!(Words::is(o.deref(&scope).unwrap(), i as u64, versions[i]), "object {i}");
     }
 }

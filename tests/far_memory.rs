@@ -8,22 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use remora_runtime::{RemBox, Remotable, Runtime, RuntimeConfig, scheme};
-
-#[derive(Clone, Copy)]
-struct Obj {
-    id: u64,
-    words: [u64; 255],
-}
-// SAFETY: integers only.
-unsafe impl Remotable for Obj {}
-
-fn obj(id: u64) -> Obj {
-    Obj {
-        id,
-        words: std::array::from_fn(|i| (id << 20 | i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)),
-    }
-}
+use remora_runtime::{RemBox, Runtime, scheme};
 
 const REGION: u64 = 1 << 20;
 
@@ -51,26 +36,24 @@ fn held_agreed(rt: &Runtime, c: &remora_cluster::LocalCluster, what: &str) -> u6
     }
 }
 
-fn verify(rt: &Runtime, objs: &[(u64, RemBox<Obj>)]) {
+fn verify(rt: &Runtime, objs: &[(u64, RemBox<Obj2K>)]) {
     let scope = rt.scope();
     for (id, b) in objs {
         let o = b.deref(&scope).expect("object reads back");
-        assert!(o.id == *id && o.words == obj(*id).words, "object {id} changed");
+        assert!(o.is(*id, 0), "object {id} changed");
     }
 }
 
 fn gives_back(name: &str) {
     let c = cluster(7, 256 << 20, REGION);
-    let mut cfg = RuntimeConfig::new(c.manager_addr(), 2 << 20);
-    cfg.conn = c.conn_options();
+    let mut cfg = runtime_config(&c, &format!("give-back-{name}"), 2 << 20);
     cfg.scheme = scheme::make(name, &scheme::SchemeOptions::default()).unwrap();
-    cfg.name = format!("give-back-{name}");
     let rt = Runtime::connect(cfg).unwrap();
 
     // ~40 MiB of objects against a 2 MiB local budget: most go far, over
     // many 1 MiB regions.
     let n = 20_000u64;
-    let mut objs: Vec<(u64, RemBox<Obj>)> = (0..n).map(|i| (i, rt.alloc(obj(i)).unwrap())).collect();
+    let mut objs: Vec<(u64, RemBox<Obj2K>)> = (0..n).map(|i| (i, rt.alloc(Obj2K::new(i, 0)).unwrap())).collect();
     rt.wait_for_eviction(Duration::from_secs(60)).unwrap();
     // No read pass here: swapping every object in and out again would
     // scatter the survivors over every stripe group (re-evictions go
@@ -121,7 +104,7 @@ fn gives_back(name: &str) {
     // regions take the vacant indices; old and new objects all read back.
     let mut next = n;
     while rt.stats().far_bytes_held <= s.far_bytes_held && next < n + n * 3 / 4 {
-        objs.extend((next..next + n / 8).map(|i| (i, rt.alloc(obj(i)).unwrap())));
+        objs.extend((next..next + n / 8).map(|i| (i, rt.alloc(Obj2K::new(i, 0)).unwrap())));
         next += n / 8;
         rt.wait_for_eviction(Duration::from_secs(60)).unwrap();
     }

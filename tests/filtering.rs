@@ -13,55 +13,13 @@ use std::sync::RwLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{cluster, fast_filtering_runtime};
+use common::{MIB, Obj, Words, cluster, fast_filtering_runtime, runtime_config};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use remora_runtime::{RemBox, Remotable, Runtime, RuntimeConfig, Stats};
-
-const MIB: usize = 1 << 20;
-
-/// A 1 KiB object (1032 bytes with the runtime's header: the 1152-byte
-/// class, 14 objects per 16 KiB span) whose words derive from (id, version).
-#[derive(Clone, Copy)]
-struct Obj {
-    id: u64,
-    version: u64,
-    words: [u64; 126],
-}
-// SAFETY: integers only.
-unsafe impl Remotable for Obj {}
-
-fn word(id: u64, version: u64, i: usize) -> u64 {
-    let x = (id << 24 ^ i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ version.wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x ^ (x >> 31)
-}
-
-impl Obj {
-    fn new(id: u64, version: u64) -> Self {
-        let mut words = [0u64; 126];
-        for (i, w) in words.iter_mut().enumerate() {
-            *w = word(id, version, i);
-        }
-        Self { id, version, words }
-    }
-
-    #[track_caller]
-    fn check(&self, id: u64, version: u64) {
-        assert_eq!((self.id, self.version), (id, version), "object header");
-        if let Some(i) = (0..self.words.len()).find(|&i| self.words[i] != word(id, version, i)) {
-            panic!(
-                "object {id} v{version}: word {i} is {:#x}, want {:#x}",
-                self.words[i],
-                word(id, version, i)
-            );
-        }
-    }
-}
+use remora_runtime::{RemBox, Runtime, Stats};
 
 fn runtime(c: &remora_cluster::LocalCluster, name: &str, budget: usize, filtering: usize) -> Runtime {
-    let mut cfg = RuntimeConfig::new(c.manager_addr(), budget);
-    cfg.conn = c.conn_options();
-    cfg.name = name.into();
+    let mut cfg = runtime_config(c, name, budget);
     cfg.filtering_threads = filtering;
     Runtime::connect(cfg).expect("runtime connects")
 }
@@ -205,36 +163,19 @@ fn hot_cold_run(c: &remora_cluster::LocalCluster, filtering: usize) -> Outcome {
 /// A 16 KiB object: its spans hold fewer than four, so filtering leaves
 /// them alone (moving one would move a quarter of the span or more and
 /// make its far copy dirty; CLOCK's large-object rule handles them).
-#[derive(Clone, Copy)]
-struct Big {
-    words: [u64; 2048],
-}
-// SAFETY: integers only.
-unsafe impl Remotable for Big {}
-
-fn big(id: u64) -> Big {
-    let mut words = [0u64; 2048];
-    for (i, w) in words.iter_mut().enumerate() {
-        *w = word(id, 7, i);
-    }
-    Big { words }
-}
+type Big = Words<2046>;
 
 #[test]
 fn spans_of_few_large_objects_are_not_filtered() {
     let c = cluster(2, 256 << 20, 16 << 20);
     let rt = fast_filtering_runtime(&c, "filter-large", 64 * MIB);
-    let objs: Vec<RemBox<Big>> = (0..128).map(|i| rt.alloc(big(i)).unwrap()).collect();
+    let objs: Vec<RemBox<Big>> = (0..128).map(|i| rt.alloc(Big::new(i, 7)).unwrap()).collect();
     // Every span mixes touched and untouched objects, round after round.
     let until = Instant::now() + Duration::from_millis(500);
     while Instant::now() < until {
         let scope = rt.scope();
         for (i, o) in objs.iter().enumerate().filter(|(i, _)| i % 2 == 0) {
-            let b = o.deref(&scope).expect("deref");
-            assert!(
-                b.words.iter().enumerate().all(|(k, &w)| w == word(i as u64, 7, k)),
-                "object {i}"
-            );
+            o.deref(&scope).expect("deref").check(i as u64, 7);
         }
         drop(scope);
         std::thread::sleep(Duration::from_millis(5));
@@ -243,11 +184,7 @@ fn spans_of_few_large_objects_are_not_filtered() {
     assert_eq!(st.objects_moved, 0, "large objects were moved: {st:?}");
     let scope = rt.scope();
     for (i, o) in objs.iter().enumerate() {
-        let b = o.deref(&scope).expect("deref");
-        assert!(
-            b.words.iter().enumerate().all(|(k, &w)| w == word(i as u64, 7, k)),
-            "object {i}"
-        );
+        o.deref(&scope).expect("deref").check(i as u64, 7);
     }
 }
 
@@ -324,9 +261,7 @@ fn stress_filtering_with_eviction_and_frees() {
     const N: u64 = 4000;
     let budget = 2 * MIB;
     let c = cluster(2, 256 << 20, 16 << 20);
-    let mut cfg = RuntimeConfig::new(c.manager_addr(), budget);
-    cfg.conn = c.conn_options();
-    cfg.name = "filtering-stress".into();
+    let mut cfg = runtime_config(&c, "filtering-stress", budget);
     // Two filtering threads with short pauses: many rounds, so moves race
     // accesses, frees, evictions and each other as often as possible.
     cfg.filtering_threads = 2;

@@ -9,23 +9,19 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use remora_runtime::{RemBox, Runtime, RuntimeConfig, Stats};
-
-const MIB: usize = 1 << 20;
+use remora_runtime::{RemBox, Runtime, Stats};
 
 fn runtime(c: &remora_cluster::LocalCluster, scheme: &str, budget: usize) -> Runtime {
-    let mut cfg = RuntimeConfig::new(c.manager_addr(), budget);
-    cfg.conn = c.conn_options();
-    cfg.name = format!("object-swap-in-{scheme}");
+    let mut cfg = runtime_config(c, &format!("object-swap-in-{scheme}"), budget);
     cfg.scheme = remora_runtime::scheme::by_name(scheme).expect("known scheme");
     Runtime::connect(cfg).expect("runtime connects")
 }
 
 /// A non-ft runtime with `n` objects, most of them evicted, and then room
 /// for all of them (nothing is evicted while a test counts swap-ins).
-fn evicted(c: &remora_cluster::LocalCluster, n: usize) -> (Runtime, Vec<RemBox<Obj>>) {
+fn evicted(c: &remora_cluster::LocalCluster, n: usize) -> (Runtime, Vec<RemBox<Obj2K>>) {
     let rt = runtime(c, "non-ft", 32 * MIB);
-    let objs: Vec<RemBox<Obj>> = (0..n).map(|i| rt.alloc(obj(i as u64, 0)).unwrap()).collect();
+    let objs: Vec<RemBox<Obj2K>> = (0..n).map(|i| rt.alloc(obj(i as u64, 0)).unwrap()).collect();
     rt.set_local_budget(MIB / 4);
     rt.wait_for_eviction(Duration::from_secs(30)).unwrap();
     rt.set_local_budget(64 * MIB);
@@ -34,23 +30,23 @@ fn evicted(c: &remora_cluster::LocalCluster, n: usize) -> (Runtime, Vec<RemBox<O
 
 /// Reads objects `idx`, never written, checking each.
 #[track_caller]
-fn read_unwritten(rt: &Runtime, objs: &[RemBox<Obj>], idx: impl Iterator<Item = usize>) {
+fn read_unwritten(rt: &Runtime, objs: &[RemBox<Obj2K>], idx: impl Iterator<Item = usize>) {
     for i in idx {
         let scope = rt.scope();
         assert!(
-            matches(objs[i].deref(&scope).expect("deref"), i as u64, 0),
+            Words::is(objs[i].deref(&scope).expect("deref"), i as u64, 0),
             "object {i}"
         );
     }
 }
 
 #[track_caller]
-fn check_all(rt: &Runtime, objs: &[RemBox<Obj>], versions: &[u64]) {
+fn check_all(rt: &Runtime, objs: &[RemBox<Obj2K>], versions: &[u64]) {
     for (i, o) in objs.iter().enumerate() {
         let scope = rt.scope();
         let got = o.deref(&scope).expect("deref");
         assert!(
-            matches(got, i as u64, versions[i]),
+            Words::is(got, i as u64, versions[i]),
             "object {i} v{}: wrong bytes",
             versions[i]
         );
@@ -73,7 +69,7 @@ fn one_object_per_swap_in(scheme: &str, kill: bool) {
     let c = cluster(7, 256 << 20, 16 << 20);
     let rt = runtime(&c, scheme, 32 * MIB);
     let n = 4096usize; // 2 KiB objects: 8 MiB
-    let mut objs: Vec<RemBox<Obj>> = (0..n).map(|i| rt.alloc(obj(i as u64, 0)).unwrap()).collect();
+    let mut objs: Vec<RemBox<Obj2K>> = (0..n).map(|i| rt.alloc(obj(i as u64, 0)).unwrap()).collect();
     let mut versions = vec![0u64; n];
     rt.set_local_budget(MIB / 4);
     rt.wait_for_eviction(Duration::from_secs(30)).unwrap();
@@ -184,7 +180,7 @@ fn far_spans_stay_at_least_half_full() {
     let c = cluster(3, 256 << 20, 16 << 20);
     let n = 8192usize;
     let (rt, objs) = evicted(&c, n);
-    let slot = 2304u64; // common::Obj's slot
+    let slot = 2304u64; // Obj2K's slot
     for pass in 0..5 {
         read_unwritten(&rt, &objs, (pass..n).step_by(8));
         let st = rt.stats();
@@ -212,7 +208,7 @@ fn threads_missing_on_one_span_each_get_their_object() {
     let c = cluster(3, 256 << 20, 16 << 20);
     let rt = runtime(&c, "non-ft", MIB);
     let n = 2048u64;
-    let objs: Vec<RwLock<RemBox<Obj>>> = (0..n).map(|i| RwLock::new(rt.alloc(obj(i, 0)).unwrap())).collect();
+    let objs: Vec<RwLock<RemBox<Obj2K>>> = (0..n).map(|i| RwLock::new(rt.alloc(obj(i, 0)).unwrap())).collect();
     let versions: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
     let s0 = rt.stats();
     std::thread::scope(|s| {
@@ -236,7 +232,7 @@ fn threads_missing_on_one_span_each_get_their_object() {
                         let g = objs[i as usize].read().unwrap();
                         let v = versions[i as usize].load(Ordering::Relaxed);
                         let o = g.deref(&scope).expect("deref");
-                        assert!(matches(o, i, v), "object {i} v{v}: got id {} v{}", o.id, o.version);
+                        assert!(Words::is(o, i, v), "object {i} v{v}: got id {} v{}", o.id, o.version);
                     }
                 }
             });
@@ -247,7 +243,7 @@ fn threads_missing_on_one_span_each_get_their_object() {
         s1.object_swap_ins > s0.object_swap_ins + 100,
         "too few object swap-ins to have raced: {s1:?}"
     );
-    let objs: Vec<RemBox<Obj>> = objs.into_iter().map(|o| o.into_inner().unwrap()).collect();
+    let objs: Vec<RemBox<Obj2K>> = objs.into_iter().map(|o| o.into_inner().unwrap()).collect();
     let versions: Vec<u64> = versions.iter().map(|v| v.load(Ordering::Relaxed)).collect();
     check_all(&rt, &objs, &versions);
 }

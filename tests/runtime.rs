@@ -6,48 +6,13 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use remora_runtime::{RemBox, Remotable, Runtime, RuntimeConfig};
-
-const MIB: usize = 1 << 20;
-
-/// An object of `N` words after its id and version, each word derived from
-/// both, so a wrong or stale copy shows.
-#[derive(Clone, Copy)]
-struct Words<const N: usize> {
-    id: u64,
-    version: u64,
-    words: [u64; N],
-}
-// SAFETY: integers only.
-unsafe impl<const N: usize> Remotable for Words<N> {}
+use remora_runtime::{RemBox, Runtime};
 
 /// A 4 KiB object (with its header, the 4 736-byte class).
-type Page = Words<510>;
-
-fn words<const N: usize>(id: u64, version: u64) -> Words<N> {
-    let mut words = [0u64; N];
-    for (i, w) in words.iter_mut().enumerate() {
-        *w = (id << 32 | i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ version;
-    }
-    Words { id, version, words }
-}
-
-fn page(id: u64, version: u64) -> Page {
-    words(id, version)
-}
-
-fn check<const N: usize>(p: &Words<N>, id: u64, version: u64) {
-    assert_eq!(p.id, id);
-    assert_eq!(p.version, version);
-    let want = words::<N>(id, version);
-    assert!(p.words == want.words, "object {id} v{version}: payload differs");
-}
+type Page = Obj4K;
 
 fn runtime(c: &remora_cluster::LocalCluster, budget: usize) -> Runtime {
-    let mut cfg = RuntimeConfig::new(c.manager_addr(), budget);
-    cfg.conn = c.conn_options();
-    cfg.name = "test".into();
-    Runtime::connect(cfg).expect("runtime connects")
+    Runtime::connect(runtime_config(c, "test", budget)).expect("runtime connects")
 }
 
 #[test]
@@ -55,7 +20,7 @@ fn objects_survive_eviction_and_swap_in() {
     let c = cluster(3, 256 << 20, 16 << 20);
     let rt = runtime(&c, 8 * MIB);
     let n = 16 * 1024u64; // 64 MiB of 4 KiB objects, 8x the budget
-    let mut objs: Vec<RemBox<Page>> = (0..n).map(|i| rt.alloc(page(i, 0)).unwrap()).collect();
+    let mut objs: Vec<RemBox<Page>> = (0..n).map(|i| rt.alloc(obj(i, 0)).unwrap()).collect();
     let st = rt.stats();
     assert!(st.swap_outs > 0, "nothing was evicted: {st:?}");
     assert!(st.local_bytes <= 10 * MIB as u64, "local memory over budget: {st:?}");
@@ -63,7 +28,7 @@ fn objects_survive_eviction_and_swap_in() {
     {
         let mut scope = rt.scope();
         for (i, o) in objs.iter().enumerate() {
-            check(o.deref(&scope).unwrap(), i as u64, 0);
+            Words::check(o.deref(&scope).unwrap(), i as u64, 0);
             if i % 64 == 0 {
                 scope.renew();
             }
@@ -71,11 +36,11 @@ fn objects_survive_eviction_and_swap_in() {
     }
     for (i, o) in objs.iter_mut().enumerate().filter(|(i, _)| i % 2 == 0) {
         let scope = rt.scope();
-        *o.deref_mut(&scope).unwrap() = page(i as u64, 1);
+        *o.deref_mut(&scope).unwrap() = obj(i as u64, 1);
     }
     for (i, o) in objs.iter().enumerate() {
         let scope = rt.scope();
-        check(o.deref(&scope).unwrap(), i as u64, (i % 2 == 0) as u64);
+        Words::check(o.deref(&scope).unwrap(), i as u64, (i % 2 == 0) as u64);
     }
     let st = rt.stats();
     eprintln!("after reads and updates: {st:?}");
@@ -101,7 +66,7 @@ fn objects_survive_eviction_and_swap_in() {
     assert!(local * 4096 <= st.local_bytes, "{st:?}");
     for (i, o) in objs.iter().enumerate() {
         let scope = rt.scope();
-        check(o.deref(&scope).unwrap(), i as u64, (i % 2 == 0) as u64);
+        Words::check(o.deref(&scope).unwrap(), i as u64, (i % 2 == 0) as u64);
     }
     drop(objs);
     rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
@@ -119,17 +84,17 @@ fn few_per_span_objects_get_a_span_each_and_swap_in_alone() {
     let c = cluster(3, 256 << 20, 16 << 20);
     let rt = runtime(&c, 8 * MIB);
     let n = 2048u64; // 32 MiB of values, 4x the budget
-    let mut objs: Vec<RemBox<Value16>> = (0..n).map(|i| rt.alloc(words(i, 0)).unwrap()).collect();
+    let mut objs: Vec<RemBox<Value16>> = (0..n).map(|i| rt.alloc(obj(i, 0)).unwrap()).collect();
     for (i, o) in objs.iter_mut().enumerate().filter(|(i, _)| i % 3 == 0) {
         let scope = rt.scope();
-        *o.deref_mut(&scope).unwrap() = words(i as u64, 1);
+        *o.deref_mut(&scope).unwrap() = obj(i as u64, 1);
     }
     // A 16 KiB value gets a 24 KiB span of its own, so a miss reads that
     // object alone (counted at the transport); every byte round-trips.
     let before = rt.stats();
     for (i, o) in objs.iter().enumerate() {
         let scope = rt.scope();
-        check(o.deref(&scope).unwrap(), i as u64, (i % 3 == 0) as u64);
+        Words::check(o.deref(&scope).unwrap(), i as u64, (i % 3 == 0) as u64);
     }
     let st = rt.stats();
     let (swap_ins, read) = (

@@ -17,66 +17,16 @@ use std::sync::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::cluster;
+use common::{KIB, MIB, Node, Obj, Obj2K, Obj4K, cluster, runtime_config};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use remora_runtime::{RemBox, RemRc, Remotable, Runtime, RuntimeConfig, Stats};
-
-const KIB: usize = 1 << 10;
-const MIB: usize = 1 << 20;
-
-/// An object of `16 + 8 * N` bytes whose words derive from (id, version).
-#[derive(Clone, Copy)]
-struct Obj<const N: usize> {
-    id: u64,
-    version: u64,
-    words: [u64; N],
-}
-// SAFETY: integers only.
-unsafe impl<const N: usize> Remotable for Obj<N> {}
-
-/// Word `i` of object `id` at `version`: differs between objects, versions
-/// and positions, so a stale, misplaced or torn object never compares equal.
-fn word(id: u64, version: u64, i: usize) -> u64 {
-    let x = (id << 24 ^ i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ version.wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x ^ (x >> 31)
-}
-
-impl<const N: usize> Obj<N> {
-    fn new(id: u64, version: u64) -> Self {
-        let mut words = [0u64; N];
-        for (i, w) in words.iter_mut().enumerate() {
-            *w = word(id, version, i);
-        }
-        Self { id, version, words }
-    }
-
-    fn rewrite(&mut self, version: u64) {
-        self.version = version;
-        for (i, w) in self.words.iter_mut().enumerate() {
-            *w = word(self.id, version, i);
-        }
-    }
-
-    #[track_caller]
-    fn check(&self, id: u64, version: u64) {
-        assert_eq!((self.id, self.version), (id, version), "object header");
-        if let Some(i) = (0..N).find(|&i| self.words[i] != word(id, version, i)) {
-            panic!(
-                "object {id} v{version} ({} bytes): word {i} is {:#x}, want {:#x}",
-                16 + 8 * N,
-                self.words[i],
-                word(id, version, i)
-            );
-        }
-    }
-}
+use remora_runtime::{RemBox, RemRc, Runtime, Stats};
 
 /// Objects of 1, 2 and 4 KiB (with the runtime's 8-byte header they fall in
 /// three different size classes).
-type Small = Obj<126>;
-type Medium = Obj<254>;
-type Large = Obj<510>;
+type Small = Obj;
+type Medium = Obj2K;
+type Large = Obj4K;
 
 /// A pointer to an object of one of the three sizes.
 enum AnyBox {
@@ -134,10 +84,7 @@ impl AnyBox {
 }
 
 fn runtime(c: &remora_cluster::LocalCluster, name: &str, budget: usize) -> Runtime {
-    let mut cfg = RuntimeConfig::new(c.manager_addr(), budget);
-    cfg.conn = c.conn_options();
-    cfg.name = name.into();
-    Runtime::connect(cfg).expect("runtime connects")
+    Runtime::connect(runtime_config(c, name, budget)).expect("runtime connects")
 }
 
 /// Asserts that eviction really moved spans both ways, with one remote read per swap-in.
@@ -321,15 +268,10 @@ fn drop_churn_under_eviction() {
 
 /// A list node, as in the runtime's documentation: the `RemBox` inside an
 /// object stays valid while the object is far.
-struct Node {
-    value: u64,
-    next: Option<RemBox<Node>>,
-}
-// SAFETY: an integer and a remotable pointer.
-unsafe impl Remotable for Node {}
+type ListNode = Node<u64>;
 
 /// Walks the list from `head`, checking node `i` holds `value(i)`; returns the length.
-fn walk(rt: &Runtime, head: &RemBox<Node>, value: impl Fn(u64) -> u64) -> u64 {
+fn walk(rt: &Runtime, head: &RemBox<ListNode>, value: impl Fn(u64) -> u64) -> u64 {
     // One scope for the whole walk: each `&RemBox` comes from the previous
     // node's memory, so the scope cannot be renewed mid-way.
     let scope = rt.scope();
@@ -345,10 +287,10 @@ fn walk(rt: &Runtime, head: &RemBox<Node>, value: impl Fn(u64) -> u64) -> u64 {
 }
 
 /// Pushes `n` nodes, so node i (counting from the head) holds `n - 1 - i`.
-fn build_list(rt: &Runtime, n: u64) -> RemBox<Node> {
-    let mut head: Option<RemBox<Node>> = None;
+fn build_list(rt: &Runtime, n: u64) -> RemBox<ListNode> {
+    let mut head: Option<RemBox<ListNode>> = None;
     for v in 0..n {
-        head = Some(rt.alloc(Node { value: v, next: head }).expect("alloc"));
+        head = Some(rt.alloc(ListNode { value: v, next: head }).expect("alloc"));
     }
     head.expect("n > 0")
 }

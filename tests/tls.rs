@@ -8,63 +8,26 @@ mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::stderr;
-use remora_cluster::{ClusterConfig, LocalCluster};
+use common::{BIN, MARK, Text, cluster_config, refusals, run_remora, runtime_config, stderr, stdout};
+use remora_cluster::LocalCluster;
 use remora_proto::{ComputeSession, ConnOptions, MemNodeClient, NodeState, RpcError, TlsConfig, TlsMode};
-use remora_runtime::{RemBox, Remotable, Runtime, RuntimeConfig};
+use remora_runtime::{RemBox, Runtime};
 
-const BIN: &str = env!("CARGO_BIN_EXE_remora");
 const MIB: u64 = 1 << 20;
-/// What every object's text starts with, and what a proxy looks for.
-const MARK: &[u8] = b"REMORA-PLAINTEXT-MARK:";
-
-/// A 2 KiB object whose text is readable: the mark, its id and version,
-/// over and over.
-#[derive(Clone, Copy)]
-struct Page {
-    id: u64,
-    version: u64,
-    text: [u8; 2032],
-}
-// SAFETY: integers and bytes only.
-unsafe impl Remotable for Page {}
-
-fn page(id: u64, version: u64) -> Page {
-    let line = format!("{}{id:08}/{version}|", String::from_utf8_lossy(MARK));
-    let mut text = [0u8; 2032];
-    for (i, b) in text.iter_mut().enumerate() {
-        *b = line.as_bytes()[i % line.len()];
-    }
-    Page { id, version, text }
-}
-
-#[track_caller]
-fn check(p: &Page, id: u64, version: u64) {
-    assert_eq!((p.id, p.version), (id, version), "object {id}: header");
-    assert!(p.text == page(id, version).text, "object {id} v{version}: text differs");
-}
 
 fn tls_cluster(memnodes: usize, mode: TlsMode) -> LocalCluster {
-    let mut cfg = ClusterConfig::new(BIN);
-    cfg.memnodes = memnodes;
-    cfg.capacity = 64 * MIB;
-    cfg.region_size = 8 * MIB;
-    cfg.heartbeat_timeout = Duration::from_secs(3);
-    cfg.log_level = "debug".into();
+    let mut cfg = cluster_config(memnodes, 64 * MIB, 8 * MIB, Duration::from_secs(3));
     cfg.tls = mode;
     LocalCluster::start(cfg).expect("cluster starts")
 }
 
 fn runtime(c: &LocalCluster, scheme: &str, budget: usize) -> Runtime {
-    let mut cfg = RuntimeConfig::new(c.manager_addr(), budget);
-    cfg.conn = c.conn_options();
-    cfg.name = format!("tls-{scheme}");
+    let mut cfg = runtime_config(c, &format!("tls-{scheme}"), budget);
     let opts = remora_runtime::scheme::SchemeOptions {
         k: 2,
         m: 1,
@@ -77,17 +40,17 @@ fn runtime(c: &LocalCluster, scheme: &str, budget: usize) -> Runtime {
 /// Writes `n` objects through a runtime whose budget holds a quarter of
 /// them, rewrites every other one once evicted, and reads every object back.
 fn store_and_check(rt: &Runtime, n: u64) {
-    let mut objs: Vec<RemBox<Page>> = (0..n).map(|i| rt.alloc(page(i, 0)).unwrap()).collect();
+    let mut objs: Vec<RemBox<Text>> = (0..n).map(|i| rt.alloc(Text::new(i, 0)).unwrap()).collect();
     rt.wait_for_eviction(Duration::from_secs(30)).unwrap();
     assert!(rt.stats().far_objects > n / 2, "{:?}", rt.stats());
     for (i, o) in objs.iter_mut().enumerate().filter(|(i, _)| i % 2 == 0) {
         let scope = rt.scope();
-        *o.deref_mut(&scope).unwrap() = page(i as u64, 1);
+        *o.deref_mut(&scope).unwrap() = Text::new(i as u64, 1);
     }
     rt.wait_for_eviction(Duration::from_secs(30)).unwrap();
     for (i, o) in objs.iter().enumerate() {
         let scope = rt.scope();
-        check(o.deref(&scope).expect("deref"), i as u64, (i % 2 == 0) as u64);
+        Text::check(o.deref(&scope).expect("deref"), i as u64, (i % 2 == 0) as u64);
     }
     assert!(rt.stats().bytes_read_remote > 0, "{:?}", rt.stats());
 }
@@ -120,7 +83,7 @@ fn a_tls_data_cluster_rebuilds_a_lost_node_from_its_peers() {
     let c = tls_cluster(4, TlsMode::Data);
     let rt = runtime(&c, "ec-batch", 1 << 20);
     let n = 2048;
-    let objs: Vec<RemBox<Page>> = (0..n).map(|i| rt.alloc(page(i, 0)).unwrap()).collect();
+    let objs: Vec<RemBox<Text>> = (0..n).map(|i| rt.alloc(Text::new(i, 0)).unwrap()).collect();
     rt.wait_for_eviction(Duration::from_secs(30)).unwrap();
     let held: Vec<String> = rt.regions_with_data().iter().map(|(_, g)| g.addr.clone()).collect();
     let victim = c.memnodes().iter().position(|m| held.contains(&m.addr)).unwrap();
@@ -130,7 +93,7 @@ fn a_tls_data_cluster_rebuilds_a_lost_node_from_its_peers() {
         // Reads keep going through the failure: degraded reads, then the rebuilt spans.
         for (i, o) in objs.iter().enumerate() {
             let scope = rt.scope();
-            check(o.deref(&scope).expect("deref"), i as u64, 0);
+            Text::check(o.deref(&scope).expect("deref"), i as u64, 0);
         }
         let st = rt.stats();
         if st.recoveries >= 1 && st.recovering == 0 {
@@ -150,7 +113,7 @@ fn a_tls_data_cluster_rebuilds_a_lost_node_from_its_peers() {
     .unwrap();
     for (i, o) in objs.iter().enumerate() {
         let scope = rt.scope();
-        check(o.deref(&scope).expect("deref"), i as u64, 0);
+        Text::check(o.deref(&scope).expect("deref"), i as u64, 0);
     }
 }
 
@@ -289,29 +252,13 @@ fn a_proxy_on_the_data_path_sees_the_plaintext_without_tls() {
     assert!(contains(&seen, &remora_proto::frame::hello()));
 }
 
-fn remora(args: &[&str], envs: &[(&str, &Path)]) -> Output {
-    common::run_remora(args, envs)
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn refusals(c: &LocalCluster) -> usize {
-    std::fs::read_to_string(c.dir().join("manager.log"))
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.contains("refusing connection from"))
-        .count()
-}
-
 #[test]
 fn nodes_without_a_certificate_of_the_cluster_ca_are_refused() {
     let c = tls_cluster(1, TlsMode::Data);
     let good = c.memnodes()[0].addr.clone();
     let dir = tempfile::tempdir().unwrap();
     let other = dir.path().join("other-ca");
-    let out = remora(&["certs", "--out", other.to_str().unwrap()], &[]);
+    let out = run_remora(&["certs", "--out", other.to_str().unwrap()], &[]);
     assert!(out.status.success(), "{}", stderr(&out));
 
     let manager = c.manager_addr().to_string();
@@ -330,10 +277,10 @@ fn nodes_without_a_certificate_of_the_cluster_ca_are_refused() {
         &key,
     ];
     let started = Instant::now();
-    let plain = remora(&base, &[]);
+    let plain = run_remora(&base, &[]);
     assert!(!plain.status.success(), "a memory node without TLS joined");
     assert!(stderr(&plain).contains("requires TLS"), "{}", stderr(&plain));
-    let stranger = remora(
+    let stranger = run_remora(
         &[&base[..], &["--tls", "data", "--tls-dir", other.to_str().unwrap()]].concat(),
         &[],
     );
@@ -359,10 +306,10 @@ fn nodes_without_a_certificate_of_the_cluster_ca_are_refused() {
         }
     }
     let deadline = Instant::now() + Duration::from_secs(10);
-    while refusals(&c) < 4 && Instant::now() < deadline {
+    while refusals(&c, "manager.log") < 4 && Instant::now() < deadline {
         thread::sleep(Duration::from_millis(20));
     }
-    assert_eq!(refusals(&c), 4, "every stranger is logged as refused");
+    assert_eq!(refusals(&c, "manager.log"), 4, "every stranger is logged as refused");
 
     let st = c.status().unwrap();
     let addrs: Vec<_> = st.memory_nodes.iter().map(|m| m.addr.clone()).collect();
@@ -386,7 +333,7 @@ fn admin_commands_take_tls_flags_and_a_plain_one_fails_quickly() {
     let node = c.memnodes()[0].addr.clone();
 
     let started = Instant::now();
-    let out = remora(&["status", "--manager", &manager, "--cluster-key-file", &key], &[]);
+    let out = run_remora(&["status", "--manager", &manager, "--cluster-key-file", &key], &[]);
     assert!(!out.status.success(), "a plain status was answered");
     assert!(
         started.elapsed() < Duration::from_secs(5),
@@ -401,7 +348,7 @@ fn admin_commands_take_tls_flags_and_a_plain_one_fails_quickly() {
     assert!(!stdout(&out).contains(&node));
 
     let dir = tls_dir.to_str().unwrap();
-    let out = remora(
+    let out = run_remora(
         &[
             "status",
             "--manager",
@@ -428,7 +375,7 @@ fn admin_commands_take_tls_flags_and_a_plain_one_fails_quickly() {
 
     // Bad flags say what is wrong and how to fix it.
     let empty = tempfile::tempdir().unwrap();
-    let out = remora(
+    let out = run_remora(
         &[
             "status",
             "--manager",
@@ -446,10 +393,10 @@ fn admin_commands_take_tls_flags_and_a_plain_one_fails_quickly() {
         "{}",
         stderr(&out)
     );
-    let out = remora(&["status", "--manager", &manager, "--tls", "data"], &[]);
+    let out = run_remora(&["status", "--manager", &manager, "--tls", "data"], &[]);
     assert!(!out.status.success());
     assert!(stderr(&out).contains("--tls-dir"), "{}", stderr(&out));
-    let out = remora(&["status", "--manager", &manager, "--tls", "sometimes"], &[]);
+    let out = run_remora(&["status", "--manager", &manager, "--tls", "sometimes"], &[]);
     assert!(!out.status.success());
     assert!(stderr(&out).contains("off, control or data"), "{}", stderr(&out));
 }
@@ -460,7 +407,7 @@ fn certs_writes_a_ca_and_a_private_key_once() {
     let dir = tempfile::tempdir().unwrap();
     let out_dir = dir.path().join("certs");
     let d = out_dir.to_str().unwrap();
-    let out = remora(&["certs", "--out", d, "--name", "mem1.example"], &[]);
+    let out = run_remora(&["certs", "--out", d, "--name", "mem1.example"], &[]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(stdout(&out).contains("mem1.example"), "{}", stdout(&out));
     let key_mode = std::fs::metadata(out_dir.join("node.key"))
@@ -469,7 +416,7 @@ fn certs_writes_a_ca_and_a_private_key_once() {
         .mode();
     assert_eq!(key_mode & 0o777, 0o600);
     let ca = std::fs::read(out_dir.join("ca.pem")).unwrap();
-    let again = remora(&["certs", "--out", d], &[]);
+    let again = run_remora(&["certs", "--out", d], &[]);
     assert!(!again.status.success(), "certs overwrote a CA");
     assert!(
         stderr(&again).contains("exists already") && stderr(&again).contains("--force"),
@@ -477,13 +424,13 @@ fn certs_writes_a_ca_and_a_private_key_once() {
         stderr(&again)
     );
     assert_eq!(std::fs::read(out_dir.join("ca.pem")).unwrap(), ca);
-    let forced = remora(&["certs", "--out", d, "--force"], &[]);
+    let forced = run_remora(&["certs", "--out", d, "--force"], &[]);
     assert!(forced.status.success(), "{}", stderr(&forced));
     assert_ne!(std::fs::read(out_dir.join("ca.pem")).unwrap(), ca);
     // A directory that cannot be made is named.
     let blocker = dir.path().join("file");
     std::fs::write(&blocker, b"x").unwrap();
-    let bad = remora(&["certs", "--out", blocker.join("sub").to_str().unwrap()], &[]);
+    let bad = run_remora(&["certs", "--out", blocker.join("sub").to_str().unwrap()], &[]);
     assert!(!bad.status.success());
     assert!(stderr(&bad).contains("cannot write"), "{}", stderr(&bad));
 }

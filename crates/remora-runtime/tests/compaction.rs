@@ -7,13 +7,9 @@ use std::time::{Duration, Instant};
 
 use remora_memnode::InProcessCluster;
 use remora_runtime::scheme::SchemeOptions;
-use remora_runtime::{RemBox, Runtime, RuntimeConfig, Stats, scheme};
-
-mod common;
-
-use common::{MIB, Obj, obj};
-
-const KIB: u64 = 1 << 10;
+use remora_runtime::{RemBox, Runtime, Stats};
+use remora_testkit::in_process;
+use remora_testkit::{KIB, MIB, Obj, obj};
 
 fn runtime(c: &InProcessCluster, name: &str, threads: usize) -> Runtime {
     let opts = SchemeOptions {
@@ -22,17 +18,14 @@ fn runtime(c: &InProcessCluster, name: &str, threads: usize) -> Runtime {
         compaction_trigger: 0.0,
         ..SchemeOptions::default()
     };
-    let mut cfg = RuntimeConfig::new("unused:0", MIB);
-    cfg.scheme = scheme::make(name, &opts).expect("known scheme");
-    cfg.patience = Duration::from_secs(5);
-    Runtime::with_backend(cfg, c.backend()).expect("runtime starts")
+    in_process::runtime(c, in_process::config(name, &opts, MIB))
 }
 
 /// Fills 8 MiB of objects under a 1 MiB budget, then rewrites three in
 /// four runs of 16 objects (about a span each): their spans come back dirty
 /// and leave spansets with about one live span and three holes.
 fn holey(rt: &Runtime) -> Vec<RemBox<Obj>> {
-    let n = 8 * KIB;
+    let n = 8 * KIB as u64;
     let mut objs: Vec<RemBox<Obj>> = (0..n).map(|i| rt.alloc(obj(i, 0)).unwrap()).collect();
     rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
     for (i, o) in objs.iter_mut().enumerate().filter(|(i, _)| version(*i) == 1) {
@@ -48,14 +41,7 @@ fn version(i: usize) -> u64 {
 }
 
 fn verify(rt: &Runtime, objs: &[RemBox<Obj>]) {
-    let mut scope = rt.scope();
-    for (i, o) in objs.iter().enumerate() {
-        let got = o.deref(&scope).unwrap_or_else(|e| panic!("object {i}: {e}"));
-        assert!(common::is(got, i as u64, version(i)), "object {i}: wrong bytes");
-        if i % 64 == 0 {
-            scope.renew();
-        }
-    }
+    remora_testkit::verify(rt, objs, version, "verify");
 }
 
 /// Waits until compaction has run and found nothing more to fold for a while.
@@ -160,7 +146,7 @@ fn failed_prepares_abort_folds_and_lose_nothing() {
     let c = InProcessCluster::new(7, 32, 2 * MIB as u64);
     let rt = runtime(&c, "ec-batch-local", 2);
     // The first stripe group is placed by the first eviction.
-    let first: Vec<RemBox<Obj>> = (0..2 * KIB).map(|i| rt.alloc(obj(i, 9)).unwrap()).collect();
+    let first: Vec<RemBox<Obj>> = (0..2 * KIB as u64).map(|i| rt.alloc(obj(i, 9)).unwrap()).collect();
     rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
     drop(first);
     // Its parity node, which every fold there involves, dies at the first
@@ -239,7 +225,7 @@ fn dies_and_loses_nothing(name: &str, region: usize, step: u64, after_applying: 
         let got = o
             .deref(&scope)
             .unwrap_or_else(|e| panic!("{what} (region {region}): object {i}: {e}; {st:?}"));
-        assert!(common::is(got, i as u64, version(i)), "{what}: object {i}: wrong bytes");
+        assert!(Obj::is(got, i as u64, version(i)), "{what}: object {i}: wrong bytes");
         if i % 64 == 0 {
             scope.renew();
         }

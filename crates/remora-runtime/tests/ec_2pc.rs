@@ -9,47 +9,23 @@ use std::time::Duration;
 
 use remora_memnode::InProcessCluster;
 use remora_proto::msg::PeerTraffic;
-use remora_runtime::{RemBox, Runtime, RuntimeConfig, Stats, scheme};
-
-mod common;
-
-use common::{KIB, MIB, Obj, obj};
+use remora_runtime::{RemBox, Runtime, Stats, scheme};
+use remora_testkit::in_process;
+use remora_testkit::{KIB, MIB, Obj, obj};
 
 fn runtime(c: &InProcessCluster, name: &str) -> Runtime {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
-    let mut cfg = RuntimeConfig::new("unused:0", MIB);
     // No compaction threads: the `ec-batch` yardstick is holes kept until
     // a whole spanset is free, the cost slot reuse avoids (ec-2pc has none).
     let opts = scheme::SchemeOptions {
         compaction_threads: 0,
         ..scheme::SchemeOptions::default()
     };
-    cfg.scheme = scheme::make(name, &opts).expect("known scheme");
-    cfg.patience = Duration::from_secs(5);
-    Runtime::with_backend(cfg, c.backend()).expect("runtime starts")
+    in_process::runtime(c, in_process::config(name, &opts, MIB))
 }
 
 /// Objects at their versions, every byte compared.
 fn verify(rt: &Runtime, objs: &[RemBox<Obj>], versions: &[u64], what: &str) {
-    let mut scope = rt.scope();
-    for (i, o) in objs.iter().enumerate() {
-        let got = o
-            .deref(&scope)
-            .unwrap_or_else(|e| panic!("{what}: object {i}: {e} {:?}", rt.stats()));
-        let want = obj(i as u64, versions[i]);
-        assert!(
-            got.id == want.id && got.version == want.version && got.words == want.words,
-            "{what}: object {i}: wrong bytes (version {} for {})",
-            got.version,
-            want.version
-        );
-        if i % 64 == 0 {
-            scope.renew();
-        }
-    }
+    remora_testkit::verify(rt, objs, |i| versions[i], what);
 }
 
 /// Rewrites objects `ids` (bringing their spans in dirty: their far slots

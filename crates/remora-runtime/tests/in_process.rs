@@ -11,11 +11,10 @@ use remora_memnode::InProcessCluster;
 use remora_proto::NodeId;
 use remora_proto::msg::PeerTraffic;
 use remora_runtime::scheme::SchemeOptions;
-use remora_runtime::{RemBox, Remotable, Runtime, RuntimeConfig, RuntimeError, Stats, scheme};
-
-mod common;
-
-use common::{KIB, MIB, Obj, obj};
+use remora_runtime::{RemBox, Runtime, RuntimeConfig, RuntimeError, Stats, scheme};
+use remora_testkit::in_process::{self, serial};
+use remora_testkit::verify::try_verify;
+use remora_testkit::{KIB, MIB, Obj, Words, obj};
 
 /// 7 nodes (k+m plus a spare) of 16 × 2 MiB regions.
 fn cluster() -> InProcessCluster {
@@ -27,15 +26,7 @@ fn runtime(c: &InProcessCluster, scheme_name: &str, budget: usize) -> Runtime {
 }
 
 fn runtime_with(c: &InProcessCluster, scheme_name: &str, opts: SchemeOptions, budget: usize) -> Runtime {
-    // `RUST_LOG=debug` shows what the runtime did around a failure.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
-    let mut cfg = RuntimeConfig::new("unused:0", budget);
-    cfg.scheme = scheme::make(scheme_name, &opts).expect("known scheme");
-    cfg.patience = Duration::from_secs(5);
-    Runtime::with_backend(cfg, c.backend()).expect("runtime starts")
+    in_process::runtime(c, in_process::config(scheme_name, &opts, budget))
 }
 
 /// `n` 1 KiB objects, 8x a 1 MiB budget: most of them end up far.
@@ -45,30 +36,13 @@ fn fill(rt: &Runtime, n: u64) -> Vec<RemBox<Obj>> {
     objs
 }
 
-/// Reads every object back and compares each byte; returns the first error.
-fn verify(rt: &Runtime, objs: &[RemBox<Obj>], version: impl Fn(u64) -> u64) -> Result<(), RuntimeError> {
-    let mut scope = rt.scope();
-    for (i, o) in objs.iter().enumerate() {
-        let got = o.deref(&scope)?;
-        let want = obj(i as u64, version(i as u64));
-        assert!(
-            got.id == want.id && got.version == want.version && got.words == want.words,
-            "object {i}: wrong bytes"
-        );
-        if i % 64 == 0 {
-            scope.renew();
-        }
-    }
-    Ok(())
-}
-
 fn far_share(st: &Stats) -> f64 {
     st.far_objects as f64 / st.objects.max(1) as f64
 }
 
 #[test]
 fn non_ft_round_trip_counts_one_read_per_swap_in() {
-    let _one_at_a_time = common::serial();
+    let _one_at_a_time = serial();
     let c = cluster();
     let rt = runtime(&c, "non-ft", MIB);
     let objs = fill(&rt, 8 * KIB as u64);
@@ -78,7 +52,7 @@ fn non_ft_round_trip_counts_one_read_per_swap_in() {
         st.bytes_written_remote, st.bytes_evicted_data,
         "non-ft writes each span once: {st:?}"
     );
-    verify(&rt, &objs, |_| 0).unwrap();
+    try_verify(&rt, &objs, |_| 0).unwrap();
     let st = rt.stats();
     assert!(st.swap_ins > 100, "{st:?}");
     assert_eq!(st.swap_in_reads, st.swap_ins, "one read request per swap-in: {st:?}");
@@ -91,14 +65,12 @@ fn non_ft_round_trip_counts_one_read_per_swap_in() {
 /// as before, would be 1.0 for non-ft and 1.5 for ec-batch).
 #[test]
 fn a_swap_out_batch_sends_each_node_one_write() {
-    let _one_at_a_time = common::serial();
+    let _one_at_a_time = serial();
     for name in ["non-ft", "ec-batch"] {
         let c = cluster();
-        let mut cfg = RuntimeConfig::new("unused:0", MIB);
-        cfg.scheme = scheme::make(name, &SchemeOptions::default()).expect("known scheme");
-        cfg.patience = Duration::from_secs(5);
+        let mut cfg = in_process::config(name, &SchemeOptions::default(), MIB);
         cfg.eviction_batch = 32;
-        let rt = Runtime::with_backend(cfg, c.backend()).expect("runtime starts");
+        let rt = in_process::runtime(&c, cfg);
         let objs = fill(&rt, 8 * KIB as u64);
         let st = rt.stats();
         assert!(st.swap_outs > 500, "{name}: {st:?}");
@@ -107,7 +79,7 @@ fn a_swap_out_batch_sends_each_node_one_write() {
             per_span <= 0.5,
             "{name}: {per_span:.2} write requests per span swapped out: {st:?}"
         );
-        verify(&rt, &objs, |_| 0).unwrap();
+        try_verify(&rt, &objs, |_| 0).unwrap();
     }
 }
 
@@ -130,7 +102,7 @@ fn reads_per_swap_in(name: &str) -> u64 {
 
 #[test]
 fn redundant_round_trip_writes_what_the_code_says() {
-    let _one_at_a_time = common::serial();
+    let _one_at_a_time = serial();
     for (name, amp, reads) in REDUNDANT {
         let c = cluster();
         let rt = runtime(&c, name, MIB);
@@ -145,7 +117,7 @@ fn redundant_round_trip_writes_what_the_code_says() {
             ratio >= amp * 0.99 && ratio < amp * slack,
             "{name} writes ~{amp}x: {ratio} {st:?}"
         );
-        verify(&rt, &objs, |_| 0).unwrap();
+        try_verify(&rt, &objs, |_| 0).unwrap();
         let st = rt.stats();
         assert!(st.swap_ins > 100, "{name}: {st:?}");
         assert_eq!(
@@ -159,7 +131,7 @@ fn redundant_round_trip_writes_what_the_code_says() {
 
 #[test]
 fn redundant_schemes_read_around_a_dead_node_without_a_notice() {
-    let _one_at_a_time = common::serial();
+    let _one_at_a_time = serial();
     for (name, ..) in REDUNDANT {
         read_around_a_dead_node(name);
     }
@@ -174,7 +146,7 @@ fn read_around_a_dead_node(name: &str) {
     // alone must turn swap-ins into degraded reads.
     let victim = rt.regions()[0].1.node;
     c.node(victim).unwrap().kill(false);
-    verify(&rt, &objs, |_| 0).unwrap();
+    try_verify(&rt, &objs, |_| 0).unwrap();
     let st = rt.stats();
     let d = st.degraded_reads;
     assert!(d > 0, "{name}: {st:?}");
@@ -198,7 +170,7 @@ fn read_around_a_dead_node(name: &str) {
 
 #[test]
 fn redundant_schemes_rebuild_a_dead_node_on_a_spare() {
-    let _one_at_a_time = common::serial();
+    let _one_at_a_time = serial();
     for (name, ..) in REDUNDANT {
         rebuild_on_a_spare(name);
     }
@@ -246,7 +218,7 @@ fn rebuild_on_a_spare(name: &str) {
     );
     // After the rebuild, swap-ins are plain reads again.
     let before = rt.stats();
-    verify(&rt, &objs, |_| 0).unwrap();
+    try_verify(&rt, &objs, |_| 0).unwrap();
     let st = rt.stats();
     assert_eq!(st.degraded_reads, before.degraded_reads, "{st:?}");
     assert_eq!(
@@ -257,14 +229,14 @@ fn rebuild_on_a_spare(name: &str) {
 
 #[test]
 fn redundant_schemes_repair_corrupt_reads() {
-    let _one_at_a_time = common::serial();
+    let _one_at_a_time = serial();
     for (name, ..) in REDUNDANT {
         let c = cluster();
         let rt = runtime(&c, name, MIB);
         let objs = fill(&rt, 8 * KIB as u64);
         let victim = rt.regions()[0].1.node;
         c.node(victim).unwrap().corrupt_reads(true);
-        verify(&rt, &objs, |_| 0).unwrap();
+        try_verify(&rt, &objs, |_| 0).unwrap();
         let st = rt.stats();
         assert!(
             st.checksum_repairs > 0,
@@ -275,7 +247,7 @@ fn redundant_schemes_repair_corrupt_reads() {
 
 #[test]
 fn redundant_schemes_survive_a_node_dying_mid_write() {
-    let _one_at_a_time = common::serial();
+    let _one_at_a_time = serial();
     for (name, ..) in REDUNDANT {
         die_mid_write(name);
     }
@@ -292,12 +264,12 @@ fn die_mid_write(name: &str) {
     objs.extend((2 * KIB as u64..8 * KIB as u64).map(|i| rt.alloc(obj(i, 0)).unwrap()));
     rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
     assert!(c.node(victim).unwrap().is_dead(), "the fault fired");
-    verify(&rt, &objs, |_| 0).unwrap();
+    try_verify(&rt, &objs, |_| 0).unwrap();
 }
 
 #[test]
 fn broken_connections_lose_nothing() {
-    let _one_at_a_time = common::serial();
+    let _one_at_a_time = serial();
     for name in ["non-ft", "ec-batch", "replication", "ec-split", "ec-2pc"] {
         let c = cluster();
         let rt = runtime(&c, name, MIB);
@@ -312,19 +284,19 @@ fn broken_connections_lose_nothing() {
             );
         }
         rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
-        verify(&rt, &objs, |_| 0).unwrap_or_else(|e| panic!("{name}: {e}"));
+        try_verify(&rt, &objs, |_| 0).unwrap_or_else(|e| panic!("{name}: {e}"));
         // Swap-ins alone now meet the failures, several in a row on one
         // node: a live node whose connections break is not a lost span.
         for n in c.nodes() {
             n.fail_next(3);
         }
-        verify(&rt, &objs, |_| 0).unwrap_or_else(|e| panic!("{name}, failing swap-ins: {e}"));
+        try_verify(&rt, &objs, |_| 0).unwrap_or_else(|e| panic!("{name}, failing swap-ins: {e}"));
     }
 }
 
 #[test]
 fn non_ft_reports_data_lost_for_a_dead_node_and_keeps_the_rest() {
-    let _one_at_a_time = common::serial();
+    let _one_at_a_time = serial();
     let c = cluster();
     let rt = runtime(&c, "non-ft", MIB);
     let objs = fill(&rt, 8 * KIB as u64);
@@ -346,29 +318,16 @@ fn non_ft_reports_data_lost_for_a_dead_node_and_keeps_the_rest() {
     assert!(lost > 0 && ok > lost, "lost {lost}, ok {ok}");
 }
 
-/// Larger than the largest size class (256 KiB): a dedicated span each.
-#[derive(Clone, Copy)]
-struct Big {
-    id: u64,
-    words: [u64; 300 * 128 - 1],
-}
-// SAFETY: integers only.
-unsafe impl Remotable for Big {}
+/// 300 KiB, larger than the largest size class (256 KiB): a dedicated span each.
+type Big = Words<{ 300 * 128 - 2 }>;
 
 fn big(id: u64) -> Box<Big> {
-    let mut b = Box::new(Big {
-        id,
-        words: [0; 300 * 128 - 1],
-    });
-    for (i, w) in b.words.iter_mut().enumerate() {
-        *w = (id << 32 | i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-    b
+    Big::boxed(id, 0)
 }
 
 #[test]
 fn large_objects_go_far_and_come_back() {
-    let _one_at_a_time = common::serial();
+    let _one_at_a_time = serial();
     for name in ["non-ft", "ec-batch", "replication", "ec-split", "ec-2pc"] {
         let c = cluster();
         let rt = runtime(&c, name, 2 * MIB);
@@ -396,7 +355,7 @@ fn large_objects_go_far_and_come_back() {
 // than a region still fits.
 #[test]
 fn a_span_larger_than_a_region_fails_cleanly_without_draining_the_pool() {
-    let _one_at_a_time = common::serial();
+    let _one_at_a_time = serial();
     for name in ["non-ft", "ec-batch", "replication", "ec-2pc"] {
         // 256 KiB regions: a 300 KiB object's span fits in none.
         let c = InProcessCluster::new(7, 16, 256 * KIB as u64);
@@ -434,7 +393,7 @@ fn a_span_larger_than_a_region_fails_cleanly_without_draining_the_pool() {
 /// nothing is decoded), and k+1 = 5 with late binding (one parity more).
 #[test]
 fn ec_split_swap_in_reads_k_fragments_or_k_plus_one_with_late_binding() {
-    let _one_at_a_time = common::serial();
+    let _one_at_a_time = serial();
     for (late_binding, reads) in [(false, 4), (true, 5)] {
         let c = cluster();
         let opts = SchemeOptions {
@@ -444,7 +403,7 @@ fn ec_split_swap_in_reads_k_fragments_or_k_plus_one_with_late_binding() {
         let rt = runtime_with(&c, "ec-split", opts, MIB);
         let objs = fill(&rt, 8 * KIB as u64);
         let before = rt.stats();
-        verify(&rt, &objs, |_| 0).unwrap();
+        try_verify(&rt, &objs, |_| 0).unwrap();
         let st = rt.stats();
         let swap_ins = st.swap_ins - before.swap_ins;
         assert!(swap_ins > 100, "{st:?}");
@@ -468,7 +427,7 @@ fn ec_split_swap_in_reads_k_fragments_or_k_plus_one_with_late_binding() {
 /// the first k of k+1 fragments and never waits for it at all.
 #[test]
 fn ec_split_late_binding_reads_around_a_slow_node() {
-    let _one_at_a_time = common::serial();
+    let _one_at_a_time = serial();
     let delay = Duration::from_secs(2);
     for late_binding in [false, true] {
         let c = cluster();
@@ -521,7 +480,7 @@ fn ec_split_late_binding_reads_around_a_slow_node() {
 /// unlike spansets), and they go when the objects do.
 #[test]
 fn ec_split_frees_far_pages_as_spans_come_back() {
-    let _one_at_a_time = common::serial();
+    let _one_at_a_time = serial();
     let c = cluster();
     let rt = runtime(&c, "ec-split", MIB);
     let objs = fill(&rt, 8 * KIB as u64);
@@ -529,13 +488,13 @@ fn ec_split_frees_far_pages_as_spans_come_back() {
     assert!(far_share(&st) > 0.5 && st.remote_bytes_used > 0, "{st:?}");
     // Room for everything: nothing goes far again.
     rt.set_local_budget(64 * MIB);
-    verify(&rt, &objs[..objs.len() / 2], |_| 0).unwrap();
+    try_verify(&rt, &objs[..objs.len() / 2], |_| 0).unwrap();
     let half = rt.stats();
     assert!(
         half.remote_bytes_used - half.kept_bytes < st.remote_bytes_used,
         "pages were freed as spans came back: {half:?}"
     );
-    verify(&rt, &objs, |_| 0).unwrap();
+    try_verify(&rt, &objs, |_| 0).unwrap();
     let st = rt.stats();
     assert_eq!(st.far_objects, 0, "{st:?}");
     assert_eq!(st.hole_bytes, 0, "{st:?}");
@@ -564,7 +523,7 @@ fn ec_split_frees_far_pages_as_spans_come_back() {
 /// (decoding with padded fragments), every byte compared.
 #[test]
 fn ec_split_pads_fragments_when_k_does_not_divide_the_span() {
-    let _one_at_a_time = common::serial();
+    let _one_at_a_time = serial();
     let c = cluster();
     let opts = SchemeOptions {
         k: 3,
@@ -579,14 +538,14 @@ fn ec_split_pads_fragments_when_k_does_not_divide_the_span() {
         (5.0 / 3.0..5.0 / 3.0 * 1.01).contains(&ratio),
         "writes ~5/3: {ratio} {st:?}"
     );
-    verify(&rt, &objs, |_| 0).unwrap();
+    try_verify(&rt, &objs, |_| 0).unwrap();
     let st = rt.stats();
     assert_eq!(st.swap_in_reads, 3 * st.swap_ins, "{st:?}");
     rt.set_local_budget(MIB / 2);
     rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
     let victim = rt.regions()[0].1.node;
     c.node(victim).unwrap().kill(false);
-    verify(&rt, &objs, |_| 0).unwrap();
+    try_verify(&rt, &objs, |_| 0).unwrap();
     assert!(rt.stats().degraded_reads > 0, "{:?}", rt.stats());
 }
 
@@ -595,17 +554,15 @@ fn ec_split_pads_fragments_when_k_does_not_divide_the_span() {
 /// back right.
 #[test]
 fn redundant_schemes_rebuild_kept_copies() {
-    let _one_at_a_time = common::serial();
+    let _one_at_a_time = serial();
     for (name, _, _) in REDUNDANT {
         let c = cluster();
         // Without filtering: a filter that moves objects into a swapped-in
         // span makes it dirty, and on a loaded machine it may reach every
         // span before eviction does.
-        let mut cfg = RuntimeConfig::new("unused:0", MIB);
-        cfg.scheme = scheme::by_name(name).expect("known scheme");
-        cfg.patience = Duration::from_secs(5);
+        let mut cfg = in_process::config(name, &SchemeOptions::default(), MIB);
         cfg.filtering_threads = 0;
-        let rt = Runtime::with_backend(cfg, c.backend()).expect("runtime starts");
+        let rt = in_process::runtime(&c, cfg);
         let objs = fill(&rt, 8 * KIB as u64);
         // Read-only passes over every other run of 8 objects (half of each
         // span): spans come in clean and go back unwritten. Reading only
@@ -617,7 +574,7 @@ fn redundant_schemes_rebuild_kept_copies() {
             let mut scope = rt.scope();
             for (i, o) in objs.iter().enumerate().filter(|(i, _)| (i / 8) % 2 == 0) {
                 let got = o.deref(&scope).unwrap_or_else(|e| panic!("{name}: object {i}: {e}"));
-                assert!(common::is(got, i as u64, 0), "{name}: object {i}: wrong bytes");
+                assert!(Obj::is(got, i as u64, 0), "{name}: object {i}: wrong bytes");
                 if i % 64 == 0 {
                     scope.renew();
                 }
@@ -639,7 +596,7 @@ fn redundant_schemes_rebuild_kept_copies() {
         }
         // Every object, through more clean re-evictions onto rebuilt copies.
         for _ in 0..3 {
-            verify(&rt, &objs, |_| 0).unwrap_or_else(|e| panic!("{name}: {e}"));
+            try_verify(&rt, &objs, |_| 0).unwrap_or_else(|e| panic!("{name}: {e}"));
         }
         let st = rt.stats();
         assert!(st.clean_evictions > before.clean_evictions, "{name}: {st:?}");
@@ -680,7 +637,7 @@ fn drains_to(rt: &Runtime, left: impl Fn(&Stats) -> u64) {
 /// go back: once every object is dropped, far memory drains to nothing.
 #[test]
 fn ec_batch_places_a_stripe_again_when_its_write_is_overdue() {
-    let _one_at_a_time = common::serial();
+    let _one_at_a_time = serial();
     let c = cluster();
     let rt = runtime(&c, "ec-batch", MIB);
     let (first, slow) = first_stripe_group(&rt);
@@ -696,7 +653,7 @@ fn ec_batch_places_a_stripe_again_when_its_write_is_overdue() {
     assert!(st.suspicions > before.suspicions, "{st:?}");
     c.node(slow).unwrap().set_delay(Duration::ZERO);
     let objs: Vec<RemBox<Obj>> = first.into_iter().chain(rest).collect();
-    verify(&rt, &objs, |_| 0).unwrap();
+    try_verify(&rt, &objs, |_| 0).unwrap();
     drop(objs);
     drains_to(&rt, |_| 0);
 }
@@ -706,7 +663,7 @@ fn ec_batch_places_a_stripe_again_when_its_write_is_overdue() {
 /// with every object gone, far memory in use is exactly those pages.
 #[test]
 fn ec_batch_reports_the_pages_an_unanswered_write_strands() {
-    let _one_at_a_time = common::serial();
+    let _one_at_a_time = serial();
     let c = cluster();
     let rt = runtime(&c, "ec-batch", MIB);
     let (first, slow) = first_stripe_group(&rt);
@@ -730,7 +687,7 @@ fn ec_batch_reports_the_pages_an_unanswered_write_strands() {
         std::thread::sleep(Duration::from_millis(20));
     }
     c.node(slow).unwrap().set_delay(Duration::ZERO);
-    verify(&rt, &objs, |_| 0).unwrap();
+    try_verify(&rt, &objs, |_| 0).unwrap();
     drop(objs);
     // Exactly the stranded pages stay in use.
     drains_to(&rt, |st| st.stranded_bytes);

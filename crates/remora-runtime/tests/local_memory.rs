@@ -12,22 +12,16 @@ use rand::{Rng, SeedableRng};
 use remora_runtime::size_classes::{MAX_SIZE, PAGE_SIZE, SizeClass};
 use remora_runtime::span::SpanKind;
 use remora_runtime::{FreeError, LocalHeap};
-
-/// Byte `i` of object `id`: differs between objects almost everywhere, so an overlap or a
-/// stray write shows up in the check.
-fn pattern(id: u64, i: usize) -> u8 {
-    let x = id.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (i as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    (x ^ (x >> 29) ^ (x >> 47)) as u8
-}
+use remora_testkit::{assert_bytes_eq, fill_pattern, pattern};
 
 #[derive(Clone, Copy, Debug)]
-struct Obj {
+struct Block {
     addr: usize,
     size: usize,
     id: u64,
 }
 
-impl Obj {
+impl Block {
     fn ptr(&self) -> NonNull<u8> {
         NonNull::new(self.addr as *mut u8).unwrap()
     }
@@ -35,28 +29,24 @@ impl Obj {
     fn fill(&self) {
         // SAFETY: the object is live, `size` bytes long and owned by the caller.
         let bytes = unsafe { std::slice::from_raw_parts_mut(self.addr as *mut u8, self.size) };
-        for (i, b) in bytes.iter_mut().enumerate() {
-            *b = pattern(self.id, i);
-        }
+        // The block's id as the pattern's seed: blocks differ almost
+        // everywhere, so an overlap or a stray write shows up in the check.
+        fill_pattern(self.id, 0, bytes);
     }
 
     fn check(&self) {
         // SAFETY: as in `fill`.
         let bytes = unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.size) };
-        for (i, &b) in bytes.iter().enumerate() {
-            assert_eq!(
-                b,
-                pattern(self.id, i),
-                "object {} ({} bytes) byte {i}",
-                self.id,
-                self.size
-            );
-        }
+        assert_bytes_eq(
+            bytes,
+            &pattern(self.id, 0, self.size),
+            &format!("object {} ({} bytes)", self.id, self.size),
+        );
     }
 }
 
-fn alloc(heap: &LocalHeap, size: usize, id: u64) -> Obj {
-    let obj = Obj {
+fn alloc(heap: &LocalHeap, size: usize, id: u64) -> Block {
+    let obj = Block {
         addr: heap.alloc(size).unwrap().as_ptr() as usize,
         size,
         id,
@@ -65,8 +55,8 @@ fn alloc(heap: &LocalHeap, size: usize, id: u64) -> Obj {
     obj
 }
 
-fn free(heap: &LocalHeap, obj: Obj) -> Result<(), FreeError> {
-    // SAFETY: each `Obj` is freed once and never touched again.
+fn free(heap: &LocalHeap, obj: Block) -> Result<(), FreeError> {
+    // SAFETY: each `Block` is freed once and never touched again.
     unsafe { heap.free(obj.ptr()) }
 }
 
@@ -82,7 +72,7 @@ fn random_size(rng: &mut StdRng) -> usize {
 
 /// The page map must send the first, last and a middle byte of `obj` to a live span that
 /// holds it in one slot of at least its size.
-fn check_pagemap(heap: &LocalHeap, obj: &Obj) {
+fn check_pagemap(heap: &LocalHeap, obj: &Block) {
     let first = heap.span_of(obj.addr).expect("first byte resolves");
     let slot = first.slot_at(obj.addr).expect("object starts a slot");
     assert!(first.is_allocated(slot));
@@ -112,8 +102,8 @@ fn threads_write_verify_and_free_in_random_order() {
     let heap = LocalHeap::new();
     // Each thread allocates and fills its objects, then hands half of them to its neighbour,
     // so frees cross threads.
-    let (senders, receivers): (Vec<_>, Vec<_>) = (0..THREADS).map(|_| mpsc::channel::<Vec<Obj>>()).unzip();
-    let survivors: Vec<Obj> = std::thread::scope(|s| {
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..THREADS).map(|_| mpsc::channel::<Vec<Block>>()).unzip();
+    let survivors: Vec<Block> = std::thread::scope(|s| {
         let handles: Vec<_> = receivers
             .into_iter()
             .enumerate()
@@ -122,7 +112,7 @@ fn threads_write_verify_and_free_in_random_order() {
                 let tx = senders[(t + 1) % THREADS as usize].clone();
                 s.spawn(move || {
                     let mut rng = StdRng::seed_from_u64(t as u64);
-                    let mut mine: Vec<Obj> = (0..PER_THREAD)
+                    let mut mine: Vec<Block> = (0..PER_THREAD)
                         .map(|i| alloc(heap, random_size(&mut rng), t as u64 * PER_THREAD + i))
                         .collect();
                     mine.shuffle(&mut rng);
@@ -152,7 +142,7 @@ fn threads_write_verify_and_free_in_random_order() {
     });
 
     // No two live objects share a byte.
-    let mut by_addr: Vec<&Obj> = survivors.iter().collect();
+    let mut by_addr: Vec<&Block> = survivors.iter().collect();
     by_addr.sort_unstable_by_key(|o| o.addr);
     for w in by_addr.windows(2) {
         assert!(
@@ -212,7 +202,7 @@ fn budget_stops_growth_until_memory_is_freed() {
         let size = random_size(&mut rng);
         match heap.alloc(size) {
             Ok(p) => {
-                let obj = Obj {
+                let obj = Block {
                     addr: p.as_ptr() as usize,
                     size,
                     id,
@@ -278,7 +268,7 @@ proptest! {
     fn live_objects_never_overlap(ops in proptest::collection::vec(op(), 1..300)) {
         let heap = LocalHeap::new();
         // start address -> object
-        let mut live: BTreeMap<usize, Obj> = BTreeMap::new();
+        let mut live: BTreeMap<usize, Block> = BTreeMap::new();
         for (id, op) in ops.into_iter().enumerate() {
             match op {
                 Op::Alloc(size) => {

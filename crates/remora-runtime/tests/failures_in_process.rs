@@ -3,29 +3,23 @@
 //! the middle of another's rebuild, a rebuild that cannot find a
 //! replacement for a long time, and more failures than parity covers. Every
 //! object read back is compared with what was written. (Real processes:
-//! the workspace's `tests/failures.rs`.)
+//! the workspace's `tests/failures_processes.rs`.)
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use remora_memnode::InProcessCluster;
 use remora_proto::NodeId;
+use remora_runtime::scheme::SchemeOptions;
 use remora_runtime::scheme::SpanAddr;
-use remora_runtime::{LossCause, RemBox, Remotable, Runtime, RuntimeConfig, RuntimeError, Stats, scheme};
-
-mod common;
-
-use common::{KIB, MIB, Obj, obj};
+use remora_runtime::{LossCause, RemBox, Runtime, RuntimeError};
+use remora_testkit::in_process::{self, serial};
+use remora_testkit::{KIB, MIB, Node, Obj, obj, recovered, verify, wait_stats};
 
 fn runtime(c: &InProcessCluster, patience: Duration) -> Runtime {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
-    let mut cfg = RuntimeConfig::new("unused:0", MIB);
-    cfg.scheme = scheme::by_name("ec-batch").expect("known scheme");
+    let mut cfg = in_process::config("ec-batch", &SchemeOptions::default(), MIB);
     cfg.patience = patience;
-    Runtime::with_backend(cfg, c.backend()).expect("runtime starts")
+    in_process::runtime(c, cfg)
 }
 
 fn fill(rt: &Runtime, n: u64) -> Vec<RemBox<Obj>> {
@@ -35,33 +29,8 @@ fn fill(rt: &Runtime, n: u64) -> Vec<RemBox<Obj>> {
 }
 
 /// Reads every object back and compares each byte.
-fn verify(rt: &Runtime, objs: &[RemBox<Obj>]) {
-    let mut scope = rt.scope();
-    for (i, o) in objs.iter().enumerate() {
-        let got = o.deref(&scope).unwrap_or_else(|e| panic!("object {i}: {e}"));
-        assert!(common::is(got, i as u64, 0), "object {i}: wrong bytes");
-        if i % 64 == 0 {
-            scope.renew();
-        }
-    }
-}
-
-/// Waits (generously: a loaded 2-core machine) until `done(stats)`.
-fn wait_for(rt: &Runtime, what: &str, limit: Duration, done: impl Fn(&Stats) -> bool) -> Stats {
-    let start = Instant::now();
-    loop {
-        let st = rt.stats();
-        if done(&st) {
-            return st;
-        }
-        assert!(start.elapsed() < limit, "{what}: not within {limit:?}: {st:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Every node failure seen has been rebuilt: nothing under way, nothing lost.
-fn recovered(st: &Stats, failures: u64) -> bool {
-    st.recoveries >= failures && st.recovering == 0
+fn check_all(rt: &Runtime, objs: &[RemBox<Obj>]) {
+    verify(rt, objs, |_| 0, "verify");
 }
 
 /// A cluster of k+m = 6 nodes, so every stripe group the fill takes spans
@@ -82,8 +51,8 @@ fn six_then(spares: usize, patience: Duration) -> (InProcessCluster, Runtime, Ve
 /// takes no degraded read.
 fn assert_not_degraded(rt: &Runtime, objs: &[RemBox<Obj>]) {
     let before = rt.stats().degraded_reads;
-    verify(rt, objs);
-    verify(rt, objs);
+    check_all(rt, objs);
+    check_all(rt, objs);
     let st = rt.stats();
     assert_eq!(st.degraded_reads, before, "reads still go around a failure: {st:?}");
 }
@@ -93,7 +62,7 @@ fn assert_not_degraded(rt: &Runtime, objs: &[RemBox<Obj>]) {
 /// both dead at once and both positions are rebuilt.
 #[test]
 fn two_positions_of_one_group_are_read_around_and_both_rebuilt() {
-    let _one_at_a_time = common::serial();
+    let _one_at_a_time = serial();
     let (c, rt, objs, group) = six_then(4, Duration::from_secs(5));
     let (a, b) = (c.node(group[0]).unwrap(), c.node(group[1]).unwrap());
     a.kill(false);
@@ -101,14 +70,14 @@ fn two_positions_of_one_group_are_read_around_and_both_rebuilt() {
     // Half the objects, read around both: the other half stays where it
     // was written (a swap-in re-evicts away from the dead nodes), so the
     // rebuild has work to do.
-    verify(&rt, &objs[..objs.len() / 2]);
+    check_all(&rt, &objs[..objs.len() / 2]);
     assert!(rt.stats().degraded_reads > 0, "{:?}", rt.stats());
     a.declare_dead();
     b.declare_dead();
-    let st = wait_for(&rt, "both rebuilt", Duration::from_secs(60), |st| recovered(st, 2));
+    let st = wait_stats(&rt, "both rebuilt", Duration::from_secs(60), |st| recovered(st, 2));
     assert_eq!(st.lost_positions, 0, "{st:?}");
     assert!(st.reconstructed_bytes > 0, "{st:?}");
-    verify(&rt, &objs);
+    check_all(&rt, &objs);
     assert_not_degraded(&rt, &objs);
 }
 
@@ -118,20 +87,20 @@ fn two_positions_of_one_group_are_read_around_and_both_rebuilt() {
 /// rebuilt too.
 #[test]
 fn a_node_dying_mid_rebuild_does_not_stop_either_recovery() {
-    let _one_at_a_time = common::serial();
+    let _one_at_a_time = serial();
     let (c, rt, objs, group) = six_then(4, Duration::from_secs(5));
     // Another member of every group dies at the next data request it
     // serves: a read of a rebuild of the first one's positions.
     let (a, b) = (c.node(group[0]).unwrap(), c.node(group[1]).unwrap());
     b.die_after(0);
     a.kill(true);
-    let st = wait_for(&rt, "first recovery", Duration::from_secs(60), |st| recovered(st, 1));
+    let st = wait_stats(&rt, "first recovery", Duration::from_secs(60), |st| recovered(st, 1));
     assert!(b.is_dead(), "the second node died during the rebuild");
     assert!(st.rebuild_retries > 0, "the interrupted rebuild was retried: {st:?}");
     b.declare_dead();
-    let st = wait_for(&rt, "second recovery", Duration::from_secs(60), |st| recovered(st, 2));
+    let st = wait_stats(&rt, "second recovery", Duration::from_secs(60), |st| recovered(st, 2));
     assert_eq!(st.lost_positions, 0, "{st:?}");
-    verify(&rt, &objs);
+    check_all(&rt, &objs);
     assert_not_degraded(&rt, &objs);
 }
 
@@ -140,30 +109,25 @@ fn a_node_dying_mid_rebuild_does_not_stop_either_recovery() {
 /// joins the periodic retry rebuilds the position.
 #[test]
 fn a_failing_rebuild_is_retried_until_a_replacement_exists() {
-    let _one_at_a_time = common::serial();
+    let _one_at_a_time = serial();
     // Exactly k+m nodes: no spare for a replacement.
     let (c, rt, objs, group) = six_then(0, Duration::from_millis(300));
     c.node(group[0]).unwrap().kill(true);
-    let st = wait_for(&rt, "many failed tries", Duration::from_secs(90), |st| {
+    let st = wait_stats(&rt, "many failed tries", Duration::from_secs(90), |st| {
         st.rebuild_retries > 6
     });
     assert_eq!(st.recovering, 1, "still under way, not given up: {st:?}");
     c.add_node();
-    let st = wait_for(&rt, "rebuilt on the new node", Duration::from_secs(60), |st| {
+    let st = wait_stats(&rt, "rebuilt on the new node", Duration::from_secs(60), |st| {
         recovered(st, 1)
     });
     assert_eq!(st.lost_positions, 0, "{st:?}");
-    verify(&rt, &objs);
+    check_all(&rt, &objs);
     assert_not_degraded(&rt, &objs);
 }
 
 /// An object that owns another (so freeing it has drop glue to run).
-struct Holder {
-    obj: Obj,
-    _child: Option<RemBox<Obj>>,
-}
-// SAFETY: integers and a remotable pointer.
-unsafe impl Remotable for Holder {}
+type Holder = Node<Obj>;
 
 /// Three members of one stripe group die (m = 2): exactly the objects whose
 /// spans sat on the dead members return a typed `DataLost` naming their
@@ -172,7 +136,7 @@ unsafe impl Remotable for Holder {}
 /// without drop glue) and the application carries on.
 #[test]
 fn more_failures_than_parity_lose_exactly_the_dead_members_objects() {
-    let _one_at_a_time = common::serial();
+    let _one_at_a_time = serial();
     // Six nodes at first: every stripe group spans all of them.
     let c = InProcessCluster::new(6, 16, 2 * MIB as u64);
     let rt = runtime(&c, Duration::from_secs(5));
@@ -180,8 +144,8 @@ fn more_failures_than_parity_lose_exactly_the_dead_members_objects() {
     let holders: Vec<RemBox<Holder>> = (0..2 * KIB as u64)
         .map(|i| {
             let h = Holder {
-                obj: obj(1 << 40 | i, 0),
-                _child: None,
+                value: obj(1 << 40 | i, 0),
+                next: None,
             };
             rt.alloc(h).unwrap()
         })
@@ -192,7 +156,7 @@ fn more_failures_than_parity_lose_exactly_the_dead_members_objects() {
         c.node(*n).unwrap().kill(true);
     }
     // Every failure settles: nothing can be rebuilt, and the driver stops.
-    let st = wait_for(&rt, "failures settled", Duration::from_secs(60), |st| recovered(st, 3));
+    let st = wait_stats(&rt, "failures settled", Duration::from_secs(60), |st| recovered(st, 3));
     assert!(st.lost_positions >= 3, "{st:?}");
     // Only 3 nodes are left, so no stripe group can be formed: every far
     // object is in a group that lost 3 members, and it is lost exactly when
@@ -229,7 +193,7 @@ fn more_failures_than_parity_lose_exactly_the_dead_members_objects() {
         let mut scope = rt.scope();
         for (i, o) in objs.iter().enumerate() {
             match (o.deref(&scope), expect[i]) {
-                (Ok(got), None) => assert!(common::is(got, i as u64, 0), "object {i}: wrong bytes"),
+                (Ok(got), None) => assert!(Obj::is(got, i as u64, 0), "object {i}: wrong bytes"),
                 (Ok(_), Some(at)) => panic!("object {i} at {at:?} on a dead member was read"),
                 (Err(e), Some(at)) => {
                     check_lost(i, e, at);
@@ -243,7 +207,7 @@ fn more_failures_than_parity_lose_exactly_the_dead_members_objects() {
         }
         for (i, h) in holders.iter().enumerate() {
             match (h.deref(&scope), expect_h[i]) {
-                (Ok(got), None) => assert!(common::is(&got.obj, 1 << 40 | i as u64, 0), "holder {i}"),
+                (Ok(got), None) => assert!(Obj::is(&got.value, 1 << 40 | i as u64, 0), "holder {i}"),
                 (Err(e), Some(at)) => check_lost(i, e, at),
                 (r, at) => panic!("holder {i} at {at:?}: {:?}", r.err()),
             }
@@ -279,12 +243,12 @@ fn more_failures_than_parity_lose_exactly_the_dead_members_objects() {
     rt.wait_for_eviction(Duration::from_secs(20)).unwrap();
     let mut scope = rt.scope();
     for (i, o) in &kept {
-        assert!(common::is(o.deref(&scope).unwrap(), *i as u64, 0), "object {i}");
+        assert!(Obj::is(o.deref(&scope).unwrap(), *i as u64, 0), "object {i}");
         scope.renew();
     }
     for (i, o) in more.iter().enumerate() {
         assert!(
-            common::is(o.deref(&scope).unwrap(), 1 << 30 | i as u64, 0),
+            Obj::is(o.deref(&scope).unwrap(), 1 << 30 | i as u64, 0),
             "new object {i}"
         );
         scope.renew();

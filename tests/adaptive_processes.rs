@@ -7,87 +7,27 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use remora_proto::Fault;
-use remora_runtime::{RemBox, Runtime, RuntimeConfig, Stats, scheme};
+use remora_runtime::{Runtime, scheme};
 
-/// Objects and the version each was last written at.
-struct Objects {
-    objs: Vec<RemBox<Obj>>,
-    versions: Vec<u64>,
-    round: usize,
+/// 16 MiB of 2 KiB objects under a 2 MiB budget: most of them far. Each
+/// round rewrites a run of 8 objects (about a span) in every 4: their
+/// spans come back dirty and leave holes in their spansets to fold.
+fn objects(rt: &Runtime) -> Churn<254> {
+    Churn::new(rt, 8192, 8, Duration::from_secs(20))
 }
 
-impl Objects {
-    /// 16 MiB of 2 KiB objects under a 2 MiB budget: most of them far.
-    fn new(rt: &Runtime) -> Self {
-        let n = 8192;
-        let objs = (0..n).map(|i| rt.alloc(obj(i as u64, 0)).unwrap()).collect();
-        rt.wait_for_eviction(Duration::from_secs(20)).unwrap();
-        Self {
-            objs,
-            versions: vec![0; n],
-            round: 0,
-        }
-    }
-
-    /// Rewrites a run of 8 objects (about a span) in every 4: their spans
-    /// come back dirty and leave holes in their spansets to fold.
-    fn churn(&mut self, rt: &Runtime) {
-        let r = self.round % 4;
-        self.round += 1;
-        let mut scope = rt.scope();
-        for i in (0..self.objs.len()).filter(|i| (i / 8) % 4 == r) {
-            self.versions[i] += 1;
-            *self.objs[i].deref_mut(&scope).unwrap() = obj(i as u64, self.versions[i]);
-            if i % 32 == 0 {
-                scope.renew();
-            }
-        }
-        drop(scope);
-        rt.wait_for_eviction(Duration::from_secs(20)).unwrap();
-    }
-
-    fn verify(&self, rt: &Runtime, what: &str) {
-        let mut scope = rt.scope();
-        for (i, o) in self.objs.iter().enumerate() {
-            let got = o.deref(&scope).unwrap_or_else(|e| panic!("{what}: object {i}: {e}"));
-            let want = obj(i as u64, self.versions[i]);
-            assert!(
-                got.id == want.id && got.version == want.version && got.words == want.words,
-                "{what}: object {i}: wrong bytes (version {} for {})",
-                got.version,
-                want.version
-            );
-            if i % 32 == 0 {
-                scope.renew();
-            }
-        }
-    }
-}
-
-/// Churns until `done` holds of the stats (up to a minute: the cores are
+/// Churning waits up to a minute for what it waits for (the cores are
 /// shared with other tests).
-fn churn_until(rt: &Runtime, objs: &mut Objects, what: &str, done: impl Fn(&Stats) -> bool) -> Stats {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let st = rt.stats();
-        if done(&st) {
-            return st;
-        }
-        assert!(Instant::now() < deadline, "{what}: never happened: {st:?}");
-        objs.churn(rt);
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
+const PATIENCE: Duration = Duration::from_secs(60);
 
 #[test]
 fn ec_batch_switches_to_local_compaction_while_a_memory_node_is_busy() {
     let c = cluster(7, 64 << 20, 8 << 20);
-    let mut cfg = RuntimeConfig::new(c.manager_addr(), 2 << 20);
-    cfg.conn = c.conn_options();
+    let mut cfg = runtime_config(&c, "adaptive-test", 2 << 20);
     let opts = scheme::SchemeOptions {
         // Fold whenever there is a fold: each round makes few holes.
         compaction_trigger: 0.0,
@@ -95,11 +35,10 @@ fn ec_batch_switches_to_local_compaction_while_a_memory_node_is_busy() {
     };
     cfg.scheme = scheme::make("ec-batch", &opts).unwrap();
     cfg.patience = Duration::from_secs(20);
-    cfg.name = "adaptive-test".into();
     let rt = Runtime::connect(cfg).unwrap();
-    let mut objs = Objects::new(&rt);
+    let mut objs = objects(&rt);
 
-    let idle = churn_until(&rt, &mut objs, "remote folds", |s| s.compactions_remote >= 4);
+    let idle = objs.until(&rt, "remote folds", PATIENCE, |s| s.compactions_remote >= 4);
     assert_eq!(idle.compaction_mode, Some("remote"), "{idle:?}");
     assert_eq!(idle.compactions_local, 0, "idle nodes: {idle:?}");
     // Remote folds send the compute node no delta: only small requests.
@@ -128,7 +67,7 @@ fn ec_batch_switches_to_local_compaction_while_a_memory_node_is_busy() {
         },
     )
     .unwrap();
-    let busy = churn_until(&rt, &mut objs, "switch to local", |s| {
+    let busy = objs.until(&rt, "switch to local", PATIENCE, |s| {
         s.compaction_mode == Some("local") && s.compactions_local >= 4
     });
     assert!(busy.compaction_switches >= 1, "{busy:?}");
@@ -155,7 +94,7 @@ fn ec_batch_switches_to_local_compaction_while_a_memory_node_is_busy() {
         busy,
         st.memory_nodes.iter().map(|m| m.load.cpu_permille).collect::<Vec<_>>()
     );
-    let more = churn_until(&rt, &mut objs, "more local folds", |s| {
+    let more = objs.until(&rt, "more local folds", PATIENCE, |s| {
         s.compactions_local >= busy.compactions_local + 4
     });
     assert!(more.compactions_local > busy.compactions_local);
@@ -168,7 +107,7 @@ fn ec_batch_switches_to_local_compaction_while_a_memory_node_is_busy() {
 
     // Cleared: once the node calms down, Remote again.
     c.fault(busy_node, Fault::Resume).unwrap();
-    let calm = churn_until(&rt, &mut objs, "switch back to remote", |s| {
+    let calm = objs.until(&rt, "switch back to remote", PATIENCE, |s| {
         s.compaction_mode == Some("remote") && s.compactions_remote > more.compactions_remote
     });
     assert!(calm.compaction_switches >= 2, "{calm:?}");

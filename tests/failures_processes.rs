@@ -3,7 +3,7 @@
 //! rebuild is running, and three members of the same stripe groups (more
 //! than RS(4,2) covers). Every object read back is compared with what was
 //! written. (In-process faults at exact steps: the runtime crate's
-//! `tests/failures.rs`.)
+//! `tests/failures_in_process.rs`.)
 
 mod common;
 
@@ -14,20 +14,13 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use remora_runtime::scheme::SpanAddr;
-use remora_runtime::{LossCause, RemBox, Runtime, RuntimeConfig, RuntimeError, Stats, scheme};
+use remora_runtime::{LossCause, RemBox, Runtime, RuntimeError, Stats, scheme};
 
 fn ec_runtime(c: &remora_cluster::LocalCluster) -> Runtime {
-    let mut cfg = RuntimeConfig::new(c.manager_addr(), 2 << 20);
-    cfg.conn = c.conn_options();
+    let mut cfg = runtime_config(c, "failures-test", 2 << 20);
     cfg.scheme = scheme::by_name("ec-batch").unwrap();
     cfg.patience = Duration::from_secs(20);
-    cfg.name = "failures-test".into();
     Runtime::connect(cfg).unwrap()
-}
-
-/// Node failures seen have all settled.
-fn recovered(st: &Stats, failures: u64) -> bool {
-    st.recoveries >= failures && st.recovering == 0
 }
 
 /// Two members of one stripe group are killed during a workload that reads
@@ -42,7 +35,7 @@ fn kill_two(staggered: bool) {
     let mut c = quick_cluster(6, 64 << 20, 8 << 20);
     let rt = ec_runtime(&c);
     let n = 8192u64; // 16 MiB of 2 KiB objects: 8x the budget
-    let objs: Vec<RwLock<RemBox<Obj>>> = (0..n).map(|i| RwLock::new(rt.alloc(obj(i, 0)).unwrap())).collect();
+    let objs: Vec<RwLock<RemBox<Obj2K>>> = (0..n).map(|i| RwLock::new(rt.alloc(obj(i, 0)).unwrap())).collect();
     for _ in 0..3 {
         c.add_memnode().unwrap();
     }
@@ -107,7 +100,7 @@ fn kill_two(staggered: bool) {
             let g = o.read().unwrap();
             let v = versions[i].load(Ordering::Relaxed);
             let got = g.deref(&scope).unwrap_or_else(|e| panic!("object {i}: {e}"));
-            assert!(matches(got, i as u64, v), "object {i} v{v} wrong after recovery");
+            assert!(Words::is(got, i as u64, v), "object {i} v{v} wrong after recovery");
             drop(g);
             if i % 64 == 0 {
                 scope.renew();
@@ -140,7 +133,7 @@ fn three_dead_members_lose_exactly_their_objects() {
     let mut c = quick_cluster(6, 64 << 20, 8 << 20);
     let rt = ec_runtime(&c);
     let n = 4096u64;
-    let objs: Vec<RemBox<Obj>> = (0..n).map(|i| rt.alloc(obj(i, 1)).unwrap()).collect();
+    let objs: Vec<RemBox<Obj2K>> = (0..n).map(|i| rt.alloc(obj(i, 1)).unwrap()).collect();
     rt.wait_for_eviction(Duration::from_secs(20)).unwrap();
     let killed: Vec<String> = c.memnodes()[..3].iter().map(|m| m.addr.clone()).collect();
     for i in 0..3 {
@@ -174,7 +167,7 @@ fn three_dead_members_lose_exactly_their_objects() {
     let mut scope = rt.scope();
     for (i, o) in objs.iter().enumerate() {
         match (o.deref(&scope), expect[i]) {
-            (Ok(got), None) => assert!(matches(got, i as u64, 1), "object {i}: wrong bytes"),
+            (Ok(got), None) => assert!(Words::is(got, i as u64, 1), "object {i}: wrong bytes"),
             (
                 Err(RuntimeError::DataLost {
                     span,
@@ -193,20 +186,20 @@ fn three_dead_members_lose_exactly_their_objects() {
     drop(scope);
     // The application drops what it lost and goes on.
     let before = rt.stats().objects;
-    let kept: Vec<(usize, RemBox<Obj>)> = objs
+    let kept: Vec<(usize, RemBox<Obj2K>)> = objs
         .into_iter()
         .enumerate()
         .filter(|(i, _)| expect[*i].is_none())
         .collect();
     assert_eq!(rt.stats().objects + doomed as u64, before, "lost objects freed");
-    let more: Vec<RemBox<Obj>> = (0..2048u64).map(|i| rt.alloc(obj(n + i, 2)).unwrap()).collect();
+    let more: Vec<RemBox<Obj2K>> = (0..2048u64).map(|i| rt.alloc(obj(n + i, 2)).unwrap()).collect();
     let mut scope = rt.scope();
     for (i, o) in &kept {
-        assert!(matches(o.deref(&scope).unwrap(), *i as u64, 1), "object {i}");
+        assert!(Words::is(o.deref(&scope).unwrap(), *i as u64, 1), "object {i}");
         scope.renew();
     }
     for (i, o) in more.iter().enumerate() {
-        assert!(matches(o.deref(&scope).unwrap(), n + i as u64, 2), "new object {i}");
+        assert!(Words::is(o.deref(&scope).unwrap(), n + i as u64, 2), "new object {i}");
         scope.renew();
     }
 }

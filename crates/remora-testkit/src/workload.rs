@@ -1,0 +1,153 @@
+//! Workloads that run while a test injects faults or watches the runtime.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use remora_runtime::{RemBox, Runtime, Stats};
+
+use crate::objects::Words;
+use crate::verify::{renew_every, verify};
+
+/// Shared state of [`skewed_worker`]s: the objects, the version each was
+/// last written at, the stop flag, what went wrong and the operations done.
+pub struct Skewed<'a, const N: usize> {
+    /// The runtime the objects live in.
+    pub rt: &'a Runtime,
+    /// Object `i` is `i` at `versions[i]`.
+    pub objs: &'a [RwLock<RemBox<Words<N>>>],
+    /// The version each object was last written at.
+    pub versions: &'a [AtomicU64],
+    /// Set to stop the workers.
+    pub stop: AtomicBool,
+    /// Every failed or wrong read or write.
+    pub errors: Mutex<Vec<String>>,
+    /// Operations done.
+    pub ops: AtomicU64,
+}
+
+impl<'a, const N: usize> Skewed<'a, N> {
+    /// The workload's state over `objs` at `versions`.
+    pub fn new(rt: &'a Runtime, objs: &'a [RwLock<RemBox<Words<N>>>], versions: &'a [AtomicU64]) -> Self {
+        Self {
+            rt,
+            objs,
+            versions,
+            stop: Default::default(),
+            errors: Default::default(),
+            ops: Default::default(),
+        }
+    }
+}
+
+/// Thread `t` of the workload the failure tests run while nodes die, until
+/// `w.stop`. Thread 0 sweeps every object in turn, `sweep_pause` apart, so
+/// cold spans come back from far memory (some from or around dead nodes);
+/// the others mostly hit a hot 1/32 of the objects, and a quarter of their
+/// accesses write. Every read is checked against the version last written.
+pub fn skewed_worker<const N: usize>(t: u64, w: &Skewed<'_, N>, sweep_pause: Duration) {
+    let n = w.objs.len() as u64;
+    let mut x = t.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1;
+    let mut sweep = 0u64;
+    let fail = |m: String| w.errors.lock().unwrap().push(m);
+    while !w.stop.load(Ordering::Relaxed) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let i = if t == 0 {
+            std::thread::sleep(sweep_pause);
+            sweep += 1;
+            sweep % n
+        } else {
+            (x >> 8) % (n / 32)
+        };
+        let scope = w.rt.scope();
+        if t != 0 && x % 4 == 0 {
+            let mut g = w.objs[i as usize].write().unwrap();
+            let v = w.versions[i as usize].load(Ordering::Relaxed) + 1;
+            match g.deref_mut(&scope) {
+                Ok(o) => {
+                    *o = Words::new(i, v);
+                    w.versions[i as usize].store(v, Ordering::Relaxed);
+                }
+                Err(e) => fail(format!("write {i}: {e}")),
+            }
+        } else {
+            let g = w.objs[i as usize].read().unwrap();
+            let v = w.versions[i as usize].load(Ordering::Relaxed);
+            match g.deref(&scope) {
+                Ok(o) if o.is(i, v) => {}
+                Ok(o) => fail(format!("read {i}: got id {} v{}", o.id, o.version)),
+                Err(e) => fail(format!("read {i}: {e}")),
+            }
+        }
+        w.ops.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Objects rewritten round after round so their spans come back dirty and
+/// leave holes in their spansets for compaction to fold; object `i` is `i`
+/// at `versions[i]`.
+pub struct Churn<const N: usize> {
+    /// The objects.
+    pub objs: Vec<RemBox<Words<N>>>,
+    /// The version each was last written at.
+    pub versions: Vec<u64>,
+    run: usize,
+    round: usize,
+    eviction: Duration,
+}
+
+impl<const N: usize> Churn<N> {
+    /// `n` objects at version 0, once eviction has caught up (within
+    /// `eviction`); each round rewrites runs of `run` objects (about a span).
+    pub fn new(rt: &Runtime, n: usize, run: usize, eviction: Duration) -> Self {
+        let objs = (0..n).map(|i| rt.alloc(Words::new(i as u64, 0)).unwrap()).collect();
+        rt.wait_for_eviction(eviction).unwrap();
+        Self {
+            objs,
+            versions: vec![0; n],
+            run,
+            round: 0,
+            eviction,
+        }
+    }
+
+    /// Rewrites one run of objects in every four (the next quarter each
+    /// round) and waits for eviction to catch up.
+    pub fn churn(&mut self, rt: &Runtime) {
+        let r = self.round % 4;
+        self.round += 1;
+        let mut scope = rt.scope();
+        for i in (0..self.objs.len()).filter(|i| (i / self.run) % 4 == r) {
+            self.versions[i] += 1;
+            *self.objs[i].deref_mut(&scope).unwrap() = Words::new(i as u64, self.versions[i]);
+            if i % renew_every::<Words<N>>() == 0 {
+                scope.renew();
+            }
+        }
+        drop(scope);
+        rt.wait_for_eviction(self.eviction).unwrap();
+    }
+
+    /// Churns until `done` holds of the stats, for up to `limit`.
+    #[track_caller]
+    pub fn until(&mut self, rt: &Runtime, what: &str, limit: Duration, done: impl Fn(&Stats) -> bool) -> Stats {
+        let deadline = Instant::now() + limit;
+        loop {
+            let st = rt.stats();
+            if done(&st) {
+                return st;
+            }
+            assert!(Instant::now() < deadline, "{what}: never happened: {st:?}");
+            self.churn(rt);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Reads every object back and compares it with its latest version.
+    #[track_caller]
+    pub fn verify(&self, rt: &Runtime, what: &str) {
+        verify(rt, &self.objs, |i| self.versions[i], what);
+    }
+}
