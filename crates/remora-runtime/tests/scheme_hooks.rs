@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use remora_memnode::InProcessCluster;
 use remora_runtime::scheme::{CopyRead, FarMemory, NonFt, Scheme, SpanAddr};
-use remora_runtime::{Remotable, Runtime, RuntimeConfig, RuntimeError};
+use remora_runtime::{Runtime, RuntimeConfig, RuntimeError};
+use remora_testkit::Obj;
 
 /// Records the order of hook calls around a real scheme.
 struct Hooked {
@@ -63,11 +64,6 @@ impl Scheme for Hooked {
     }
 }
 
-#[derive(Clone, Copy)]
-struct Obj([u64; 128]);
-// SAFETY: integers only.
-unsafe impl Remotable for Obj {}
-
 fn runtime(c: &InProcessCluster, fail_start: bool) -> (Result<Runtime, RuntimeError>, Arc<Log>) {
     let log = Arc::new(Log::default());
     let mut cfg = RuntimeConfig::new("unused:0", 1 << 20);
@@ -84,13 +80,13 @@ fn start_comes_first_and_stop_last() {
     let c = InProcessCluster::new(3, 16, 2 << 20);
     let (rt, log) = runtime(&c, false);
     let rt = rt.unwrap();
-    let objs: Vec<_> = (0..4096u64).map(|i| rt.alloc(Obj([i; 128])).unwrap()).collect();
+    let objs: Vec<_> = (0..4096u64).map(|i| rt.alloc(Obj::new(i, 0)).unwrap()).collect();
     rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
     assert!(rt.stats().swap_outs > 0);
     {
         let scope = rt.scope();
         for (i, o) in objs.iter().enumerate() {
-            assert_eq!(o.deref(&scope).unwrap().0, [i as u64; 128]);
+            o.deref(&scope).unwrap().check(i as u64, 0);
         }
     }
     assert_eq!(log.starts.load(Ordering::SeqCst), 1);
