@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::thread;
 use std::time::Duration;
 
-use common::{BIN, await_refusals, cluster, refusals, run_remora, session, stderr};
+use common::{BIN, await_refusals, cluster, refusals, run_remora, session, spawn_daemon, stderr};
 use remora_proto::frame::{HEADER_LEN, hello};
 use remora_proto::{ClusterKey, ComputeSession, ConnOptions, MemNodeClient, MemTransport, RemoteError, RpcError};
 
@@ -74,24 +74,18 @@ fn daemons_refuse_to_start_without_a_key_and_keygen_makes_one() {
 
     // A key file others can read still starts the daemon, with a warning.
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let mut mgr = Command::new(BIN)
-        .args([
-            "manager",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            data.to_str().unwrap(),
-        ])
-        .args(["--exit-with-parent", "--cluster-key-file", key.to_str().unwrap()])
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut ready = String::new();
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(mgr.stdout.take().unwrap()), &mut ready).unwrap();
-    assert!(ready.contains("listening on"), "{ready}");
+    let mut mgr = spawn_daemon(
+        Command::new(BIN)
+            .args([
+                "manager",
+                "--listen",
+                "127.0.0.1:0",
+                "--data-dir",
+                data.to_str().unwrap(),
+            ])
+            .args(["--exit-with-parent", "--cluster-key-file", key.to_str().unwrap()])
+            .stderr(Stdio::piped()),
+    );
     drop(mgr.stdin.take());
     let out = mgr.wait_with_output().unwrap();
     let err = stderr(&out);

@@ -17,7 +17,7 @@ use serde_json::Value;
 
 mod common;
 
-use common::{read_json, remora_command};
+use common::{read_json, remora_command, succeeded};
 
 fn redis_server() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("REMORA_REDIS_SERVER").filter(|p| !p.is_empty()) {
@@ -117,9 +117,7 @@ fn redis_cache_runs_beside_remora_and_cleans_up() {
         ])
         .output()
         .expect("remora runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "bench micro failed:\n{stdout}\n{stderr}");
+    let (stdout, stderr) = succeeded(&out, "bench micro");
     // Remora and Redis stores alternate in rounds, and every pair gets a median ratio.
     assert!(
         stderr.contains("[redis-cache:1, redis-cache:1+wait, non-ft] 2 alternating rounds of 0.5 s"),
@@ -343,9 +341,7 @@ fn redis_cache_open_loop_keeps_up() {
         ])
         .output()
         .expect("remora runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "bench micro failed:\n{stdout}\n{stderr}");
+    succeeded(&out, "bench micro");
     let v = read_json(&json);
     let results = v["results"].as_array().expect("results array");
     // No replicas: no +wait record.

@@ -131,13 +131,7 @@ fn kill_during_workload(name: &str, amp: f64, reads: u64) {
         std::thread::sleep(Duration::from_millis(300));
         w.stop.store(true, Ordering::Relaxed);
     });
-    let errors = w.errors.into_inner().unwrap();
-    assert!(
-        errors.is_empty(),
-        "{} errors, first: {:?}",
-        errors.len(),
-        &errors[..errors.len().min(5)]
-    );
+    w.assert_no_errors();
     let st = rt.stats();
     eprintln!("after the failure: {st:?}, {} ops", w.ops.load(Ordering::Relaxed));
     // Whether the sweep reached the dead node's spans before recovery rebound

@@ -80,13 +80,7 @@ fn kill_two(staggered: bool) {
         outcome
     });
     let st = outcome.unwrap_or_else(|e| panic!("{e}"));
-    let errors = w.errors.into_inner().unwrap();
-    assert!(
-        errors.is_empty(),
-        "{} errors, first: {:?}",
-        errors.len(),
-        &errors[..errors.len().min(5)]
-    );
+    w.assert_no_errors();
     eprintln!("after two failures: {st:?}");
     assert_eq!(st.lost_positions, 0, "{st:?}");
     assert!(st.reconstructed_bytes > 0, "{st:?}");

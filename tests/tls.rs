@@ -6,14 +6,14 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{BIN, MARK, Text, cluster_config, refusals, run_remora, runtime_config, stderr, stdout};
+use common::{BIN, MARK, Text, cluster_config, refusals, run_remora, runtime_config, spawn_daemon, stderr, stdout};
 use remora_cluster::LocalCluster;
 use remora_proto::{ComputeSession, ConnOptions, MemNodeClient, NodeState, RpcError, TlsConfig, TlsMode};
 use remora_runtime::{RemBox, Runtime};
@@ -182,19 +182,7 @@ fn memnode_behind(c: &LocalCluster, listen: &str, advertise: &str) -> Child {
     if let Some(t) = c.tls() {
         cmd.args(["--tls", t.mode().as_str(), "--tls-dir"]).arg(t.dir());
     }
-    let mut child = cmd
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut ready = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut ready)
-        .unwrap();
-    assert!(ready.contains("listening on"), "memory node did not start: {ready:?}");
-    child
+    spawn_daemon(cmd.stderr(Stdio::null()))
 }
 
 /// Runs a runtime's objects through a recording proxy in front of the only

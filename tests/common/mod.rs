@@ -10,7 +10,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use remora_cluster::{ClusterConfig, LocalCluster};
-pub use remora_testkit::cli::{SMALL_ARRAY, read_json, stderr, stdout};
+pub use remora_testkit::cli::{SMALL_ARRAY, read_json, spawn_daemon, stderr, stdout, succeeded};
 pub use remora_testkit::cluster::{
     await_refusals, fast_filtering_config, fast_filtering_runtime, node_id, quick_opts, refusals, runtime_config,
     session,

@@ -1,8 +1,9 @@
 //! Runs of the `remora` binary at `bin` (in the root package's tests,
 //! `env!("CARGO_BIN_EXE_remora")`) and what they print.
 
+use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// `bench micro`'s small array: 2000 objects of 4 KiB, a quarter of them
@@ -25,9 +26,15 @@ pub fn output(bin: &Path, args: &[&str]) -> Output {
 /// showing both, unless it succeeded.
 #[track_caller]
 pub fn output_ok(bin: &Path, args: &[&str]) -> (String, String) {
-    let out = output(bin, args);
-    let (stdout, stderr) = (stdout(&out), stderr(&out));
-    assert!(out.status.success(), "remora {args:?} failed:\n{stdout}\n{stderr}");
+    succeeded(&output(bin, args), &format!("remora {args:?}"))
+}
+
+/// The stdout and stderr of `out`; fails the test, showing both and naming
+/// `what` ran, unless it succeeded.
+#[track_caller]
+pub fn succeeded(out: &Output, what: &str) -> (String, String) {
+    let (stdout, stderr) = (stdout(out), stderr(out));
+    assert!(out.status.success(), "{what} failed:\n{stdout}\n{stderr}");
     (stdout, stderr)
 }
 
@@ -74,4 +81,23 @@ pub fn stderr(o: &Output) -> String {
 pub fn read_json(path: &Path) -> serde_json::Value {
     let text = std::fs::read_to_string(path).expect("JSON written");
     serde_json::from_str(&text).expect("valid JSON")
+}
+
+/// Starts the daemon `cmd` describes (its stderr as the caller set it) and
+/// waits for its "listening on" line; the child's stdin is a pipe, so
+/// dropping it tells a daemon run with `--exit-with-parent` to exit.
+#[track_caller]
+pub fn spawn_daemon(cmd: &mut Command) -> Child {
+    let mut child = cmd
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("remora starts");
+    let mut ready = String::new();
+    BufReader::new(child.stdout.take().expect("stdout is piped"))
+        .read_line(&mut ready)
+        .expect("the daemon's first line");
+    assert!(ready.contains("listening on"), "the daemon did not start: {ready:?}");
+    child
 }

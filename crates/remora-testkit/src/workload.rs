@@ -38,6 +38,19 @@ impl<'a, const N: usize> Skewed<'a, N> {
             ops: Default::default(),
         }
     }
+
+    /// Asserts that no read or write of the workload failed or read wrong
+    /// bytes, naming the first few that did.
+    #[track_caller]
+    pub fn assert_no_errors(&self) {
+        let errors = self.errors.lock().unwrap_or_else(|p| p.into_inner());
+        assert!(
+            errors.is_empty(),
+            "{} errors, first: {:?}",
+            errors.len(),
+            &errors[..errors.len().min(5)]
+        );
+    }
 }
 
 /// Thread `t` of the workload the failure tests run while nodes die, until
