@@ -5,8 +5,8 @@
 //!   [`Obj`], [`Obj2K`] and [`Obj4K`] sizes), readable [`Text`] objects and
 //!   a linked [`Node`]; every byte depends on (id, version), so a stale,
 //!   misplaced, torn or corrupt copy never compares equal.
-//! - [`pattern`]: byte patterns for raw region reads and writes.
-//! - [`verify`]: reading objects back and comparing them, and waiting on
+//! - [`pattern`](mod@pattern): byte patterns for raw region reads and writes.
+//! - [`verify`](mod@verify): reading objects back and comparing them, and waiting on
 //!   the runtime's stats.
 //! - [`workload`]: the skewed multi-threaded workload failure tests run
 //!   while nodes die, and a churning workload that makes compaction fold.

@@ -332,7 +332,7 @@ impl NodeHandle {
     }
 
     /// The CPU use the node reports from now on, in thousandths of a core
-    /// (see [`NodeLoad`]), standing in for a busy or idle memory node.
+    /// (see [`NodeLoad`](remora_proto::msg::NodeLoad)), standing in for a busy or idle memory node.
     pub fn set_cpu_permille(&self, permille: u32) {
         self.node.cpu_permille.store(permille, Ordering::Release);
     }
