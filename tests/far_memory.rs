@@ -108,10 +108,15 @@ fn gives_back(name: &str) {
         next += n / 8;
         rt.wait_for_eviction(Duration::from_secs(60)).unwrap();
     }
+    // Read before the objects are verified: the swap-ins of the check
+    // leave holes and free slots, and the runtime may give regions back
+    // meanwhile.
+    let grown = rt.stats().far_bytes_held;
     verify(&rt, &objs);
     assert!(
-        rt.stats().far_bytes_held > s.far_bytes_held,
-        "{name}: far memory grew again"
+        grown > s.far_bytes_held,
+        "{name}: far memory did not grow again ({grown} held, {} after the drop)",
+        s.far_bytes_held
     );
     let indices: Vec<u16> = rt.regions().iter().map(|(i, _)| *i).collect();
     let max = indices.iter().copied().max().unwrap_or(0) as u64;
