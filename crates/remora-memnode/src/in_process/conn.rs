@@ -237,11 +237,17 @@ impl Conn {
         {
             return Err(self.broken("injected connection failure"));
         }
-        let (resp, mut bytes) = self
+        let served = self
             .node
             .serve(&self.sh, req, payload)
-            .map_err(|e| self.broken(&format!("the node closed the connection: {e}")))?
-            .map_err(RpcError::Remote)?;
+            .map_err(|e| self.broken(&format!("the node closed the connection: {e}")))?;
+        // A node that died while serving (another caller killed it) sends
+        // no reply, as a dead daemon cannot: what it computed may have met
+        // regions its death had already revoked.
+        if self.gone() {
+            return Err(self.broken("node died while serving"));
+        }
+        let (resp, mut bytes) = served.map_err(RpcError::Remote)?;
         if resp == MemResponse::Data && f.corrupt_reads.load(Ordering::Acquire) {
             if let Some(b) = bytes.first_mut() {
                 *b ^= 1;
