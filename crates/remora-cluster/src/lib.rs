@@ -585,7 +585,19 @@ impl LocalCluster {
     /// Kills the manager (`kill -9`) and starts it again on the same port
     /// with the same data directory.
     pub fn restart_manager(&mut self) -> Result<(), ClusterError> {
+        self.kill_manager();
+        self.start_manager_again()
+    }
+
+    /// Kills the manager (`kill -9`); [`LocalCluster::start_manager_again`]
+    /// brings it back.
+    pub fn kill_manager(&self) {
         self.kill_slot(self.manager_slot);
+    }
+
+    /// Starts the manager again on its port with its data directory (after
+    /// [`LocalCluster::kill_manager`]).
+    pub fn start_manager_again(&mut self) -> Result<(), ClusterError> {
         let addr = self.manager_addr.clone();
         let start = Instant::now();
         // The port may take a moment to be free again.

@@ -24,6 +24,21 @@ pub enum RuntimeError {
         /// Why it cannot be read.
         cause: LossCause,
     },
+    /// Far data that is not lost could not be reached for the runtime's
+    /// whole `outage_deadline`: the manager is down and the memory nodes'
+    /// leases have lapsed, or too few members of a spanset answer while
+    /// none of them was declared dead. Nothing is lost; a later try may work.
+    #[error("far memory unavailable{} for {waited:?}: {why}", lost_at(.span, .object))]
+    Unavailable {
+        /// The far span that could not be read, if the wait was for one.
+        span: Option<SpanAddr>,
+        /// The object of that span the caller asked for.
+        object: Option<u16>,
+        /// What was waited for.
+        why: String,
+        /// How long the operation waited.
+        waited: std::time::Duration,
+    },
     /// Local memory could not be obtained from the OS.
     #[error("local memory: {0}")]
     LocalMemory(String),
@@ -66,15 +81,6 @@ pub enum LossCause {
         /// k: members a decode needs.
         needed: usize,
     },
-    /// Enough members may be alive, but fewer than k of them could be read
-    /// now (unreachable nodes not yet declared dead): a later try may work.
-    #[error("{read} of the {needed} members a decode needs could be read")]
-    Unreadable {
-        /// Members that arrived.
-        read: usize,
-        /// k.
-        needed: usize,
-    },
     /// Its far copy failed its checksum and so did every reconstruction.
     #[error("its far copy and its reconstruction both failed their checksums")]
     Corrupt,
@@ -109,6 +115,17 @@ impl RuntimeError {
         }
     }
 
+    /// Far data unreachable for now (not lost) at `span`, for the reason
+    /// `why`; the read path waits it out up to the outage deadline.
+    pub(crate) fn unavailable(span: impl Into<Option<SpanAddr>>, why: String) -> Self {
+        Self::Unavailable {
+            span: span.into(),
+            object: None,
+            why,
+            waited: std::time::Duration::ZERO,
+        }
+    }
+
     /// Far data lost for a reason only words describe.
     pub(crate) fn lost_because(span: impl Into<Option<SpanAddr>>, why: String) -> Self {
         Self::lost(span, LossCause::Other(why))
@@ -122,6 +139,17 @@ impl RuntimeError {
                 span: span.or(Some(at)),
                 object: o.or(Some(object)),
                 cause,
+            },
+            Self::Unavailable {
+                span,
+                object: o,
+                why,
+                waited,
+            } => Self::Unavailable {
+                span: span.or(Some(at)),
+                object: o.or(Some(object)),
+                why,
+                waited,
             },
             other => other,
         }

@@ -2,10 +2,12 @@
 //! table), their free pages (far page heap), the manager session that hands
 //! out more regions, and the traffic counters the benchmarks report.
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use remora_proto::FarBackend;
+use remora_proto::{FarBackend, NodeId};
 
 use crate::detector::Detector;
 use crate::far_page_heap::FarPageHeap;
@@ -23,12 +25,20 @@ pub struct FarMemory {
     traffic: Arc<Traffic>,
     /// How long to keep asking the manager when it has no free region.
     patience: Duration,
+    /// How long to wait out far memory that is unreachable but not lost
+    /// (a manager outage, leases lapsed, a stripe short of readable members)
+    /// before failing with [`crate::RuntimeError::Unavailable`].
+    outage_deadline: Duration,
     /// Suspected memory nodes and read latency (failure detection).
     detector: Detector,
+    /// The runtime is shutting down: retry loops stop waiting.
+    stopping: AtomicBool,
+    /// Memory nodes the manager declared dead: they never serve again.
+    dead: Mutex<HashSet<NodeId>>,
 }
 
 impl FarMemory {
-    pub(crate) fn new(backend: Arc<dyn FarBackend>, patience: Duration) -> Self {
+    pub(crate) fn new(backend: Arc<dyn FarBackend>, patience: Duration, outage_deadline: Duration) -> Self {
         let traffic = Arc::new(Traffic::default());
         Self {
             regions: RegionTable::new(Arc::clone(&backend), Arc::clone(&traffic)),
@@ -36,8 +46,37 @@ impl FarMemory {
             pages: FarPageHeap::default(),
             traffic,
             patience,
+            outage_deadline,
             detector: Detector::default(),
+            stopping: AtomicBool::new(false),
+            dead: Mutex::new(HashSet::new()),
         }
+    }
+
+    /// How long to wait out far memory that is unreachable but not lost
+    /// before an operation fails with [`crate::RuntimeError::Unavailable`].
+    pub(crate) fn outage_deadline(&self) -> Duration {
+        self.outage_deadline
+    }
+
+    /// The runtime is shutting down: every wait on far memory ends.
+    pub(crate) fn stop(&self) {
+        self.stopping.store(true, Ordering::Release);
+    }
+
+    /// The manager declared `node` dead: what only it held is lost.
+    pub(crate) fn declare_dead(&self, node: NodeId) {
+        self.dead.lock().unwrap_or_else(|p| p.into_inner()).insert(node);
+    }
+
+    /// Whether the manager declared `node` dead (unreachable is not dead).
+    pub(crate) fn is_dead(&self, node: NodeId) -> bool {
+        self.dead.lock().unwrap_or_else(|p| p.into_inner()).contains(&node)
+    }
+
+    /// Whether the runtime is shutting down.
+    pub(crate) fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire)
     }
 
     /// Where regions and connections come from.

@@ -35,6 +35,7 @@ pub(super) fn notice_loop(
                         "memory node {node} at {addr} died, holding {} of our regions",
                         regions.len()
                     );
+                    inner.far.declare_dead(node);
                     inner.far.regions().sever(&addr);
                     inner.scheme.node_failed(&inner.far, node);
                 }

@@ -68,6 +68,13 @@ pub struct RuntimeConfig {
     /// How long an allocation outside a scope waits for eviction, and how
     /// long to wait for far memory when the manager has none.
     pub patience: Duration,
+    /// How long an operation waits out far memory that is unreachable but
+    /// not lost (the manager down and the memory nodes' leases lapsed, a
+    /// memory node cut off but not declared dead) before failing with
+    /// [`RuntimeError::Unavailable`]. Far data is reported lost
+    /// ([`RuntimeError::DataLost`]) only when more members of a spanset than
+    /// parity covers were declared dead by the manager or fail their checksums.
+    pub outage_deadline: Duration,
     /// Number of filtering threads (paper §3.3: they move objects so spans
     /// hold only hot or only cold objects); 0 disables filtering.
     pub filtering_threads: usize,
@@ -110,6 +117,7 @@ impl RuntimeConfig {
             eviction_batch: 32,
             conn: ConnOptions::default(),
             patience: Duration::from_secs(30),
+            outage_deadline: Duration::from_secs(60),
             filtering_threads: 1,
             filter_interval: Duration::from_millis(5),
             object_swap_in: true,
@@ -214,7 +222,7 @@ impl Runtime {
     /// `cfg.manager`.
     pub fn with_backend(cfg: RuntimeConfig, backend: Arc<dyn remora_proto::FarBackend>) -> Result<Self, RuntimeError> {
         let events = backend.take_events();
-        let far = Arc::new(FarMemory::new(backend, cfg.patience));
+        let far = Arc::new(FarMemory::new(backend, cfg.patience, cfg.outage_deadline));
         let policy: Arc<dyn EvictionPolicy> = Arc::from(cfg.policy);
         let inner = Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| Inner {
             rcu: Rcu::new(),
@@ -425,6 +433,7 @@ impl Runtime {
 impl Drop for Runtime {
     fn drop(&mut self) {
         self.inner.stop.store(true, StdOrdering::Release);
+        self.inner.far.stop();
         {
             let _k = self.inner.kick.lock().unwrap_or_else(|p| p.into_inner());
             self.inner.kicked.notify_all();

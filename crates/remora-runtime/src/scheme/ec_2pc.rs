@@ -178,10 +178,8 @@ impl Shared {
     }
 
     fn degraded(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<(), RuntimeError> {
-        self.c.until_readable(far, || {
-            let (id, pos, _) = self.locate(far, at)?;
-            self.decode(far, id, pos, dest)
-        })?;
+        let (id, pos, _) = self.locate(far, at)?;
+        self.decode(far, id, pos, dest)?;
         self.c.degraded.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }

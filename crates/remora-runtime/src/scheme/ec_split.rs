@@ -217,7 +217,7 @@ impl Shared {
             ok
         });
         if got.arrived.len() < k {
-            return Err(RuntimeError::lost(at, self.c.too_few(loc.group, got.arrived.len())));
+            return Err(self.c.too_few(Some(at), loc.group, got.arrived.len()));
         }
         let missing: Vec<usize> = (0..k)
             .filter(|p| !got.arrived.iter().any(|&i| cands[i].pos == *p))

@@ -30,12 +30,18 @@ impl Default for NonFt {
     }
 }
 
-fn lost(at: SpanAddr, e: RpcError) -> RuntimeError {
-    if e.is_node_down() {
-        tracing::debug!("span r{}:p{}: {e}", at.region, at.page);
+/// What a failed read of the only copy at `at` means: lost once the
+/// manager declared its memory node dead, unavailable for now while the
+/// node is only unreachable (the read path waits for it).
+fn lost(far: &FarMemory, at: SpanAddr, e: RpcError) -> RuntimeError {
+    if !e.is_node_down() {
+        return RuntimeError::Rpc(e);
+    }
+    tracing::debug!("span r{}:p{}: {e}", at.region, at.page);
+    if far.is_dead(far.regions().get(at.region).grant.node) {
         RuntimeError::lost(at, LossCause::NoRedundancy { scheme: "non-ft" })
     } else {
-        RuntimeError::Rpc(e)
+        RuntimeError::unavailable(at, format!("its only copy's memory node cannot serve it: {e}"))
     }
 }
 
@@ -113,7 +119,7 @@ impl Scheme for NonFt {
     fn read_copy(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<CopyRead, RuntimeError> {
         let reader = || {
             far.regions().reader(at.region).map_err(|e| match e {
-                RuntimeError::Rpc(e) => lost(at, e),
+                RuntimeError::Rpc(e) => lost(far, at, e),
                 other => other,
             })
         };
@@ -133,7 +139,7 @@ impl Scheme for NonFt {
                 Err(RpcError::Broken { .. }) if retry.wait() => {
                     (r, c) = reader()?;
                 }
-                res => return res.map(|()| CopyRead::Read).map_err(|e| lost(at, e)),
+                res => return res.map(|()| CopyRead::Read).map_err(|e| lost(far, at, e)),
             }
         }
     }

@@ -18,7 +18,7 @@
 //! ([`super::shards::gather`]) and decodes, retried by
 //! [`Stripes::until_readable`] while a stripe is only unreadable for now.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use remora_proto::checksum::checksum;
 use remora_proto::{Cap, NodeId};
@@ -57,7 +57,48 @@ pub(crate) enum Verified {
 /// against `sum`, reading around an unreadable or corrupt copy and
 /// repairing a corrupt one. A span whose copy and reconstruction both fail
 /// the checksum is lost ([`LossCause::Corrupt`]).
+///
+/// While the span is only unreachable for now ([`RuntimeError::Unavailable`]:
+/// its copy and too many members of its spanset cannot be read, none of
+/// them declared dead, as when the manager is down and the memory nodes'
+/// leases have lapsed) the whole read is tried again, with back-off, up to
+/// the runtime's outage deadline; then it fails with `Unavailable`, never
+/// with [`RuntimeError::DataLost`].
 pub(crate) fn read(
+    scheme: &dyn Scheme,
+    far: &FarMemory,
+    at: SpanAddr,
+    dest: &mut [u8],
+    sum: u64,
+) -> Result<Verified, RuntimeError> {
+    let start = Instant::now();
+    let mut pause = FIRST_PAUSE;
+    loop {
+        match read_once(scheme, far, at, dest, sum) {
+            Err(RuntimeError::Unavailable { span, object, why, .. }) => {
+                let waited = start.elapsed();
+                if waited >= far.outage_deadline() || far.is_stopping() {
+                    return Err(RuntimeError::Unavailable {
+                        span: span.or(Some(at)),
+                        object,
+                        why,
+                        waited,
+                    });
+                }
+                std::thread::sleep(pause.min(far.outage_deadline().saturating_sub(waited)));
+                pause = (pause * 2).min(MAX_PAUSE);
+            }
+            other => return other,
+        }
+    }
+}
+
+/// First pause of [`read`]'s wait for an unreachable span; it doubles up to
+/// [`MAX_PAUSE`], so a span comes back at most that long after its nodes do.
+const FIRST_PAUSE: Duration = Duration::from_millis(5);
+const MAX_PAUSE: Duration = Duration::from_millis(200);
+
+fn read_once(
     scheme: &dyn Scheme,
     far: &FarMemory,
     at: SpanAddr,
@@ -144,10 +185,7 @@ impl Stripes {
         let mut dests: Vec<&mut [u8]> = space.chunks_mut(len.max(1)).collect();
         let got = gather(far, cands, &mut dests, self.k, None, &mut |_, _| true);
         if got.arrived.len() < self.k {
-            return Err(RuntimeError::lost(
-                None::<SpanAddr>,
-                self.too_few(group, got.arrived.len()),
-            ));
+            return Err(self.too_few(None, group, got.arrived.len()));
         }
         let present: Vec<(usize, &[u8])> = got.arrived.iter().map(|&i| (cands[i].pos, &*dests[i])).collect();
         self.codec
@@ -155,46 +193,28 @@ impl Stripes {
             .map_err(|e| RuntimeError::lost_because(None::<SpanAddr>, format!("decode of spanset {id}: {e}")))
     }
 
-    /// Runs a degraded read `read` again while it fails only because fewer
-    /// than k members could be read *now* ([`LossCause::Unreadable`]: a
-    /// node paused or cut off but not yet declared dead, or its
-    /// replacement still being rebuilt), up to the runtime's patience.
-    /// Only a stripe that really lost more than m members
-    /// ([`LossCause::TooFewSurvivors`]) reaches the caller as lost at once.
-    pub(crate) fn until_readable<T>(
-        &self,
-        far: &FarMemory,
-        mut read: impl FnMut() -> Result<T, RuntimeError>,
-    ) -> Result<T, RuntimeError> {
-        let start = Instant::now();
-        loop {
-            match read() {
-                Err(RuntimeError::DataLost {
-                    cause: LossCause::Unreadable { .. },
-                    ..
-                }) if start.elapsed() < far.patience() => {
-                    std::thread::sleep(std::time::Duration::from_millis(50));
-                }
-                other => return other,
-            }
-        }
-    }
-
     /// Why fewer than k members of a stripe in `group` could be read
-    /// (`read` arrived): final when fewer than k of the group's positions
-    /// survive (a node declared dead never serves again), otherwise a
-    /// later try may read them.
-    pub(crate) fn too_few(&self, group: usize, read: usize) -> LossCause {
+    /// (`read` arrived), for the span at `at` if one: lost when fewer than
+    /// k of the group's positions survive (a node the manager declared dead
+    /// never serves again); otherwise unavailable for now, and [`read`]
+    /// tries again.
+    pub(crate) fn too_few(&self, at: Option<SpanAddr>, group: usize, read: usize) -> RuntimeError {
         let g = self.place.group(group);
         let survivors = g.failed.iter().filter(|&&f| !f).count();
         if survivors < self.k {
-            LossCause::TooFewSurvivors {
-                group,
-                survivors,
-                needed: self.k,
-            }
+            RuntimeError::lost(
+                at,
+                LossCause::TooFewSurvivors {
+                    group,
+                    survivors,
+                    needed: self.k,
+                },
+            )
         } else {
-            LossCause::Unreadable { read, needed: self.k }
+            RuntimeError::unavailable(
+                at,
+                format!("{read} of the {} members a decode needs could be read", self.k),
+            )
         }
     }
 }
@@ -253,7 +273,7 @@ mod tests {
             self.calls.lock().unwrap().push("around");
             let b = self
                 .around_byte
-                .ok_or(RuntimeError::lost(at, LossCause::Unreadable { read: 0, needed: 4 }))?;
+                .ok_or(RuntimeError::unavailable(at, "scripted: 0 of 4 members".into()))?;
             dest.fill(b);
             Ok(())
         }
@@ -270,7 +290,7 @@ mod tests {
 
     fn run(s: &Scripted) -> (Result<Verified, RuntimeError>, Vec<u8>, FarMemory) {
         let c = InProcessCluster::new(1, 1, 1 << 20);
-        let far = FarMemory::new(c.backend(), Duration::from_millis(10));
+        let far = FarMemory::new(c.backend(), Duration::from_millis(10), Duration::from_millis(10));
         let mut dest = vec![0u8; 64];
         let sum = checksum(&[GOOD; 64]);
         let r = read(s, &far, SpanAddr { region: 0, page: 0 }, &mut dest, sum);
@@ -332,18 +352,15 @@ mod tests {
         );
         assert_eq!(s.calls(), vec!["copy", "around"], "no repair with unverified bytes");
 
+        // Unreachable for now, not lost: tried again until the outage
+        // deadline, then `Unavailable`.
         let s = Scripted::new(Ok(CopyRead::Unreadable { failed: None }), 0, None);
         let (r, _, _) = run(&s);
         assert!(
-            matches!(
-                r,
-                Err(RuntimeError::DataLost {
-                    cause: LossCause::Unreadable { .. },
-                    ..
-                })
-            ),
+            matches!(r, Err(RuntimeError::Unavailable { span: Some(_), waited, .. }) if waited >= Duration::from_millis(10)),
             "{r:?}"
         );
+        assert!(s.calls().len() >= 4, "tried again: {:?}", s.calls());
 
         let s = Scripted::new(Err(()), 0, Some(GOOD));
         let (r, _, _) = run(&s);

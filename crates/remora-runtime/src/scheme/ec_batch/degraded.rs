@@ -39,10 +39,6 @@ impl Shared {
     /// Decodes the span named `at` from survivors, holding its spanset's
     /// lock (a compaction of it waits, and it waits for one).
     pub(super) fn degraded(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<(), RuntimeError> {
-        self.c.until_readable(far, || self.degraded_once(far, at, dest))
-    }
-
-    fn degraded_once(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<(), RuntimeError> {
         loop {
             let (id, pos, row_pages) = self.locate(at)?;
             if !self.take_busy(id) {
