@@ -110,6 +110,10 @@ struct Shared {
     events_cv: Condvar,
     store: Store,
     timeout: Duration,
+    /// When this manager process started: it declares no memory node dead
+    /// before a full heartbeat timeout has passed since, so nodes that were
+    /// waiting out its outage have time to reconnect and renew.
+    started: Instant,
     incarnation: u64,
     stop: AtomicBool,
     admin_conns: Mutex<HashMap<NodeId, MemNodeClient>>,
@@ -194,6 +198,7 @@ impl Manager {
             events_cv: Condvar::new(),
             store,
             timeout: cfg.heartbeat_timeout,
+            started: now,
             incarnation: meta.incarnation,
             stop: AtomicBool::new(false),
             admin_conns: Mutex::new(HashMap::new()),

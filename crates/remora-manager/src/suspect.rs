@@ -13,7 +13,9 @@
 //!   lapsed (no heartbeat for [`LEASE_INTERVALS`] intervals, two thirds of
 //!   the heartbeat timeout) and at least [`MIN_SILENT_PROBES`] probes went
 //!   unanswered. A paused or cut-off node has stopped serving by then, and a
-//!   scheduling hiccup shorter than the lease never fences a live node.
+//!   scheduling hiccup shorter than the lease never fences a live node;
+//! - in the first heartbeat timeout after the manager started, nothing is
+//!   declared dead: nodes that waited out its outage reconnect meanwhile.
 
 use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
@@ -105,6 +107,17 @@ pub(super) fn rule(shared: &Shared, session: Session, node: NodeId) -> Result<Mg
                     session.id
                 );
                 return Ok(MgrResponse::Verdict { alive: true });
+            }
+            // Just restarted: the node may still be reconnecting after
+            // the outage (a refused port can be a restarting daemon). Its
+            // heartbeats or the monitor decide once a full timeout has passed.
+            _ if shared.started.elapsed() < shared.timeout => {
+                drop(st);
+                if shared.stop.load(Ordering::Acquire) {
+                    return Err(RemoteError::Internal("the manager is shutting down".into()));
+                }
+                thread::sleep(PROBE_EVERY);
+                continue;
             }
             Probe::Refused => {
                 tracing::warn!(

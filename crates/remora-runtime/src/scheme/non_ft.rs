@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::node_writes::{self, NodeWrites};
 use super::placement::Placement;
-use super::retry::Retry;
 use super::{CopyRead, Scheme, SchemeReport, SpanAddr};
 use crate::error::{LossCause, RuntimeError};
 use crate::far_memory::FarMemory;
@@ -117,31 +116,17 @@ impl Scheme for NonFt {
     }
 
     fn read_copy(&self, far: &FarMemory, at: SpanAddr, dest: &mut [u8]) -> Result<CopyRead, RuntimeError> {
-        let reader = || {
-            far.regions().reader(at.region).map_err(|e| match e {
-                RuntimeError::Rpc(e) => lost(far, at, e),
-                other => other,
-            })
-        };
-        let (mut r, mut c) = reader()?;
-        // A node whose lease lapsed (a long hiccup) says so and comes back
-        // once it renews: wait for it as long as for a reply. The only copy
-        // is there.
-        let mut retry = Retry::new(c.call_timeout());
-        loop {
-            match c.read(r.grant.cap, at.page as u64 * PAGE_SIZE as u64, dest) {
-                Err(RpcError::Remote(remora_proto::RemoteError::Unavailable)) if retry.wait() => {}
-                // A broken connection is not a dead node: a read is
-                // idempotent, so try again on a new connection (the region
-                // table opens one) for as long as a reply may take. Only a
-                // node that cannot be connected to again, or keeps breaking
-                // for that long, has lost the span.
-                Err(RpcError::Broken { .. }) if retry.wait() => {
-                    (r, c) = reader()?;
-                }
-                res => return res.map(|()| CopyRead::Read).map_err(|e| lost(far, at, e)),
-            }
-        }
+        // A node whose lease lapsed, or a broken connection, is not a dead
+        // node: the read path tries again (on a new connection: the region
+        // table opens one) until the outage deadline. Only a node the
+        // manager declared dead has lost the span.
+        let (r, c) = far.regions().reader(at.region).map_err(|e| match e {
+            RuntimeError::Rpc(e) => lost(far, at, e),
+            other => other,
+        })?;
+        c.read(r.grant.cap, at.page as u64 * PAGE_SIZE as u64, dest)
+            .map(|()| CopyRead::Read)
+            .map_err(|e| lost(far, at, e))
     }
 
     fn release(&self, far: &FarMemory, at: SpanAddr, pages: u32) {

@@ -1,0 +1,103 @@
+//! Far memory that is unreachable but not lost, on in-process nodes: every
+//! memory node's lease lapses at once (as when the manager is down). A read
+//! waits it out and succeeds once the leases are renewed; past the outage
+//! deadline it fails with `Unavailable`, never `DataLost`, and the data is
+//! intact afterwards. (Real processes: the workspace's
+//! `tests/degraded_cluster.rs`.)
+
+use std::time::{Duration, Instant};
+
+use remora_memnode::InProcessCluster;
+use remora_runtime::scheme::SchemeOptions;
+use remora_runtime::{RemBox, Runtime, RuntimeError};
+use remora_testkit::in_process::{self, serial};
+use remora_testkit::{KIB, MIB, Obj, obj, verify};
+
+/// Every scheme: each must tell an outage from a loss.
+const SCHEMES: [&str; 6] = ["non-ft", "replication", "ec-split", "ec-2pc", "ec-batch-local", "ec-batch-remote"];
+
+fn runtime(c: &InProcessCluster, name: &str, outage_deadline: Duration) -> Runtime {
+    let mut cfg = in_process::config(name, &SchemeOptions::default(), MIB);
+    cfg.outage_deadline = outage_deadline;
+    in_process::runtime(c, cfg)
+}
+
+/// 4 MiB of objects with a 1 MiB budget: most of them far.
+fn fill(rt: &Runtime) -> Vec<RemBox<Obj>> {
+    let objs: Vec<RemBox<Obj>> = (0..4 * KIB as u64).map(|i| rt.alloc(obj(i, 0)).unwrap()).collect();
+    rt.wait_for_eviction(Duration::from_secs(20)).unwrap();
+    objs
+}
+
+/// The first object whose span is far now.
+fn a_far_object(objs: &[RemBox<Obj>]) -> usize {
+    objs.iter().position(|o| !o.is_local()).expect("some object is far")
+}
+
+fn set_leases(c: &InProcessCluster, hold: bool) {
+    for n in c.nodes() {
+        if hold {
+            n.renew_lease();
+        } else {
+            n.lapse_lease();
+        }
+    }
+}
+
+/// Past the outage deadline a read of a far object is `Unavailable` (after
+/// waiting the deadline out), not `DataLost`; once the leases hold again
+/// every object reads back right.
+#[test]
+fn an_outage_longer_than_the_deadline_is_unavailable_not_lost() {
+    let _one = serial();
+    for name in SCHEMES {
+        let c = InProcessCluster::new(7, 16, 2 * MIB as u64);
+        let deadline = Duration::from_millis(300);
+        let rt = runtime(&c, name, deadline);
+        let objs = fill(&rt);
+        let i = a_far_object(&objs);
+        set_leases(&c, false);
+        let start = Instant::now();
+        let got = objs[i].deref(&rt.scope()).map(|o| o.is(i as u64, 0));
+        let took = start.elapsed();
+        match got {
+            Err(RuntimeError::Unavailable { span: Some(_), waited, .. }) => {
+                assert!(waited >= deadline, "{name}: gave up after {waited:?}");
+            }
+            other => panic!("{name}: object {i} during the outage: {other:?}"),
+        }
+        assert!(took < deadline * 20, "{name}: the read took {took:?}");
+        set_leases(&c, true);
+        verify(&rt, &objs, |_| 0, name);
+        assert_eq!(rt.stats().lost_positions, 0, "{name}");
+    }
+}
+
+/// An outage shorter than the deadline is waited out: the read that met it
+/// returns the right bytes once the leases are renewed.
+#[test]
+fn an_outage_shorter_than_the_deadline_is_waited_out() {
+    let _one = serial();
+    for name in SCHEMES {
+        let c = InProcessCluster::new(7, 16, 2 * MIB as u64);
+        let rt = runtime(&c, name, Duration::from_secs(30));
+        let objs = fill(&rt);
+        let i = a_far_object(&objs);
+        set_leases(&c, false);
+        let outage = Duration::from_millis(400);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(outage);
+                set_leases(&c, true);
+            });
+            let start = Instant::now();
+            let scope = rt.scope();
+            let o = objs[i]
+                .deref(&scope)
+                .unwrap_or_else(|e| panic!("{name}: object {i}: {e}"));
+            assert!(o.is(i as u64, 0), "{name}: object {i}: wrong bytes");
+            assert!(start.elapsed() >= outage / 2, "{name}: the read did not wait for the outage");
+        });
+        verify(&rt, &objs, |_| 0, name);
+    }
+}
