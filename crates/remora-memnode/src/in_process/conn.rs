@@ -230,6 +230,12 @@ impl Conn {
             self.node.die();
             return Err(self.broken("node died at a transaction step"));
         }
+        if matches!(req, MemRequest::Commit { .. })
+            && f.lapse_at_commit.load(Ordering::Acquire) >= 0
+            && f.lapse_at_commit.fetch_sub(1, Ordering::AcqRel) == 0
+        {
+            self.node.lease.expire();
+        }
         if f.fail_next.load(Ordering::Acquire) > 0
             && f.fail_next
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))

@@ -74,6 +74,9 @@ struct Faults {
     die_at_txn: AtomicI64,
     /// Whether it dies after applying that request (its reply is lost) or before.
     die_after_applying: AtomicBool,
+    /// Commit requests left before the node's lease lapses at one (as when
+    /// the manager goes down mid-fold); negative: never.
+    lapse_at_commit: AtomicI64,
 }
 
 impl Default for Faults {
@@ -88,6 +91,7 @@ impl Default for Faults {
             die_after: AtomicI64::new(-1),
             die_at_txn: AtomicI64::new(-1),
             die_after_applying: AtomicBool::new(false),
+            lapse_at_commit: AtomicI64::new(-1),
         }
     }
 }
@@ -344,6 +348,13 @@ impl NodeHandle {
         self.node.lease.expire();
     }
 
+    /// The node's lease lapses at the `n`-th commit it is sent from now
+    /// (0: the next), which it then refuses like every data request until
+    /// [`NodeHandle::renew_lease`]; its staged changes stay.
+    pub fn lapse_lease_at_commit(&self, n: u64) {
+        self.node.faults.lapse_at_commit.store(n as i64, Ordering::Release);
+    }
+
     /// The node's lease holds again (the manager acknowledged it).
     pub fn renew_lease(&self) {
         self.node.lease.hold();
@@ -358,6 +369,11 @@ impl NodeHandle {
     /// committed nor aborted).
     pub fn staged_transactions(&self) -> usize {
         self.node.regions.txns.staged()
+    }
+
+    /// Whether the node serves data now: alive, with its lease holding.
+    pub fn is_serving(&self) -> bool {
+        !self.is_dead() && self.node.lease.valid()
     }
 
     /// Whether the node is dead.

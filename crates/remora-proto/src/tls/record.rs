@@ -389,7 +389,7 @@ pub(super) fn seal_only(plaintext: &[u8], min: Duration) -> io::Result<(u64, Dur
 /// a throwaway AES-128-GCM key. Runs whole passes until `min` has passed,
 /// then the same passes with the copy in alone. Returns the plaintext
 /// bytes, the time with the open and the copy out, and the time with the
-/// copy in alone: the difference is what TLS adds to a read, since a plain
+/// copy in alone (its fastest pass times the passes): the difference is what TLS adds to a read, since a plain
 /// read's socket call copies into the reader's buffer just once.
 pub(super) fn open_only(plaintext: &[u8], min: Duration) -> io::Result<(u64, Duration, Duration)> {
     const KEY: [u8; 16] = [0x3c; 16];
@@ -429,14 +429,21 @@ pub(super) fn open_only(plaintext: &[u8], min: Duration) -> io::Result<(u64, Dur
             break took;
         }
     };
-    let started = Instant::now();
+    // The copy in is timed pass by pass and its fastest pass counted for
+    // every pass: a pass the scheduler interrupts would otherwise make the
+    // copy look as slow as (or slower than) the opens that contain it, and
+    // the open's share of the time come out as nothing.
+    let mut fastest = Duration::MAX;
     for _ in 0..passes {
+        let started = Instant::now();
         for rec in &records {
             work[..rec.len() - HEADER].copy_from_slice(&rec[HEADER..]);
             std::hint::black_box(&work);
         }
+        fastest = fastest.min(started.elapsed());
     }
-    Ok((bytes, opened, started.elapsed()))
+    let copy_in = if passes == 0 { Duration::ZERO } else { fastest * passes };
+    Ok((bytes, opened, copy_in))
 }
 
 /// The receiving half: its keys, the ciphertext read off the socket and

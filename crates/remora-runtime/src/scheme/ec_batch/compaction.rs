@@ -210,29 +210,29 @@ pub(super) fn run(sh: &Arc<Shared>, far: &Arc<FarMemory>, stop: &AtomicBool) {
             let group = batch[0].group;
             if (0..sh.c.n()).any(|p| sh.c.place.unusable(far, group, p)) {
                 for f in &batch {
-                    sh.finish_fold(far, f, false);
+                    sh.finish_fold(far, f, false, &[]);
                 }
                 continue;
             }
             let start = Instant::now();
             let mode = gate.enter();
-            let committed = match sh.execute(far, &batch, *mode) {
-                Ok(()) => {
+            let (committed, doubt) = match sh.execute(far, &batch, *mode) {
+                Ok(doubt) => {
                     match *mode {
                         Mode::Local => &c.local_folds,
                         Mode::Remote => &c.remote_folds,
                     }
                     .fetch_add(batch.len() as u64, Ordering::Relaxed);
-                    true
+                    (true, doubt)
                 }
                 Err(e) => {
                     tracing::debug!("{}: {} folds in group {group} aborted: {e}", sh.c.name, batch.len());
-                    false
+                    (false, Vec::new())
                 }
             };
             drop(mode);
             for f in &batch {
-                sh.finish_fold(far, f, committed);
+                sh.finish_fold(far, f, committed, &doubt);
             }
             sh.compaction
                 .busy_ns
@@ -416,10 +416,11 @@ impl Shared {
     /// one stripe group as one transaction, so each node of the group is
     /// sent one commit for all of them, every commit in flight at once. The
     /// folds' spansets are disjoint, so no member is staged twice.
-    fn execute(&self, far: &FarMemory, folds: &[Fold], mode: Mode) -> Result<(), RuntimeError> {
+    /// Returns the positions whose commit is in doubt (never acknowledged).
+    fn execute(&self, far: &FarMemory, folds: &[Fold], mode: Mode) -> Result<Vec<usize>, RuntimeError> {
         let (k, m) = (self.c.k, self.c.m);
         let Some(group) = folds.first().map(|f| f.group) else {
-            return Ok(());
+            return Ok(Vec::new());
         };
         debug_assert!(
             folds.iter().all(|f| f.group == group),
@@ -558,26 +559,37 @@ impl Shared {
         }
         // Decided: every participant prepared. Every commit in flight at
         // once; one that fails is retried on its own.
-        let sent: Vec<_> = everyone()
-            .map(|(r, c)| {
+        let sent: Vec<_> = links
+            .iter()
+            .enumerate()
+            .filter_map(|(p, l)| l.as_ref().map(|(r, c)| (p, r, c)))
+            .map(|(p, r, c)| {
                 let req = MemRequest::Commit { cap: r.grant.cap, txn };
                 let t = c.send(&req, &[]);
-                (r, c, req, t)
+                (p, r, c, req, t)
             })
             .collect();
-        for (r, c, req, t) in sent {
+        let mut doubt = Vec::new();
+        for (p, r, c, req, t) in sent {
             let first = t.and_then(|t| shards::wait_decided(far, c, &req, t));
             if !self.committed(far, r, c, &req, first) {
-                // Its member is rebuilt from the others, which committed.
+                // Its members may hold the old state or the new: they are
+                // read around (the others committed) until rebuilt. The
+                // node itself may well be alive (its lease lapsed), so a
+                // suspicion, which the manager can lift, is not enough.
                 far.suspect(r.grant.node);
+                doubt.push(p);
             }
         }
-        Ok(())
+        Ok(doubt)
     }
 
     /// Whether a commit whose first attempt gave `first` has been answered,
     /// retrying it up to [`COMMIT_ATTEMPTS`] times in all. An overdue one
-    /// is not retried: it stays queued on the connection.
+    /// is not retried: it stays queued on the connection. A node that is
+    /// only unavailable (its lease lapsed: the manager is down, or it was
+    /// cut off) keeps its staged changes and is asked again, with back-off,
+    /// up to the runtime's outage deadline.
     fn committed(
         &self,
         far: &FarMemory,
@@ -586,29 +598,43 @@ impl Shared {
         req: &MemRequest,
         first: Result<(), RpcError>,
     ) -> bool {
+        let start = Instant::now();
         let mut outcome = first;
-        for attempt in 0..COMMIT_ATTEMPTS {
+        let mut attempt = 0;
+        loop {
             let e = match outcome {
                 Ok(()) => return true,
                 Err(e) => e,
             };
-            tracing::warn!(
-                "{}: commit on {} failed ({e}), attempt {attempt}",
-                self.c.name,
-                r.grant.addr
-            );
-            if matches!(e, RpcError::Timeout { .. }) || attempt + 1 == COMMIT_ATTEMPTS {
+            let unavailable = matches!(e, RpcError::Remote(remora_proto::RemoteError::Unavailable));
+            if attempt == 0 {
+                tracing::warn!("{}: commit on {} failed ({e}); retrying", self.c.name, r.grant.addr);
+            }
+            attempt += 1;
+            let waited = start.elapsed();
+            let give_up = if unavailable {
+                waited >= far.outage_deadline() || far.is_stopping()
+            } else {
+                matches!(e, RpcError::Timeout { .. }) || attempt >= COMMIT_ATTEMPTS
+            };
+            if give_up {
+                tracing::warn!(
+                    "{}: commit on {} failed {attempt} times in {waited:?} ({e}); its members are read around",
+                    self.c.name,
+                    r.grant.addr
+                );
                 return false;
             }
-            std::thread::sleep(Duration::from_millis(20 << attempt));
+            std::thread::sleep(Duration::from_millis(20 << attempt.min(4)));
             outcome = shards::decide(far, c, req);
         }
-        false
     }
 
     /// Records a fold's outcome: on commit, a holds b's spans and b is given
-    /// back; either way both stop being busy.
-    fn finish_fold(&self, far: &FarMemory, f: &Fold, committed: bool) {
+    /// back; either way both stop being busy. The members of a at positions
+    /// in `doubt` (their commit was never acknowledged) and changed by the
+    /// fold are read around from then on.
+    fn finish_fold(&self, far: &FarMemory, f: &Fold, committed: bool, doubt: &[usize]) {
         let mut guard = self.lock();
         let st = &mut *guard;
         // Spansets a walk skipped as busy can fold again.
@@ -646,6 +672,11 @@ impl Shared {
         for par in a.parity_mut() {
             par.generation += 1;
             par.sum = None;
+        }
+        for &p in doubt {
+            if p >= self.c.k || f.moves.contains(&p) {
+                a.members[p].doubt = true;
+            }
         }
         for (p, bm) in b.data().iter().enumerate() {
             if bm.pages > 0 && !f.moves.contains(&p) {

@@ -85,6 +85,8 @@ impl Shared {
         if res.is_ok() {
             for ss in st.sets.values_mut().filter(|ss| ss.group == g) {
                 ss.members[pos].generation = 0;
+                // Rebuilt from members that agree: no longer in doubt.
+                ss.members[pos].doubt = false;
             }
         }
         st.recovering.remove(&g);

@@ -148,19 +148,19 @@ impl Shared {
     /// Counts a swap-in reading the span named `at` among its spanset's
     /// readers until the returned guard is dropped.
     pub(super) fn begin_read<'a>(&'a self, far: &'a FarMemory, at: SpanAddr) -> Result<Reading<'a>, RuntimeError> {
-        let (id, pos, group, page) = {
+        let (id, pos, group, page, doubt) = {
             let mut st = self.lock();
             let &(id, pos) = st.by_span.get(&(at.region, at.page)).ok_or_else(|| self.no_span(at))?;
             let ss = st.sets.get_mut(&id).ok_or_else(|| self.no_span(at))?;
             ss.readers += 1;
-            (id, pos, ss.group, ss.members[pos].page)
+            (id, pos, ss.group, ss.members[pos].page, ss.members[pos].doubt)
         };
         Ok(Reading {
             sh: self,
             far,
             id,
             page,
-            around: self.c.place.unusable(far, group, pos),
+            around: doubt || self.c.place.unusable(far, group, pos),
         })
     }
 
