@@ -100,7 +100,12 @@ fn verify_all(rt: &Runtime, objs: &[RwLock<RemBox<Obj>>], versions: &[AtomicU64]
         let v = versions[i].load(Ordering::Relaxed);
         let g = o.read().unwrap();
         let got = g.deref(&scope).unwrap_or_else(|e| panic!("object {i}: {e}"));
-        assert!(got.is(i as u64, v), "object {i}: got id {} v{}, want v{v}", got.id, got.version);
+        assert!(
+            got.is(i as u64, v),
+            "object {i}: got id {} v{}, want v{v}",
+            got.id,
+            got.version
+        );
         if i % 64 == 0 {
             scope.renew();
         }
@@ -157,9 +162,16 @@ fn a_manager_outage_pauses_far_memory_and_loses_nothing() {
         (warn_before, warn_during, swap_ins_at_restart, swap_ins_after)
     });
     let errors = w.errors.lock().unwrap();
-    assert!(errors.is_empty(), "{} errors, first: {:?}", errors.len(), &errors[..errors.len().min(5)]);
+    assert!(
+        errors.is_empty(),
+        "{} errors, first: {:?}",
+        errors.len(),
+        &errors[..errors.len().min(5)]
+    );
     let restart = kill_at + outage;
-    let per_second: Vec<u64> = (0..20).map(|i| w.ops_between(Duration::from_secs(i), Duration::from_secs(i + 1))).collect();
+    let per_second: Vec<u64> = (0..20)
+        .map(|i| w.ops_between(Duration::from_secs(i), Duration::from_secs(i + 1)))
+        .collect();
     eprintln!("ops per second: {per_second:?}");
     let before = w.ops_between(kill_at - Duration::from_secs(2), kill_at);
     let after = w.ops_between(restart + Duration::from_secs(2), restart + Duration::from_secs(4));
@@ -177,7 +189,11 @@ fn a_manager_outage_pauses_far_memory_and_loses_nothing() {
     // The dead memory node's members are rebuilt once the manager is back.
     let deadline = Instant::now() + Duration::from_secs(60);
     while rt.stats().recoveries == 0 || rt.stats().recovering > 0 {
-        assert!(Instant::now() < deadline, "no rebuild after the restart: {:?}", rt.stats());
+        assert!(
+            Instant::now() < deadline,
+            "no rebuild after the restart: {:?}",
+            rt.stats()
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     verify_all(&rt, &objs, &versions);

@@ -375,15 +375,22 @@ impl Drop for ComputeSession {
 }
 
 fn heartbeat_loop(s: &SessionShared, tx: &Sender<SessionEvent>) {
+    // A manager outage fails every heartbeat: one line when it starts,
+    // summaries, and one when it ends.
+    let failures = crate::Repeated::new("manager reachable", "heartbeats missed");
     while !s.stop.load(Ordering::Acquire) {
         if !s.heartbeats_suspended.load(Ordering::Acquire) {
             match s.mgr.call(&MgrRequest::ComputeHeartbeat { session: s.session }) {
-                Ok(_) => {}
+                Ok(_) => {
+                    failures.ok();
+                }
                 Err(RpcError::Remote(RemoteError::Unknown | RemoteError::Fenced)) => {
                     let _ = tx.send(SessionEvent::Expired);
                     return;
                 }
-                Err(e) => tracing::debug!("heartbeat to manager failed: {e}"),
+                Err(e) => {
+                    failures.fail(format_args!("heartbeat to manager {} failed: {e}", s.mgr.addr()));
+                }
             }
         }
         thread::park_timeout(Duration::from_millis(s.interval_ms.load(Ordering::Relaxed)));

@@ -3,9 +3,12 @@
 //! A retry loop that fails the same way hundreds of times a second (the
 //! manager down, too few live memory nodes) would otherwise write a line
 //! per attempt and bury everything else. [`Repeated`] logs the first
-//! failure of a streak at WARN, then at most one WARN summary with a count
-//! per interval, and one INFO line when an attempt succeeds again, saying
-//! how long the streak lasted and how many attempts it cost.
+//! failure of a streak at WARN, then WARN summaries with a count, the first
+//! one interval later and each further one twice as long after the last (up
+//! to [`MAX_GAP`] intervals), and one INFO line when an attempt succeeds
+//! again, saying how long the streak lasted and how many attempts it cost.
+//! The gaps grow so that a long outage, seen by several such streaks at
+//! once, still leaves a log a person reads through.
 
 use std::fmt::Display;
 use std::sync::{Mutex, MutexGuard};
@@ -13,6 +16,9 @@ use std::time::{Duration, Instant};
 
 /// The summary interval unless a caller asks for another.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The longest gap between two summaries, in intervals.
+pub const MAX_GAP: u32 = 6;
 
 /// What a call to [`Repeated::fail`] or [`Repeated::ok`] logged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,6 +32,8 @@ pub enum Logged {
     Summary {
         /// Failures since the last line logged, this one excluded.
         more: u64,
+        /// Time since that line.
+        over: Duration,
     },
     /// The streak ended, at INFO.
     Cleared {
@@ -46,6 +54,8 @@ struct Streak {
     unlogged: u64,
     /// Failures in the streak.
     failures: u64,
+    /// The wait before the next summary.
+    gap: Duration,
 }
 
 /// One kind of repeating failure, logged as a streak. Shared by every
@@ -78,12 +88,13 @@ fn human(d: Duration) -> String {
 
 impl Repeated {
     /// A streak whose end reads "{recovered} again after 42 s; 61 {cost}",
-    /// summarised every [`DEFAULT_INTERVAL`].
+    /// first summarised [`DEFAULT_INTERVAL`] after its start.
     pub fn new(recovered: impl Into<String>, cost: impl Into<String>) -> Self {
         Self::with_interval(recovered, cost, DEFAULT_INTERVAL)
     }
 
-    /// As [`Repeated::new`], summarised at most every `interval`.
+    /// As [`Repeated::new`], first summarised `interval` after its start
+    /// (tests use a short one).
     pub fn with_interval(recovered: impl Into<String>, cost: impl Into<String>, interval: Duration) -> Self {
         Self {
             recovered: recovered.into(),
@@ -98,9 +109,7 @@ impl Repeated {
         let logged = self.fail_at(Instant::now());
         match logged {
             Logged::First => tracing::warn!("{what}"),
-            Logged::Summary { more } => {
-                tracing::warn!("{what} ({more} more in the last {})", human(self.interval))
-            }
+            Logged::Summary { more, over } => tracing::warn!("{what} ({more} more in the last {})", human(over)),
             Logged::Nothing | Logged::Cleared { .. } => {}
         }
         logged
@@ -110,7 +119,12 @@ impl Repeated {
     pub fn ok(&self) -> Logged {
         let logged = self.ok_at(Instant::now());
         if let Logged::Cleared { after, failures } = logged {
-            tracing::info!("{} again after {}; {failures} {}", self.recovered, human(after), self.cost);
+            tracing::info!(
+                "{} again after {}; {failures} {}",
+                self.recovered,
+                human(after),
+                self.cost
+            );
         }
         logged
     }
@@ -128,13 +142,16 @@ impl Repeated {
             st.since = Some(now);
             st.logged = Some(now);
             st.unlogged = 0;
+            st.gap = self.interval;
             return Logged::First;
         };
-        if now.saturating_duration_since(logged) >= self.interval {
+        let over = now.saturating_duration_since(logged);
+        if over >= st.gap {
             let more = st.unlogged;
             st.logged = Some(now);
             st.unlogged = 0;
-            Logged::Summary { more }
+            st.gap = (st.gap * 2).min(self.interval * MAX_GAP);
+            Logged::Summary { more, over }
         } else {
             st.unlogged += 1;
             Logged::Nothing
@@ -169,25 +186,65 @@ mod tests {
     }
 
     #[test]
-    fn a_streak_logs_its_first_failure_then_one_summary_per_interval() {
+    fn a_streak_logs_its_first_failure_then_summaries_further_and_further_apart() {
         let r = r();
         let t0 = Instant::now();
         assert_eq!(r.fail_at(t0), Logged::First);
         for i in 1..1000 {
             assert_eq!(r.fail_at(t0 + TICK * i / 1000), Logged::Nothing, "failure {i}");
         }
-        assert_eq!(r.fail_at(t0 + TICK), Logged::Summary { more: 999 });
-        assert_eq!(r.fail_at(t0 + TICK + TICK / 2), Logged::Nothing);
-        assert_eq!(r.fail_at(t0 + TICK * 2), Logged::Summary { more: 1 });
+        assert_eq!(r.fail_at(t0 + TICK), Logged::Summary { more: 999, over: TICK });
+        // The next summary comes two intervals later, then four, ...
+        assert_eq!(r.fail_at(t0 + TICK * 2), Logged::Nothing);
         assert_eq!(
-            r.ok_at(t0 + TICK * 3),
-            Logged::Cleared {
-                after: TICK * 3,
-                failures: 1003
+            r.fail_at(t0 + TICK * 3),
+            Logged::Summary {
+                more: 1,
+                over: TICK * 2
             }
         );
-        assert_eq!(r.ok_at(t0 + TICK * 4), Logged::Nothing, "one line per streak end");
-        assert_eq!(r.fail_at(t0 + TICK * 4), Logged::First, "a new streak is logged at once");
+        assert_eq!(r.fail_at(t0 + TICK * 6), Logged::Nothing);
+        assert_eq!(
+            r.fail_at(t0 + TICK * 7),
+            Logged::Summary {
+                more: 1,
+                over: TICK * 4
+            }
+        );
+        // ... up to MAX_GAP intervals.
+        assert_eq!(
+            r.fail_at(t0 + TICK * 13),
+            Logged::Summary {
+                more: 0,
+                over: TICK * 6
+            }
+        );
+        assert_eq!(r.fail_at(t0 + TICK * 18), Logged::Nothing);
+        assert_eq!(
+            r.fail_at(t0 + TICK * 19),
+            Logged::Summary {
+                more: 1,
+                over: TICK * 6
+            }
+        );
+        assert_eq!(
+            r.ok_at(t0 + TICK * 20),
+            Logged::Cleared {
+                after: TICK * 20,
+                failures: 1008
+            }
+        );
+        assert_eq!(r.ok_at(t0 + TICK * 21), Logged::Nothing, "one line per streak end");
+        assert_eq!(
+            r.fail_at(t0 + TICK * 21),
+            Logged::First,
+            "a new streak is logged at once"
+        );
+        assert_eq!(
+            r.fail_at(t0 + TICK * 22),
+            Logged::Summary { more: 0, over: TICK },
+            "and summarised one interval later"
+        );
     }
 
     #[test]
@@ -199,7 +256,8 @@ mod tests {
             .map(|ms| r.fail_at(t0 + Duration::from_millis(ms.into())))
             .filter(|l| *l != Logged::Nothing)
             .count();
-        assert_eq!(lines, 12, "the first line and one summary every 5 s");
+        // At 0 s, then 5, 15 and 35 s (the next would be at 65 s).
+        assert_eq!(lines, 4);
     }
 
     #[test]

@@ -3,8 +3,8 @@
 //! out more regions, and the traffic counters the benchmarks report.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use remora_proto::{FarBackend, NodeId};

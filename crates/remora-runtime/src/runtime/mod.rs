@@ -166,6 +166,9 @@ pub(crate) struct Inner {
     object_swap_in: bool,
     /// Filtering rounds pass it (see `Runtime::pause_background`).
     filtering_gate: PauseGate,
+    /// Swap-outs that fail, logged as a streak: while far memory is
+    /// unreachable every eviction round fails, on every eviction thread.
+    swap_out_failures: remora_proto::Repeated,
 }
 
 /// A connection to far memory and the local heap: the handle applications use.
@@ -251,6 +254,7 @@ impl Runtime {
             filtering: cfg.filtering_threads > 0,
             object_swap_in: cfg.object_swap_in && cfg.filtering_threads > 0,
             filtering_gate: PauseGate::new(),
+            swap_out_failures: remora_proto::Repeated::new("swap-outs succeed", "swap-outs deferred"),
         });
         if let Err(e) = inner.scheme.start(&inner.far) {
             inner.scheme.stop();
