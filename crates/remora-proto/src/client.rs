@@ -170,6 +170,17 @@ impl ManagerConn {
         Ok(conn)
     }
 
+    /// Breaks the current connection, so calls in flight on it fail now
+    /// instead of at their timeout (a session shutting down). A call that
+    /// is connecting meanwhile keeps its connection.
+    pub fn close(&self) {
+        if let Ok(c) = self.conn.try_lock() {
+            if let Some(conn) = c.as_ref() {
+                conn.close();
+            }
+        }
+    }
+
     /// One attempt, reconnecting first if the last connection broke.
     pub fn call(&self, req: &MgrRequest) -> Result<MgrResponse, RpcError> {
         self.call_timeout(req, self.opts.call_timeout)
@@ -367,6 +378,9 @@ impl ComputeSession {
 impl Drop for ComputeSession {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
+        // A heartbeat or an event wait to a manager that hangs would
+        // otherwise hold the drop up for its call timeout.
+        self.shared.mgr.close();
         for t in self.threads.drain(..) {
             t.thread().unpark();
             let _ = t.join();
@@ -388,6 +402,8 @@ fn heartbeat_loop(s: &SessionShared, tx: &Sender<SessionEvent>) {
                     let _ = tx.send(SessionEvent::Expired);
                     return;
                 }
+                // Shutting down closed the connection under the call.
+                Err(_) if s.stop.load(Ordering::Acquire) => return,
                 Err(e) => {
                     failures.fail(format_args!("heartbeat to manager {} failed: {e}", s.mgr.addr()));
                 }
