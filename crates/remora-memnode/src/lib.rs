@@ -359,6 +359,12 @@ fn register(mgr: &ManagerConn, shared: &Shared, addr: &str, cfg: &Config) -> Res
 
 fn heartbeat_loop(shared: &Shared, mgr: &ManagerConn, addr: &str, cfg: &Config, mut interval: Duration) {
     let mut last_ok = Instant::now();
+    // Every heartbeat of a manager outage fails: one line when the lease
+    // lapses, summaries, and one when the manager answers again.
+    let lapsed = remora_proto::Repeated::new(
+        "manager reachable, lease renewed",
+        "heartbeats failed after the lease lapsed",
+    );
     while !shared.stop.load(Ordering::Acquire) {
         thread::park_timeout(interval);
         if shared.stop.load(Ordering::Acquire) {
@@ -378,6 +384,7 @@ fn heartbeat_loop(shared: &Shared, mgr: &ManagerConn, addr: &str, cfg: &Config, 
             Ok(MgrResponse::HeartbeatAck { state }) => {
                 last_ok = Instant::now();
                 shared.lease.renew(sent, interval);
+                lapsed.ok();
                 if state == NodeState::Draining && !shared.draining.swap(true, Ordering::AcqRel) {
                     tracing::info!("manager marked this node draining");
                 }
@@ -396,10 +403,10 @@ fn heartbeat_loop(shared: &Shared, mgr: &ManagerConn, addr: &str, cfg: &Config, 
             }
             Err(e) => {
                 if last_ok.elapsed() > interval * lease::LEASE_INTERVALS {
-                    tracing::warn!(
-                        "manager unreachable for {:?} ({e}): lease lapsed, serving no data until it is renewed",
-                        last_ok.elapsed()
-                    );
+                    lapsed.fail(format_args!(
+                        "manager unreachable for {} s ({e}): lease lapsed, serving no data until it is renewed",
+                        last_ok.elapsed().as_secs()
+                    ));
                 }
             }
         }

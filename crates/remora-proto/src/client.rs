@@ -170,6 +170,17 @@ impl ManagerConn {
         Ok(conn)
     }
 
+    /// Breaks the current connection, so calls in flight on it fail now
+    /// instead of at their timeout (a session shutting down). A call that
+    /// is connecting meanwhile keeps its connection.
+    pub fn close(&self) {
+        if let Ok(c) = self.conn.try_lock() {
+            if let Some(conn) = c.as_ref() {
+                conn.close();
+            }
+        }
+    }
+
     /// One attempt, reconnecting first if the last connection broke.
     pub fn call(&self, req: &MgrRequest) -> Result<MgrResponse, RpcError> {
         self.call_timeout(req, self.opts.call_timeout)
@@ -367,6 +378,9 @@ impl ComputeSession {
 impl Drop for ComputeSession {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
+        // A heartbeat or an event wait to a manager that hangs would
+        // otherwise hold the drop up for its call timeout.
+        self.shared.mgr.close();
         for t in self.threads.drain(..) {
             t.thread().unpark();
             let _ = t.join();
@@ -375,15 +389,24 @@ impl Drop for ComputeSession {
 }
 
 fn heartbeat_loop(s: &SessionShared, tx: &Sender<SessionEvent>) {
+    // A manager outage fails every heartbeat: one line when it starts,
+    // summaries, and one when it ends.
+    let failures = crate::Repeated::new("manager reachable", "heartbeats missed");
     while !s.stop.load(Ordering::Acquire) {
         if !s.heartbeats_suspended.load(Ordering::Acquire) {
             match s.mgr.call(&MgrRequest::ComputeHeartbeat { session: s.session }) {
-                Ok(_) => {}
+                Ok(_) => {
+                    failures.ok();
+                }
                 Err(RpcError::Remote(RemoteError::Unknown | RemoteError::Fenced)) => {
                     let _ = tx.send(SessionEvent::Expired);
                     return;
                 }
-                Err(e) => tracing::debug!("heartbeat to manager failed: {e}"),
+                // Shutting down closed the connection under the call.
+                Err(_) if s.stop.load(Ordering::Acquire) => return,
+                Err(e) => {
+                    failures.fail(format_args!("heartbeat to manager {} failed: {e}", s.mgr.addr()));
+                }
             }
         }
         thread::park_timeout(Duration::from_millis(s.interval_ms.load(Ordering::Relaxed)));

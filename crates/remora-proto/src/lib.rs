@@ -17,6 +17,7 @@ pub mod checksum;
 pub mod client;
 pub mod frame;
 pub mod msg;
+pub mod repeated;
 pub mod rpc;
 pub mod server;
 pub mod size;
@@ -30,6 +31,7 @@ pub use msg::{
     ClusterStatus, DeltaTarget, Event, EventKind, Fault, LEASE_INTERVALS, MemNodeStats, Member, NodeLoad, NodeState,
     Range, RebuildRow, RebuildSource, RegionGrant, RemoteError, TxnId, TxnOp,
 };
+pub use repeated::Repeated;
 pub use rpc::{ConnOptions, RpcConn, RpcError};
 pub use size::{ByteSize, parse_duration};
 pub use tls::{Plane, Stream, TlsConfig, TlsMode};

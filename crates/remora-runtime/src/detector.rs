@@ -123,6 +123,13 @@ impl Suspects {
             .collect()
     }
 
+    /// Wakes the confirm thread from its wait for a suspect (the runtime
+    /// is stopping).
+    pub(crate) fn wake(&self) {
+        let _st = lock(&self.st);
+        self.asked.notify_all();
+    }
+
     /// The next suspect to ask the manager about, waiting up to `wait`.
     pub(crate) fn next_to_confirm(&self, wait: Duration) -> Option<NodeId> {
         let mut st = lock(&self.st);

@@ -128,9 +128,15 @@ impl Inner {
             Vec::new()
         } else {
             match self.scheme.swap_out(&self.far, &bufs, &sums) {
-                Ok(p) => p,
+                Ok(p) => {
+                    self.swap_out_failures.ok();
+                    p
+                }
                 Err(e) => {
-                    tracing::warn!("swap-out of {} spans failed: {e}", bufs.len());
+                    if !matches!(e, RuntimeError::Shutdown) {
+                        self.swap_out_failures
+                            .fail(format_args!("swap-out of {} spans failed: {e}", bufs.len()));
+                    }
                     for ((span, objs), k) in marked.into_iter().zip(kept) {
                         if let Some(k) = k {
                             self.scheme.release(&self.far, k.at, k.pages);

@@ -166,6 +166,9 @@ pub(crate) struct Inner {
     object_swap_in: bool,
     /// Filtering rounds pass it (see `Runtime::pause_background`).
     filtering_gate: PauseGate,
+    /// Swap-outs that fail, logged as a streak: while far memory is
+    /// unreachable every eviction round fails, on every eviction thread.
+    swap_out_failures: remora_proto::Repeated,
 }
 
 /// A connection to far memory and the local heap: the handle applications use.
@@ -174,6 +177,9 @@ pub(crate) struct Inner {
 pub struct Runtime {
     inner: Arc<Inner>,
     threads: Vec<thread::JoinHandle<()>>,
+    /// The thread that puts suspects to the manager: apart, because its
+    /// verdict call cannot be cut short (see `Drop`).
+    confirm: Option<thread::JoinHandle<()>>,
 }
 
 /// A deref scope of a runtime (see the `scope` module): references obtained
@@ -251,6 +257,7 @@ impl Runtime {
             filtering: cfg.filtering_threads > 0,
             object_swap_in: cfg.object_swap_in && cfg.filtering_threads > 0,
             filtering_gate: PauseGate::new(),
+            swap_out_failures: remora_proto::Repeated::new("swap-outs succeed", "swap-outs deferred"),
         });
         if let Err(e) = inner.scheme.start(&inner.far) {
             inner.scheme.stop();
@@ -276,15 +283,13 @@ impl Runtime {
                     .map_err(|e| RuntimeError::LocalMemory(format!("cannot spawn filtering thread: {e}")))?,
             );
         }
-        {
+        let confirm = {
             let weak = Arc::downgrade(&inner);
-            threads.push(
-                thread::Builder::new()
-                    .name("remora-confirm".into())
-                    .spawn(move || confirm_loop(&weak))
-                    .map_err(|e| RuntimeError::LocalMemory(format!("cannot spawn confirm thread: {e}")))?,
-            );
-        }
+            thread::Builder::new()
+                .name("remora-confirm".into())
+                .spawn(move || confirm_loop(&weak))
+                .map_err(|e| RuntimeError::LocalMemory(format!("cannot spawn confirm thread: {e}")))?
+        };
         if let Some(events) = events {
             let weak = Arc::downgrade(&inner);
             threads.push(
@@ -294,7 +299,11 @@ impl Runtime {
                     .map_err(|e| RuntimeError::LocalMemory(format!("cannot spawn notice thread: {e}")))?,
             );
         }
-        Ok(Self { inner, threads })
+        Ok(Self {
+            inner,
+            threads,
+            confirm: Some(confirm),
+        })
     }
 
     /// Enters a deref scope on this thread.
@@ -430,8 +439,16 @@ impl Runtime {
     }
 }
 
+/// How long a runtime's drop waits for the confirm thread before leaving
+/// it to finish on its own.
+const CONFIRM_JOIN: Duration = Duration::from_millis(50);
+
 impl Drop for Runtime {
     fn drop(&mut self) {
+        // Every wait on far memory (placement waiting for capacity, a
+        // rebuild waiting for a replacement, read retries) looks at
+        // `far.is_stopping()`, so the joins below are prompt even while the
+        // cluster is degraded.
         self.inner.stop.store(true, StdOrdering::Release);
         self.inner.far.stop();
         {
@@ -439,10 +456,24 @@ impl Drop for Runtime {
             self.inner.kicked.notify_all();
         }
         self.inner.room.wake_all();
+        self.inner.far.detector().suspects.wake();
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
         self.inner.scheme.stop();
+        // A verdict call to a manager that hangs lasts its own timeout.
+        // The confirm thread holds no strong reference to the runtime
+        // while it waits and returns when the call does, so it is left to
+        // finish rather than waited for.
+        if let Some(t) = self.confirm.take() {
+            let deadline = Instant::now() + CONFIRM_JOIN;
+            while !t.is_finished() && Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(1));
+            }
+            if t.is_finished() {
+                let _ = t.join();
+            }
+        }
     }
 }
 

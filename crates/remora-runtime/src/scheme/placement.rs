@@ -283,6 +283,11 @@ impl Placement {
                 Ok(g) => break g,
                 Err(RpcError::Remote(RemoteError::NoCapacity { .. })) if !wait => return Ok(false),
                 Err(RpcError::Remote(RemoteError::NoCapacity { available, .. })) => {
+                    // A runtime shutting down stops waiting for capacity that
+                    // may take minutes to come (a cluster short of k+m nodes).
+                    if far.is_stopping() {
+                        return Err(RuntimeError::Shutdown);
+                    }
                     if start.elapsed() > far.patience() {
                         return Err(RuntimeError::FarMemoryExhausted(format!(
                             "{} needs {n} regions on distinct live memory nodes; {available} available",
@@ -387,7 +392,11 @@ impl Placement {
                     });
                 }
                 Err(RpcError::Remote(RemoteError::NoCapacity { .. })) if start.elapsed() < far.patience() => {
-                    thread::sleep(Duration::from_millis(100));
+                    // Waits for capacity, but never past a shutdown.
+                    if far.is_stopping() {
+                        return Err(RuntimeError::Shutdown);
+                    }
+                    thread::sleep(Duration::from_millis(50));
                 }
                 Err(e) => return Err(e.into()),
             }

@@ -337,7 +337,10 @@ impl Shared {
                 // did not: the transaction can still be aborted.
                 Some(f) if n == 0 && f.node.is_none() => return Err(f),
                 Some(f) => {
-                    tracing::warn!("{}: commit of txn {} on {}: {}", self.c.name, txn.0, nodes[p], f.err);
+                    self.c.write_failures.fail(format_args!(
+                        "{}: commit of txn {} on {}: {}",
+                        self.c.name, txn.0, nodes[p], f.err
+                    ));
                     if let Some(node) = f.node {
                         far.suspect(node);
                     }

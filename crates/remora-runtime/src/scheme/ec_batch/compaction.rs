@@ -101,6 +101,21 @@ pub(crate) struct Compaction {
     /// Folding is paused (`Scheme::pause`); a pause waits for the batches
     /// under way.
     pause_gate: PauseGate,
+    /// Failed commit attempts, logged as a streak.
+    commit_failures: CommitFailures,
+}
+
+/// Commits that fail, logged as a streak: a memory node that stopped
+/// serving fails every commit of every fold in its groups.
+struct CommitFailures(remora_proto::Repeated);
+
+impl Default for CommitFailures {
+    fn default() -> Self {
+        Self(remora_proto::Repeated::new(
+            "fold commits succeed",
+            "commit attempts failed",
+        ))
+    }
 }
 
 impl Compaction {
@@ -208,7 +223,9 @@ pub(super) fn run(sh: &Arc<Shared>, far: &Arc<FarMemory>, stop: &AtomicBool) {
             // fold since. Its spansets stay busy while they wait, and their
             // degraded reads wait for them.
             let group = batch[0].group;
-            if (0..sh.c.n()).any(|p| sh.c.place.unusable(far, group, p)) {
+            // Stopping: the rest of the picked folds are given up, not run.
+            let stopping = stop.load(Ordering::Acquire) || far.is_stopping();
+            if stopping || (0..sh.c.n()).any(|p| sh.c.place.unusable(far, group, p)) {
                 for f in &batch {
                     sh.finish_fold(far, f, false, &[]);
                 }
@@ -603,20 +620,27 @@ impl Shared {
         let mut attempt = 0;
         loop {
             let e = match outcome {
-                Ok(()) => return true,
+                Ok(()) => {
+                    self.compaction.commit_failures.0.ok();
+                    return true;
+                }
                 Err(e) => e,
             };
             let unavailable = matches!(e, RpcError::Remote(remora_proto::RemoteError::Unavailable));
-            if attempt == 0 {
-                tracing::warn!("{}: commit on {} failed ({e}); retrying", self.c.name, r.grant.addr);
-            }
+            self.compaction.commit_failures.0.fail(format_args!(
+                "{}: commit on {} failed ({e}), attempt {attempt}",
+                self.c.name, r.grant.addr
+            ));
             attempt += 1;
             let waited = start.elapsed();
-            let give_up = if unavailable {
-                waited >= far.outage_deadline() || far.is_stopping()
-            } else {
-                matches!(e, RpcError::Timeout { .. }) || attempt >= COMMIT_ATTEMPTS
-            };
+            // A runtime shutting down does not wait to retry: its members
+            // are read around, as after any commit left unacknowledged.
+            let give_up = far.is_stopping()
+                || if unavailable {
+                    waited >= far.outage_deadline()
+                } else {
+                    matches!(e, RpcError::Timeout { .. }) || attempt >= COMMIT_ATTEMPTS
+                };
             if give_up {
                 tracing::warn!(
                     "{}: commit on {} failed {attempt} times in {waited:?} ({e}); its members are read around",

@@ -34,7 +34,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use remora_proto::NodeId;
+use remora_proto::{NodeId, Repeated};
 
 pub(crate) use rebuild::rebuild;
 
@@ -112,12 +112,25 @@ struct Queue {
     failures: Vec<(Instant, HashSet<Queued>)>,
 }
 
-#[derive(Default)]
 struct Driver {
     stop: AtomicBool,
     q: Mutex<Queue>,
     /// Signalled when membership changes or the runtime stops.
     changed: Condvar,
+    /// Failed rebuild attempts, logged as a streak: with too few live
+    /// nodes or the manager down, every group's worker fails every retry.
+    failures: Repeated,
+}
+
+impl Default for Driver {
+    fn default() -> Self {
+        Self {
+            stop: AtomicBool::new(false),
+            q: Mutex::new(Queue::default()),
+            changed: Condvar::new(),
+            failures: Repeated::new("stripe-group rebuilds succeed", "rebuild attempts failed"),
+        }
+    }
 }
 
 /// Runs and joins recoveries.
@@ -250,6 +263,7 @@ fn work(d: &Driver, stats: &RecoveryStats, g: usize, code: Code, rebuild: &Rebui
             };
             match rebuild(&lost) {
                 Ok(bytes) => {
+                    d.failures.ok();
                     stats.rebuilt_bytes.fetch_add(bytes, Ordering::Relaxed);
                     settle(d, stats, g, pos, pending.seq);
                     progress = true;
@@ -263,13 +277,13 @@ fn work(d: &Driver, stats: &RecoveryStats, g: usize, code: Code, rebuild: &Rebui
                     settle(d, stats, g, pos, pending.seq);
                     progress = true;
                 }
+                Err(RuntimeError::Shutdown) => break,
                 Err(e) => {
                     stats.retries.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(
+                    d.failures.fail(format_args!(
                         "{}: rebuilding group {g} position {pos} failed (attempt {}): {e}; will retry",
-                        code.scheme,
-                        pending.attempts
-                    );
+                        code.scheme, pending.attempts
+                    ));
                     if let Some(p) = lock(&d.q).todo.get_mut(&g).and_then(|t| t.get_mut(&pos)) {
                         p.attempts += 1;
                     }

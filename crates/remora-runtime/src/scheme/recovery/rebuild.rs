@@ -77,6 +77,9 @@ fn rebuild_on(
         // Keep requests near REBUILD_REQUEST_BYTES of rows each.
         a.0.offset / REBUILD_REQUEST_BYTES == b.0.offset / REBUILD_REQUEST_BYTES
     }) {
+        if far.is_stopping() {
+            return Err(RuntimeError::Shutdown);
+        }
         let (rows, expect): (Vec<RebuildRow>, Vec<Option<u64>>) = batch.iter().cloned().unzip();
         let offsets: Vec<u64> = rows.iter().map(|r| r.offset).collect();
         let (n, sums) = client.rebuild(

@@ -68,6 +68,10 @@ pub(crate) struct Stripes {
     pub(crate) recovery: Recovery,
     /// Writes given up as overdue, until their outcome is known.
     pub(crate) settling: Settling,
+    /// Writes and commits a memory node failed, logged as a streak: a node
+    /// that stopped serving fails every one of them until it is suspected,
+    /// and again at each retry.
+    pub(crate) write_failures: remora_proto::Repeated,
 }
 
 impl Stripes {
@@ -84,6 +88,7 @@ impl Stripes {
             partial_batches: AtomicU64::new(0),
             recovery: Recovery::default(),
             settling: Settling::default(),
+            write_failures: remora_proto::Repeated::new("writes to memory nodes succeed", "writes failed"),
         })
     }
 

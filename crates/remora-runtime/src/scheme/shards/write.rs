@@ -214,9 +214,15 @@ pub(crate) fn place_and_write_many<'a>(
             .collect();
         let groups: Vec<usize> = placed.iter().map(|p| p.0).collect();
         match write_stripes(far, place, &groups, &ws) {
-            Ok(()) => return Ok(placed),
+            Ok(()) => {
+                c.write_failures.ok();
+                return Ok(placed);
+            }
             Err(WriteFailure { node, err, late }) => {
-                tracing::warn!("{}: write to {node} failed ({err}); placing the stripe again", c.name);
+                c.write_failures.fail(format_args!(
+                    "{}: write to {node} failed ({err}); placing the stripe again",
+                    c.name
+                ));
                 far.suspect(node);
                 // The runs an overdue request may still write stay allocated.
                 free_runs(&placed, &|s, p| {
