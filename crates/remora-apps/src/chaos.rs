@@ -338,6 +338,9 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
                         for _ in 0..std::mem::take(&mut joins_owed) {
                             join(&mut cluster, back);
                         }
+                        // The restart took part of this window: the next
+                        // fault starts at a fresh one, with a fresh verdict.
+                        continue;
                     }
                     // Tried again at the next window.
                     Err(e) => say(t, format!("starting the manager again failed: {e}")),
