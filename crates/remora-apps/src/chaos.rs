@@ -282,7 +282,11 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
         let mut tick = start;
         let mut settle_deadline = None;
         loop {
-            tick += Duration::from_secs_f64(WINDOW);
+            let window = Duration::from_secs_f64(WINDOW);
+            // Behind (a restart held this loop up): half a window from now at
+            // least, since catch-up windows of a few microseconds would show
+            // as zeros or spikes.
+            tick = (tick + window).max(Instant::now() + window / 2);
             std::thread::sleep(tick.saturating_duration_since(Instant::now()));
             let t = now();
             let ops = tally.ops.load(Ordering::Relaxed);
@@ -290,10 +294,6 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
             // memory node holds this loop up for longer than a window.
             windows.push((t, (ops - last_ops) as f64 / (t - last_t).max(1e-3)));
             (last_ops, last_t) = (ops, t);
-            if tick + Duration::from_secs_f64(WINDOW) < Instant::now() {
-                // Behind: a burst of catch-up windows would show as zeros.
-                tick = Instant::now();
-            }
             let st = rt.stats();
             // A kill is rebuilt once the runtime holds no region on that
             // node any more: each was rebuilt elsewhere (or given back).
