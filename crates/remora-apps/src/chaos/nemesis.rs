@@ -51,9 +51,9 @@ pub(crate) struct Planned {
 /// be ridden out, longer ones end in a rebuild and a fenced zombie.
 const MAX_HOLD: f64 = 4.0;
 const MIN_HOLD: f64 = 0.2;
-/// Manager outages run from shorter than the heartbeat timeout (the memory
-/// nodes' leases still hold) to several times it (they lapse and far memory
-/// waits).
+/// Manager outages run from shorter than the memory nodes' leases (two
+/// thirds of the 3 s heartbeat timeout: they keep serving) to several times
+/// them (they lapse, and far memory waits).
 const MANAGER_MIN: f64 = 0.5;
 const MANAGER_MAX: f64 = 10.0;
 
