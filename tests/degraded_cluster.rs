@@ -36,13 +36,11 @@ fn count_warnings() -> Warnings {
     use tracing_subscriber::Layer;
     use tracing_subscriber::layer::SubscriberExt;
     let w = Warnings::default();
-    let sub = tracing_subscriber::registry()
-        .with(w.clone())
-        .with(
-            tracing_subscriber::fmt::layer()
-                .with_test_writer()
-                .with_filter(tracing_subscriber::EnvFilter::new("info")),
-        );
+    let sub = tracing_subscriber::registry().with(w.clone()).with(
+        tracing_subscriber::fmt::layer()
+            .with_test_writer()
+            .with_filter(tracing_subscriber::EnvFilter::new("info")),
+    );
     tracing::subscriber::set_global_default(sub).expect("one subscriber per test binary");
     w
 }
@@ -223,7 +221,11 @@ fn outage(kill_memnode: bool) -> Outage {
         .filter(|m| m.state == NodeState::Dead)
         .map(|m| m.addr.as_str())
         .collect();
-    let killed: Vec<&str> = if kill_memnode { vec![c.memnodes()[0].addr.as_str()] } else { vec![] };
+    let killed: Vec<&str> = if kill_memnode {
+        vec![c.memnodes()[0].addr.as_str()]
+    } else {
+        vec![]
+    };
     assert_eq!(dead, killed, "{status:?}");
     assert_eq!(rt.stats().lost_positions, 0, "nothing may be lost: {:?}", rt.stats());
     Outage {
@@ -249,7 +251,10 @@ fn a_manager_outage_pauses_far_memory_and_loses_nothing() {
         o.second_second as f64 * 2.0 / o.before as f64,
         o.warn_during
     );
-    assert!(o.swap_ins_after > 0, "far memory still paused 2 s after the manager returned");
+    assert!(
+        o.swap_ins_after > 0,
+        "far memory still paused 2 s after the manager returned"
+    );
     assert!(o.warn_during <= 20, "{} WARN lines in a 10 s outage", o.warn_during);
 }
 
@@ -259,5 +264,8 @@ fn a_manager_outage_pauses_far_memory_and_loses_nothing() {
 #[test]
 fn a_memory_node_dying_while_the_manager_is_down_is_rebuilt_after() {
     let o = outage(true);
-    assert!(o.swap_ins_after > 0, "far memory still paused 2 s after the manager returned");
+    assert!(
+        o.swap_ins_after > 0,
+        "far memory still paused 2 s after the manager returned"
+    );
 }

@@ -14,7 +14,14 @@ use remora_testkit::in_process::{self, serial};
 use remora_testkit::{KIB, MIB, Obj, obj, verify};
 
 /// Every scheme: each must tell an outage from a loss.
-const SCHEMES: [&str; 6] = ["non-ft", "replication", "ec-split", "ec-2pc", "ec-batch-local", "ec-batch-remote"];
+const SCHEMES: [&str; 6] = [
+    "non-ft",
+    "replication",
+    "ec-split",
+    "ec-2pc",
+    "ec-batch-local",
+    "ec-batch-remote",
+];
 
 fn runtime(c: &InProcessCluster, name: &str, outage_deadline: Duration) -> Runtime {
     let mut cfg = in_process::config(name, &SchemeOptions::default(), MIB);
@@ -61,7 +68,9 @@ fn an_outage_longer_than_the_deadline_is_unavailable_not_lost() {
         let got = objs[i].deref(&rt.scope()).map(|o| o.is(i as u64, 0));
         let took = start.elapsed();
         match got {
-            Err(RuntimeError::Unavailable { span: Some(_), waited, .. }) => {
+            Err(RuntimeError::Unavailable {
+                span: Some(_), waited, ..
+            }) => {
                 assert!(waited >= deadline, "{name}: gave up after {waited:?}");
             }
             other => panic!("{name}: object {i} during the outage: {other:?}"),
@@ -96,7 +105,10 @@ fn an_outage_shorter_than_the_deadline_is_waited_out() {
                 .deref(&scope)
                 .unwrap_or_else(|e| panic!("{name}: object {i}: {e}"));
             assert!(o.is(i as u64, 0), "{name}: object {i}: wrong bytes");
-            assert!(start.elapsed() >= outage / 2, "{name}: the read did not wait for the outage");
+            assert!(
+                start.elapsed() >= outage / 2,
+                "{name}: the read did not wait for the outage"
+            );
         });
         verify(&rt, &objs, |_| 0, name);
     }
