@@ -19,8 +19,8 @@ pub enum FaultKind {
     /// heartbeats unanswered) for a hold, then healed.
     Partition,
     /// kill -9 of the manager, started again on its port with its data
-    /// directory after 0.5–10 s: long enough for the memory nodes' leases
-    /// to lapse, so far memory must wait the outage out.
+    /// directory after 0.5–10 s: within the memory nodes' leases, or long
+    /// after they lapsed, when far memory must wait the outage out.
     Manager,
 }
 
