@@ -110,6 +110,18 @@ fn manager_outages_lose_nothing() {
     for f in faults.iter().filter(|f| f["kind"] == "kill") {
         assert!(f["rebuilt_at_s"].as_f64().is_some(), "every kill was rebuilt: {v}");
     }
+    // A kill may strike while the manager is down; its rebuild waits.
+    let during = |k: &serde_json::Value| {
+        let at = k["at_s"].as_f64().unwrap();
+        outages.iter().any(|o| {
+            let from = o["at_s"].as_f64().unwrap();
+            at > from && at < from + o["hold_s"].as_f64().unwrap()
+        })
+    };
+    assert!(
+        faults.iter().any(|f| f["kind"] == "kill" && during(f)),
+        "the seed plans a kill inside the outage: {v}"
+    );
 }
 
 /// Plans a 9.8 s manager outage early in the 16 s run (the memory nodes'
