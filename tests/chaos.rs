@@ -1,6 +1,6 @@
 //! `remora chaos` end to end against real processes: a seeded schedule of
-//! kills, pauses and partitions while a workload writes, every object
-//! verified, and the JSON it promises.
+//! kills, pauses, partitions and manager outages while a workload writes,
+//! every object verified, and the JSON it promises.
 
 mod common;
 
@@ -90,6 +90,43 @@ fn partitions_lose_nothing() {
     assert!(!faults.is_empty(), "{v}");
     assert!(faults.iter().all(|f| f["kind"] == "partition"), "{v}");
 }
+
+#[test]
+fn manager_outages_lose_nothing() {
+    let v = run("kill,manager", SEED_WITH_MANAGER);
+    assert_nothing_lost(&v);
+    let faults = v["faults"].as_array().unwrap();
+    let outages: Vec<_> = faults.iter().filter(|f| f["kind"] == "manager").collect();
+    assert!(!outages.is_empty(), "no manager outage happened: {v}");
+    assert_eq!(v["manager_outages"], outages.len(), "{v}");
+    let down: f64 = outages.iter().map(|f| f["hold_s"].as_f64().unwrap()).sum();
+    assert!(
+        down >= 0.5 * outages.len() as f64,
+        "each outage lasts 0.5 s or more: {v}"
+    );
+    assert!((v["manager_down_s"].as_f64().unwrap() - down).abs() < 1e-6, "{v}");
+    // The outages are far shorter than the runtime's outage deadline.
+    assert_eq!(v["unavailable_errors"], 0, "{v}");
+    for f in faults.iter().filter(|f| f["kind"] == "kill") {
+        assert!(f["rebuilt_at_s"].as_f64().is_some(), "every kill was rebuilt: {v}");
+    }
+    // A kill may strike while the manager is down; its rebuild waits.
+    let during = |k: &serde_json::Value| {
+        let at = k["at_s"].as_f64().unwrap();
+        outages.iter().any(|o| {
+            let from = o["at_s"].as_f64().unwrap();
+            at > from && at < from + o["hold_s"].as_f64().unwrap()
+        })
+    };
+    assert!(
+        faults.iter().any(|f| f["kind"] == "kill" && during(f)),
+        "the seed plans a kill inside the outage: {v}"
+    );
+}
+
+/// Plans a 9.8 s manager outage early in the 16 s run (the memory nodes'
+/// leases lapse) and a kill during it, whose rebuild waits for the manager.
+const SEED_WITH_MANAGER: &str = "3";
 
 #[test]
 fn refuses_what_it_cannot_do_with_a_clear_error() {

@@ -2,14 +2,26 @@
 //! spares, a multi-threaded workload with writes over remotable objects,
 //! and a seeded schedule (printed first) that kill -9s, pauses (SIGSTOP /
 //! SIGCONT) and partitions memory nodes, bringing a fresh node up after
-//! each kill. A fault starts only while fewer than m nodes' data is still
-//! unavailable or un-rebuilt, so nothing may be lost. At the end every
-//! object is verified against its last written version.
+//! each kill, and kill -9s the manager, starting it again on its port with
+//! its data directory 0.5–10 s later. At the end every object is verified
+//! against its last written version.
+//!
+//! No stripe group may have more than m unrepaired losses. The runtime does
+//! not say which stripe group a region is in, so the nemesis keeps a
+//! stricter rule: a memory-node fault starts only while fewer than m nodes'
+//! data in the whole cluster is unavailable or un-rebuilt. A manager outage
+//! loses no data and is not counted; it never overlaps another, and while it
+//! lasts only kills strike (their new node joins, and their rebuild starts,
+//! once the manager is back): a pause or partition waits, because whether it
+//! ends in a fence is the manager's verdict. Far data that cannot be reached
+//! during an outage is `Unavailable` after the runtime's outage deadline,
+//! counted apart from `DataLost`, of which there must be none.
 //!
 //! Throughput is counted in 50 ms windows; each fault's dip is the mean from
-//! the fault to its end (rebuilt, or healed) over the mean of the 5 s
-//! before it, and the longest stretch of windows with no completed
-//! operation is reported.
+//! the fault to its end (rebuilt, healed, or the manager back) over the mean
+//! of the 5 s before it, and the longest stretch of windows with no
+//! completed operation is reported, overall and outside the manager's
+//! outages (far memory waits those out by design).
 
 mod nemesis;
 mod report;
@@ -41,9 +53,11 @@ pub struct ChaosArgs {
     /// Seed of the fault schedule and of the workload (default: drawn and printed).
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Faults to draw from (comma-separated). `partition` needs a build with
-    /// `--features fault-injection` (it drops a node's traffic from inside it).
-    #[arg(long, value_delimiter = ',', default_value = "kill,pause")]
+    /// Faults to draw from (comma-separated): `kill`, `pause` and
+    /// `partition` strike a memory node, `manager` kill -9s the manager for
+    /// 0.5–10 s. `partition` needs a build with `--features fault-injection`
+    /// (it drops a node's traffic from inside it).
+    #[arg(long, value_delimiter = ',', default_value = "kill,pause,manager")]
     pub faults: Vec<FaultKind>,
     /// Mean time between faults.
     #[arg(long, default_value = "6s", value_parser = parse_duration)]
@@ -94,11 +108,20 @@ struct Hold {
     until: f64,
 }
 
+/// The manager's outage under way.
+struct Outage {
+    /// Its entry in the faults done.
+    done: usize,
+    /// When to start the manager again.
+    until: f64,
+}
+
 /// What the workload threads counted.
 #[derive(Default)]
 struct Tally {
     ops: AtomicU64,
     data_lost: AtomicU64,
+    unavailable: AtomicU64,
     wrong: AtomicU64,
     other: AtomicU64,
     first_errors: Mutex<Vec<String>>,
@@ -106,10 +129,10 @@ struct Tally {
 
 impl Tally {
     fn error(&self, what: String, e: &RuntimeError) {
-        let counter = if matches!(e, RuntimeError::DataLost { .. }) {
-            &self.data_lost
-        } else {
-            &self.other
+        let counter = match e {
+            RuntimeError::DataLost { .. } => &self.data_lost,
+            RuntimeError::Unavailable { .. } => &self.unavailable,
+            _ => &self.other,
         };
         counter.fetch_add(1, Ordering::Relaxed);
         let mut v = self.first_errors.lock().unwrap_or_else(|p| p.into_inner());
@@ -149,12 +172,14 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
         args.spares
     );
     println!(
-        "schedule ({} faults; each waits while m = {m} nodes' data is unavailable or un-rebuilt):",
+        "schedule ({} faults; a memory-node fault waits while m = {m} nodes' data is unavailable or un-rebuilt, \
+         a manager outage while one is under way, a pause or partition while the manager is down):",
         plan.len()
     );
     for p in &plan {
         match p.kind {
             FaultKind::Kill => println!("  {:7.2}s  kill -9, then a new node joins", p.at),
+            FaultKind::Manager => println!("  {:7.2}s  kill -9 the manager, back after {:.2}s", p.at, p.hold),
             _ => println!("  {:7.2}s  {} for {:.2}s", p.at, p.kind.name(), p.hold),
         }
     }
@@ -203,6 +228,13 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
     let mut done: Vec<Done> = Vec::new();
     let mut holds: Vec<Hold> = Vec::new();
     let mut dead: Vec<usize> = Vec::new();
+    let mut outage: Option<Outage> = None;
+    // New memory nodes owed for kills while the manager was down: one
+    // cannot register until it is back.
+    let mut joins_owed = 0usize;
+    // The manager's last verdict on the memory nodes; it stands while the
+    // manager is down, since nobody can declare a node dead meanwhile.
+    let mut last_status: Option<remora_proto::ClusterStatus> = None;
     let mut settled = true;
     std::thread::scope(|s| -> Result<()> {
         for t in 0..args.threads {
@@ -246,15 +278,22 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
         let now = || start.elapsed().as_secs_f64();
         let mut next = 0usize;
         let mut last_ops = 0u64;
+        let mut last_t = 0.0;
         let mut tick = start;
         let mut settle_deadline = None;
         loop {
-            tick += Duration::from_secs_f64(WINDOW);
+            let window = Duration::from_secs_f64(WINDOW);
+            // Behind (a restart held this loop up): half a window from now at
+            // least, since catch-up windows of a few microseconds would show
+            // as zeros or spikes.
+            tick = (tick + window).max(Instant::now() + window / 2);
             std::thread::sleep(tick.saturating_duration_since(Instant::now()));
             let t = now();
             let ops = tally.ops.load(Ordering::Relaxed);
-            windows.push((t, (ops - last_ops) as f64 / WINDOW));
-            last_ops = ops;
+            // Over the time that really passed: starting the manager or a
+            // memory node holds this loop up for longer than a window.
+            windows.push((t, (ops - last_ops) as f64 / (t - last_t).max(1e-3)));
+            (last_ops, last_t) = (ops, t);
             let st = rt.stats();
             // A kill is rebuilt once the runtime holds no region on that
             // node any more: each was rebuilt elsewhere (or given back).
@@ -288,6 +327,25 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
                 }
                 false
             });
+            if let Some(o) = outage.as_ref().filter(|o| o.until <= t) {
+                match cluster.start_manager_again() {
+                    Ok(()) => {
+                        let back = now();
+                        let d = &mut done[o.done];
+                        d.hold = back - d.at;
+                        say(back, format!("the manager is back ({:.2}s down)", d.hold));
+                        outage = None;
+                        for _ in 0..std::mem::take(&mut joins_owed) {
+                            join(&mut cluster, back);
+                        }
+                        // The restart took part of this window: the next
+                        // fault starts at a fresh one, with a fresh verdict.
+                        continue;
+                    }
+                    // Tried again at the next window.
+                    Err(e) => say(t, format!("starting the manager again failed: {e}")),
+                }
+            }
             let unrebuilt = done
                 .iter()
                 .filter(|d| d.kind == FaultKind::Kill && d.rebuilt_at.is_none())
@@ -295,7 +353,7 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
                 + holds.len();
             if t >= duration {
                 // Calm: wait (bounded) for every rebuild, then stop.
-                if unrebuilt == 0 && st.recovering == 0 {
+                if unrebuilt == 0 && st.recovering == 0 && outage.is_none() {
                     break;
                 }
                 let deadline = *settle_deadline.get_or_insert(t + 60.0);
@@ -310,13 +368,43 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
                 continue;
             }
             let Some(p) = plan.get(next).copied() else { continue };
-            if p.at > t || unrebuilt >= m {
+            if p.at > t {
+                continue;
+            }
+            if p.kind == FaultKind::Manager {
+                if outage.is_some() {
+                    continue;
+                }
+                next += 1;
+                last_status = cluster.status().ok();
+                cluster.kill_manager();
+                say(
+                    t,
+                    format!("kill -9 the manager ({}) for {:.2}s", cluster.manager_addr(), p.hold),
+                );
+                outage = Some(Outage {
+                    done: done.len(),
+                    until: t + p.hold,
+                });
+                done.push(Done {
+                    kind: p.kind,
+                    node: cluster.manager_addr().to_string(),
+                    at: t,
+                    hold: p.hold,
+                    rebuilt_at: None,
+                });
+                continue;
+            }
+            if unrebuilt >= m || (outage.is_some() && p.kind != FaultKind::Kill) {
                 continue;
             }
             // A paused or partitioned node the manager declared dead is
             // fenced when it comes back: its data is un-rebuilt too until the
             // runtime holds nothing on it.
-            if unrebuilt + fenced_unrebuilt(&cluster, &rt, &done) >= m {
+            if outage.is_none() {
+                last_status = cluster.status().ok();
+            }
+            if unrebuilt + fenced_unrebuilt(last_status.as_ref(), &rt, &done) >= m {
                 continue;
             }
             next += 1;
@@ -337,6 +425,7 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
                 });
                 match p.kind {
                     FaultKind::Kill => dead.push(node),
+                    FaultKind::Manager => {}
                     kind => holds.push(Hold {
                         node,
                         kind,
@@ -348,9 +437,11 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
                 continue;
             }
             if p.kind == FaultKind::Kill {
-                match cluster.add_memnode() {
-                    Ok(i) => say(t, format!("node #{i} joined ({})", cluster.memnodes()[i].addr)),
-                    Err(e) => say(t, format!("a new node could not start: {e}")),
+                if outage.is_some() {
+                    joins_owed += 1;
+                    say(t, "a new node joins once the manager is back");
+                } else {
+                    join(&mut cluster, t);
                 }
             }
         }
@@ -360,6 +451,12 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
     for h in &holds {
         let _ = cluster.resume_memnode(h.node);
         let _ = cluster.fault(h.node, Fault::Resume);
+    }
+    if outage.is_some() {
+        // Recovery did not settle with the manager down: verifying needs it.
+        cluster
+            .start_manager_again()
+            .context("starting the manager again to verify")?;
     }
 
     println!("verifying every object against its last written version...");
@@ -371,7 +468,13 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
     let st = rt.stats();
     let recoveries = st.recoveries.saturating_sub(base_recoveries);
     let kills = done.iter().filter(|d| d.kind == FaultKind::Kill).count() as u64;
-    let longest_zero = report::longest_zero(&windows);
+    let outages = report::manager_outages(&done);
+    let down: Vec<f64> = outages.iter().map(|o| o.1 - o.0).collect();
+    let down_total: f64 = down.iter().sum();
+    let down_longest = down.iter().copied().fold(0.0, f64::max);
+    let longest_zero = report::longest_zero(&windows, &[]);
+    let outside: Vec<(f64, f64)> = outages.iter().map(|o| (o.0, o.1 + report::AFTER_OUTAGE)).collect();
+    let longest_zero_outside = report::longest_zero(&windows, &outside);
     println!();
     println!("remora chaos — results (seed {seed})");
     println!(
@@ -379,10 +482,11 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
         args.objects
     );
     println!(
-        "  during the run     {} ops, {} wrong reads, {} DataLost errors, {} other errors",
+        "  during the run     {} ops, {} wrong reads, {} DataLost errors, {} Unavailable errors, {} other errors",
         tally.ops.load(Ordering::Relaxed),
         tally.wrong.load(Ordering::Relaxed),
         tally.data_lost.load(Ordering::Relaxed),
+        tally.unavailable.load(Ordering::Relaxed),
         tally.other.load(Ordering::Relaxed)
     );
     for e in tally.first_errors.lock().unwrap_or_else(|p| p.into_inner()).iter() {
@@ -392,9 +496,20 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
         "  recoveries         {recoveries} for {kills} kills ({} beyond the kills: a paused or partitioned node declared dead)",
         recoveries.saturating_sub(kills)
     );
-    println!("  longest at zero    {longest_zero:.2}s (goal: never more than 1 s)");
     println!(
-        "  faults             kind        node                   at s    end s   dip (mean during / 5 s before)   back after"
+        "  manager outages    {}, down {down_total:.2}s in total (longest {down_longest:.2}s)",
+        outages.len()
+    );
+    if outages.is_empty() {
+        println!("  longest at zero    {longest_zero:.2}s (goal: never more than 1 s)");
+    } else {
+        println!(
+            "  longest at zero    {longest_zero:.2}s; {longest_zero_outside:.2}s outside the manager's outages and the {}s after each (goal there: never more than 1 s)",
+            report::AFTER_OUTAGE
+        );
+    }
+    println!(
+        "  faults             kind        node                   at s    end s   dip (mean during / 5 s before)   back after (manager: its restart)"
     );
     let mut dips = Vec::new();
     for d in &done {
@@ -402,7 +517,8 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
             FaultKind::Kill => d.rebuilt_at.unwrap_or(duration),
             _ => d.at + d.hold,
         };
-        let dip = report::dip(&windows, d.at, end);
+        let back_from = if d.kind == FaultKind::Manager { end } else { d.at };
+        let dip = report::dip(&windows, d.at, end, back_from);
         let shown = dip.map_or("-".to_string(), |x| format!("{:.2}", x.ratio));
         let back = dip
             .and_then(|x| x.back_after)
@@ -438,6 +554,7 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
             "wrong_objects": wrong,
             "wrong_reads": tally.wrong.load(Ordering::Relaxed),
             "data_lost_errors": tally.data_lost.load(Ordering::Relaxed),
+            "unavailable_errors": tally.unavailable.load(Ordering::Relaxed),
             "other_errors": tally.other.load(Ordering::Relaxed),
             "ops": tally.ops.load(Ordering::Relaxed),
             "faults": done.iter().map(|d| serde_json::json!({
@@ -447,6 +564,10 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
             "recoveries": recoveries,
             "spurious_recoveries": recoveries.saturating_sub(kills),
             "longest_zero_s": longest_zero,
+            "longest_zero_outside_outages_s": longest_zero_outside,
+            "manager_outages": outages.len(),
+            "manager_down_s": down_total,
+            "manager_down_longest_s": down_longest,
             "settled": settled,
             "window_s": WINDOW,
             "timeline": windows.iter().map(|w| [w.0, w.1]).collect::<Vec<_>>(),
@@ -455,9 +576,10 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
         println!("  json               {}", path.display());
     }
-    if lost + wrong > 0 || tally.wrong.load(Ordering::Relaxed) > 0 || !settled {
+    let data_lost = tally.data_lost.load(Ordering::Relaxed);
+    if lost + wrong > 0 || tally.wrong.load(Ordering::Relaxed) > 0 || data_lost > 0 || !settled {
         bail!(
-            "{lost} objects lost, {wrong} wrong, {} wrong reads{}",
+            "{lost} objects lost, {wrong} wrong, {} wrong reads, {data_lost} DataLost errors{}",
             tally.wrong.load(Ordering::Relaxed),
             if settled { "" } else { "; recovery did not finish" }
         );
@@ -465,10 +587,19 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
     Ok(())
 }
 
-/// Nodes the manager declared dead that were paused or partitioned, not
-/// killed, and on which the runtime still holds regions.
-fn fenced_unrebuilt(cluster: &LocalCluster, rt: &Runtime, done: &[Done]) -> usize {
-    let Ok(status) = cluster.status() else {
+/// Starts a memory node in place of a killed one.
+fn join(cluster: &mut LocalCluster, t: f64) {
+    match cluster.add_memnode() {
+        Ok(i) => say(t, format!("node #{i} joined ({})", cluster.memnodes()[i].addr)),
+        Err(e) => say(t, format!("a new node could not start: {e}")),
+    }
+}
+
+/// Nodes the manager declared dead (in `status`, its last verdict) that
+/// were paused or partitioned, not killed, and on which the runtime still
+/// holds regions.
+fn fenced_unrebuilt(status: Option<&remora_proto::ClusterStatus>, rt: &Runtime, done: &[Done]) -> usize {
+    let Some(status) = status else {
         return usize::MAX / 2; // no verdict to go by: strike nothing
     };
     // By node id: a fenced node comes back under a new id at the same address.
@@ -515,6 +646,7 @@ fn strike(
             cluster.fault(node, Fault::Pause)?;
             cluster.fault(node, Fault::DropConnections)?;
         }
+        FaultKind::Manager => bail!("the manager is not a memory node"),
     }
     Ok((node, addr))
 }

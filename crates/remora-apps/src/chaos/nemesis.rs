@@ -1,12 +1,12 @@
 //! The nemesis of `remora chaos`: a schedule of faults drawn from a seed
 //! before the run starts (so it can be printed and replayed), and the faults
-//! themselves against a local cluster's memory nodes.
+//! themselves against a local cluster's memory nodes and its manager.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Exp};
 
-/// What happens to a memory node.
+/// What happens to a memory node (or, for `Manager`, to the manager).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum FaultKind {
     /// kill -9; a fresh memory node joins in its place.
@@ -18,6 +18,10 @@ pub enum FaultKind {
     /// All traffic dropped both ways (connections cut, requests and
     /// heartbeats unanswered) for a hold, then healed.
     Partition,
+    /// kill -9 of the manager, started again on its port with its data
+    /// directory after 0.5–10 s: within the memory nodes' leases, or long
+    /// after they lapsed, when far memory must wait the outage out.
+    Manager,
 }
 
 impl FaultKind {
@@ -26,6 +30,7 @@ impl FaultKind {
             Self::Kill => "kill",
             Self::Pause => "pause",
             Self::Partition => "partition",
+            Self::Manager => "manager",
         }
     }
 }
@@ -36,7 +41,7 @@ pub(crate) struct Planned {
     /// Seconds into the run.
     pub(crate) at: f64,
     pub(crate) kind: FaultKind,
-    /// How long a pause or partition lasts (0 for a kill).
+    /// How long a pause, partition or manager outage lasts (0 for a kill).
     pub(crate) hold: f64,
     /// Picks the victim among the nodes that qualify when it happens.
     pub(crate) pick: u64,
@@ -46,6 +51,11 @@ pub(crate) struct Planned {
 /// be ridden out, longer ones end in a rebuild and a fenced zombie.
 const MAX_HOLD: f64 = 4.0;
 const MIN_HOLD: f64 = 0.2;
+/// Manager outages run from shorter than the memory nodes' leases (two
+/// thirds of the 3 s heartbeat timeout: they keep serving) to several times
+/// them (they lapse, and far memory waits).
+const MANAGER_MIN: f64 = 0.5;
+const MANAGER_MAX: f64 = 10.0;
 
 /// Draws the schedule: the first fault after `warm` seconds (the baseline
 /// the dips are measured against), then gaps drawn around `mean_gap`, none
@@ -65,6 +75,7 @@ pub(crate) fn plan(seed: u64, duration: f64, warm: f64, tail: f64, mean_gap: f64
         let hold = match kind {
             FaultKind::Kill => 0.0,
             FaultKind::Pause | FaultKind::Partition => rng.random_range(MIN_HOLD..MAX_HOLD),
+            FaultKind::Manager => rng.random_range(MANAGER_MIN..MANAGER_MAX),
         };
         out.push(Planned {
             at: t,
@@ -85,7 +96,12 @@ mod tests {
 
     #[test]
     fn a_seed_gives_one_schedule_inside_the_window() {
-        let kinds = [FaultKind::Kill, FaultKind::Pause, FaultKind::Partition];
+        let kinds = [
+            FaultKind::Kill,
+            FaultKind::Pause,
+            FaultKind::Partition,
+            FaultKind::Manager,
+        ];
         let a = plan(7, 60.0, 5.0, 10.0, 6.0, &kinds);
         let b = plan(7, 60.0, 5.0, 10.0, 6.0, &kinds);
         assert!(!a.is_empty());
@@ -96,6 +112,7 @@ mod tests {
         for p in &a {
             match p.kind {
                 FaultKind::Kill => assert_eq!(p.hold, 0.0),
+                FaultKind::Manager => assert!((MANAGER_MIN..MANAGER_MAX).contains(&p.hold)),
                 _ => assert!((MIN_HOLD..MAX_HOLD).contains(&p.hold)),
             }
         }

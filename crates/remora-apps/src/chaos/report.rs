@@ -1,6 +1,8 @@
 //! What `remora chaos` measured: throughput in 50 ms windows, each fault's
 //! dip against the 5 s before it, how long until throughput was back, and
-//! the longest stretch at zero; drawn as an SVG with every fault marked.
+//! the longest stretch at zero (overall, and outside the manager's outages,
+//! in which far memory waits by design); drawn as an SVG with every fault
+//! marked.
 
 use std::path::Path;
 
@@ -25,6 +27,9 @@ pub(crate) struct Done {
     /// The memory node's address.
     pub(crate) node: String,
     pub(crate) at: f64,
+    /// How long a pause or partition was held; for a manager outage, how
+    /// long the manager was down in fact (until its restart was ready),
+    /// once it is back.
     pub(crate) hold: f64,
     /// For a kill: when the runtime had rebuilt what the node held.
     pub(crate) rebuilt_at: Option<f64>,
@@ -38,9 +43,9 @@ pub(crate) struct Dip {
     /// Mean from the fault to its end (rebuilt for a kill, healed for a
     /// hold) ÷ the baseline.
     pub(crate) ratio: f64,
-    /// Seconds from the fault until throughput stayed at `NORMAL` of the
-    /// baseline for `STAY` seconds (0 when the first window after it
-    /// already did: less than one window).
+    /// Seconds from the fault (from its end, for a manager outage) until
+    /// throughput stayed at `NORMAL` of the baseline for `STAY` seconds (0
+    /// when the first window after it already did: less than one window).
     pub(crate) back_after: Option<f64>,
 }
 
@@ -51,19 +56,21 @@ fn mean(windows: &[(f64, f64)], lo: f64, hi: f64) -> Option<f64> {
 }
 
 /// The dip of a fault at `at` that lasted until `end`, over windows
-/// `(end of window, ops/s)`.
-pub(crate) fn dip(windows: &[(f64, f64)], at: f64, end: f64) -> Option<Dip> {
+/// `(end of window, ops/s)`, with recovery counted from `back_from`: the
+/// manager's outage hurts only once the leases lapse, seconds in, so
+/// throughput "back" before it ended says nothing.
+pub(crate) fn dip(windows: &[(f64, f64)], at: f64, end: f64, back_from: f64) -> Option<Dip> {
     let baseline = mean(windows, at - BEFORE, at)?;
     if baseline <= 0.0 {
         return None;
     }
     // A fault shorter than a window still covers the window it falls in.
     let during = mean(windows, at, end.max(at + WINDOW))?;
-    let after: Vec<&(f64, f64)> = windows.iter().filter(|w| w.0 > at).collect();
+    let after: Vec<&(f64, f64)> = windows.iter().filter(|w| w.0 > back_from).collect();
     let stay = (STAY / WINDOW).round() as usize;
     let back_after = (0..after.len().saturating_sub(stay - 1))
         .find(|&i| after[i..i + stay].iter().all(|w| w.1 >= NORMAL * baseline))
-        .map(|i| (after[i].0 - WINDOW - at).max(0.0));
+        .map(|i| (after[i].0 - WINDOW - back_from).max(0.0));
     Some(Dip {
         baseline,
         ratio: during / baseline,
@@ -71,18 +78,39 @@ pub(crate) fn dip(windows: &[(f64, f64)], at: f64, end: f64) -> Option<Dip> {
     })
 }
 
-/// Longest run of consecutive windows with no operation completed, seconds.
-pub(crate) fn longest_zero(windows: &[(f64, f64)]) -> f64 {
-    let (mut best, mut run) = (0usize, 0usize);
+/// Far memory needs this long after the manager is back before it flows
+/// again: the memory nodes re-register and the leases are renewed.
+pub(crate) const AFTER_OUTAGE: f64 = 2.0;
+
+/// Longest stretch of consecutive windows with no operation completed,
+/// seconds, over windows `(end of window, ops/s)`. Windows whose end lies
+/// in one of `skip`'s `(from, to]` intervals are left out: they end a
+/// stretch without being counted. A window's start is the end of the one
+/// before, so a window stretched by a slow tick counts at its real length.
+pub(crate) fn longest_zero(windows: &[(f64, f64)], skip: &[(f64, f64)]) -> f64 {
+    let (mut best, mut run_from): (f64, Option<f64>) = (0.0, None);
+    let mut prev_end = windows.first().map_or(0.0, |w| w.0 - WINDOW);
     for w in windows {
-        if w.1 <= 0.0 {
-            run += 1;
-            best = best.max(run);
+        let skipped = skip.iter().any(|&(a, b)| w.0 > a && w.0 <= b);
+        if w.1 <= 0.0 && !skipped {
+            let from = *run_from.get_or_insert(prev_end);
+            best = best.max(w.0 - from);
         } else {
-            run = 0;
+            run_from = None;
         }
+        prev_end = w.0;
     }
-    best as f64 * WINDOW
+    best
+}
+
+/// The manager's outages as `(killed at, back at)` intervals, the fault's
+/// planned end standing in for one still under way at the end of the run.
+pub(crate) fn manager_outages(faults: &[Done]) -> Vec<(f64, f64)> {
+    faults
+        .iter()
+        .filter(|d| d.kind == FaultKind::Manager)
+        .map(|d| (d.at, d.at + d.hold))
+        .collect()
 }
 
 fn colour(kind: FaultKind) -> RGBColor {
@@ -90,6 +118,7 @@ fn colour(kind: FaultKind) -> RGBColor {
         FaultKind::Kill => RGBColor(214, 39, 40),
         FaultKind::Pause => RGBColor(255, 127, 14),
         FaultKind::Partition => RGBColor(148, 103, 189),
+        FaultKind::Manager => RGBColor(44, 160, 44),
     }
 }
 
@@ -125,7 +154,12 @@ pub(crate) fn draw(path: &Path, windows: &[(f64, f64)], faults: &[Done], title: 
         .map_err(err)?
         .label("throughput")
         .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], blue.stroke_width(2)));
-    for kind in [FaultKind::Kill, FaultKind::Pause, FaultKind::Partition] {
+    for kind in [
+        FaultKind::Kill,
+        FaultKind::Pause,
+        FaultKind::Partition,
+        FaultKind::Manager,
+    ] {
         let marks: Vec<&Done> = faults.iter().filter(|f| f.kind == kind).collect();
         if marks.is_empty() {
             continue;
@@ -139,10 +173,14 @@ pub(crate) fn draw(path: &Path, windows: &[(f64, f64)], faults: &[Done], title: 
                 )))
                 .map_err(err)?;
             if i == 0 {
-                s.label(format!("{} (shaded: until rebuilt / healed)", kind.name()))
+                s.label(format!("{} (shaded: until rebuilt / healed / back)", kind.name()))
                     .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
             }
-            let label = format!(" {} {}", kind.name(), f.node);
+            let label = if kind == FaultKind::Manager {
+                format!(" manager down {:.1}s", f.hold)
+            } else {
+                format!(" {} {}", kind.name(), f.node)
+            };
             chart
                 .draw_series(std::iter::once(Text::new(
                     label,
@@ -176,7 +214,7 @@ mod tests {
     fn a_dip_shorter_than_a_window_is_seen_and_back_can_be_under_one_window() {
         // Flat at 1000 ops/s: the fault changes nothing, back at once.
         let flat = windows(|_| 1000.0, 20.0);
-        let d = dip(&flat, 10.0, 10.01).unwrap();
+        let d = dip(&flat, 10.0, 10.01, 10.0).unwrap();
         assert!((d.ratio - 1.0).abs() < 1e-9);
         assert_eq!(d.back_after, Some(0.0), "less than one window");
         // One window at zero right after the fault: its own window shows it.
@@ -190,10 +228,10 @@ mod tests {
             },
             20.0,
         );
-        let d = dip(&one, 10.0, 10.01).unwrap();
+        let d = dip(&one, 10.0, 10.01, 10.0).unwrap();
         assert!(d.ratio < 0.01, "{d:?}");
         assert!((d.back_after.unwrap() - WINDOW).abs() < 1e-9, "{d:?}");
-        assert!((longest_zero(&one) - WINDOW).abs() < 1e-9);
+        assert!((longest_zero(&one, &[]) - WINDOW).abs() < 1e-9);
     }
 
     #[test]
@@ -206,14 +244,23 @@ mod tests {
             },
             30.0,
         );
-        let d = dip(&w, 10.0, 14.0).unwrap();
+        let d = dip(&w, 10.0, 14.0, 10.0).unwrap();
         assert!(
             (d.ratio - 0.375).abs() < 1e-6,
             "(1 s at 0 + 3 s at 500) / 4 s / 1000: {d:?}"
         );
         assert!((d.back_after.unwrap() - 4.0).abs() < 1e-6, "{d:?}");
-        assert!((longest_zero(&w) - 1.0).abs() < 1e-6);
-        assert!(dip(&w, 2.0, 3.0).is_some_and(|d| (d.baseline - 1000.0).abs() < 1e-9));
-        assert!(dip(&[], 2.0, 3.0).is_none());
+        assert!((longest_zero(&w, &[]) - 1.0).abs() < 1e-6);
+        // The same second at zero inside a manager outage is not counted.
+        assert!(longest_zero(&w, &[(9.0, 10.5)]) < 0.5 + 1e-6);
+        assert!(longest_zero(&w, &[(9.0, 11.5)]).abs() < 1e-9);
+        // A tick that overran: one window of 0.3 s at zero counts 0.3 s.
+        let slow = [(0.05, 10.0), (0.10, 10.0), (0.40, 0.0), (0.45, 10.0)];
+        assert!((longest_zero(&slow, &[]) - 0.3).abs() < 1e-9);
+        assert!(dip(&w, 2.0, 3.0, 2.0).is_some_and(|d| (d.baseline - 1000.0).abs() < 1e-9));
+        assert!(dip(&[], 2.0, 3.0, 2.0).is_none());
+        // Back counted from the end of a manager outage: 4 s of zero then normal.
+        let out = windows(|t| if t > 10.0 && t <= 14.0 { 0.0 } else { 1000.0 }, 30.0);
+        assert!(dip(&out, 10.0, 14.0, 14.0).is_some_and(|d| d.back_after == Some(0.0)));
     }
 }
