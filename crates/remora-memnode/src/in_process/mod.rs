@@ -355,8 +355,11 @@ impl NodeHandle {
         self.node.faults.lapse_at_commit.store(n as i64, Ordering::Release);
     }
 
-    /// The node's lease holds again (the manager acknowledged it).
+    /// The node's lease holds again (the manager acknowledged it), and a
+    /// lapse still waiting for a commit ([`NodeHandle::lapse_lease_at_commit`])
+    /// is called off.
     pub fn renew_lease(&self) {
+        self.node.faults.lapse_at_commit.store(-1, Ordering::Release);
         self.node.lease.hold();
     }
 
