@@ -539,3 +539,47 @@ fn rounds_of(r: &serde_json::Value) -> Vec<f64> {
         .map(|x| x.as_f64().unwrap())
         .collect()
 }
+
+/// `--kill-manager-at`: the manager is killed mid-run and started again
+/// `--manager-down` later; far memory pauses and resumes with 0 errors and
+/// 0 wrong bytes, and the run says how soon it was back.
+#[test]
+fn micro_runs_through_a_manager_outage() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("manager.json");
+    let (_, stderr) = remora_ok(&[
+        "bench",
+        "micro",
+        "--scheme",
+        "ec-batch",
+        "--objects",
+        "4000",
+        "--object-size",
+        "4KiB",
+        "--local-ratio",
+        "0.25",
+        "--threads",
+        "2",
+        "--zipf",
+        "0",
+        "--duration",
+        "6",
+        "--warmup",
+        "200ms",
+        "--kill-manager-at",
+        "1s",
+        "--manager-down",
+        "3s",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(stderr.contains("killed the manager with SIGKILL"), "{stderr}");
+    assert!(stderr.contains("manager down from"), "{stderr}");
+    let v = read_json(&json);
+    assert_eq!(v["manager_down_s"], 3.0, "{v}");
+    for r in v["results"].as_array().unwrap() {
+        assert_eq!(r["errors"], 0, "{r}");
+        assert_eq!(r["wrong_bytes"], 0, "{r}");
+        assert!(r["ops"].as_u64().unwrap() > 0, "{r}");
+    }
+}

@@ -145,7 +145,7 @@ fn outage(kill_memnode: bool) -> Outage {
     static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let warnings = warnings();
-    let mut c = cluster(7, 64 << 20, 4 << 20);
+    let c = cluster(7, 64 << 20, 4 << 20);
     let mut cfg = runtime_config(&c, "manager-outage", 2 << 20);
     cfg.scheme = scheme::by_name("ec-batch").unwrap();
     let rt = Runtime::connect(cfg).unwrap();

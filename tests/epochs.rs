@@ -296,7 +296,7 @@ fn real_late_peer_delta_with_the_old_epoch_is_refused() {
 /// and the memory node accepts it.
 #[test]
 fn epochs_survive_a_manager_restart() {
-    let mut c = common::cluster(1, 8 * MIB, 8 * MIB);
+    let c = common::cluster(1, 8 * MIB, 8 * MIB);
     let a = common::session(&c, "a");
     let ga = a.alloc(1, false, &[]).unwrap().remove(0);
     a.free(ga.cap.region).unwrap();

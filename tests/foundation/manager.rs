@@ -171,7 +171,7 @@ fn silent_compute_node_loses_its_regions() {
 /// data carry on.
 #[test]
 fn manager_restart_keeps_assignments() {
-    let mut c = cluster(2, 256 * MIB, 64 * MIB);
+    let c = cluster(2, 256 * MIB, 64 * MIB);
     let s = session(&c, "survivor");
     let ev = s.take_events().unwrap();
     let first = s.alloc(3, false, &[]).unwrap();

@@ -88,6 +88,7 @@ mod alternate;
 mod cache_sim;
 mod census;
 mod layout;
+mod manager_outage;
 mod objects;
 pub(crate) mod open_loop;
 mod plot;
@@ -271,6 +272,14 @@ pub struct MicroArgs {
     /// spare per scheme). Schemes without redundancy (`non-ft`) run without a kill.
     #[arg(long, value_parser = parse_duration)]
     pub kill_at: Option<Duration>,
+    /// Kill -9 the manager this long into each remora scheme's first measured run, start it
+    /// again `--manager-down` later on its port and data directory, and report how soon the
+    /// throughput is back to 0.9x its level before the kill
+    #[arg(long, value_parser = parse_duration)]
+    pub kill_manager_at: Option<Duration>,
+    /// How long the manager stays down with `--kill-manager-at`
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    pub manager_down: Duration,
 }
 
 /// The workload in a line, for plot subtitles.
@@ -406,7 +415,7 @@ pub fn run(args: &MicroArgs) -> anyhow::Result<()> {
         // One load (closed loop, or one open-loop rate) without a kill:
         // several stores alternate in rounds (see `alternate.rs`);
         // otherwise each runs alone at every load.
-        let pair = plan.loads.len() == 1 && args.kill_at.is_none() && names.len() > 1;
+        let pair = plan.loads.len() == 1 && args.kill_at.is_none() && args.kill_manager_at.is_none() && names.len() > 1;
         if pair {
             let mut stores: Vec<Box<dyn alternate::Contestant + '_>> = Vec::new();
             for name in &names {
@@ -497,6 +506,8 @@ pub fn run(args: &MicroArgs) -> anyhow::Result<()> {
         let v = json!({
             "results": results,
             "kill_at_s": args.kill_at.map(|d| d.as_secs_f64()),
+            "kill_manager_at_s": args.kill_manager_at.map(|d| d.as_secs_f64()),
+            "manager_down_s": args.kill_manager_at.map(|_| args.manager_down.as_secs_f64()),
             "skipped": skipped.iter().map(|(s, why)| json!({ "scheme": s, "reason": why })).collect::<Vec<_>>(),
             "sweep": summary.as_ref().map(|s| s.to_json(plot.as_deref())),
         });

@@ -210,7 +210,8 @@ pub struct LocalCluster {
     key_file: PathBuf,
     tls: Option<TlsConfig>,
     manager_addr: String,
-    manager_slot: usize,
+    /// The manager's child slot (a restart puts it in a new one).
+    manager_slot: std::sync::atomic::AtomicUsize,
     memnodes: Vec<MemNodeInfo>,
     children: Arc<Mutex<Vec<ChildSlot>>>,
     stop: Arc<AtomicBool>,
@@ -261,7 +262,7 @@ impl LocalCluster {
             key_file,
             tls,
             manager_addr: String::new(),
-            manager_slot: 0,
+            manager_slot: std::sync::atomic::AtomicUsize::new(0),
             memnodes: Vec::new(),
             children,
             stop,
@@ -378,6 +379,12 @@ impl LocalCluster {
     }
 
     fn start_manager(&mut self, listen: &str) -> Result<(), ClusterError> {
+        self.manager_addr = self.spawn_manager(listen)?;
+        Ok(())
+    }
+
+    /// Starts the manager listening on `listen`; returns its address.
+    fn spawn_manager(&self, listen: &str) -> Result<String, ClusterError> {
         let data = self.dir.path().join("manager-data");
         let timeout = format!("{}ms", self.cfg.heartbeat_timeout.as_millis());
         let args = [
@@ -390,9 +397,8 @@ impl LocalCluster {
             &timeout,
         ];
         let (slot, addr) = self.spawn("manager", &args)?;
-        self.manager_slot = slot;
-        self.manager_addr = addr;
-        Ok(())
+        self.manager_slot.store(slot, std::sync::atomic::Ordering::Release);
+        Ok(addr)
     }
 
     /// Starts one more memory node and returns its index.
@@ -584,7 +590,7 @@ impl LocalCluster {
 
     /// Kills the manager (`kill -9`) and starts it again on the same port
     /// with the same data directory.
-    pub fn restart_manager(&mut self) -> Result<(), ClusterError> {
+    pub fn restart_manager(&self) -> Result<(), ClusterError> {
         self.kill_manager();
         self.start_manager_again()
     }
@@ -592,18 +598,18 @@ impl LocalCluster {
     /// Kills the manager (`kill -9`); [`LocalCluster::start_manager_again`]
     /// brings it back.
     pub fn kill_manager(&self) {
-        self.kill_slot(self.manager_slot);
+        self.kill_slot(self.manager_slot.load(std::sync::atomic::Ordering::Acquire));
     }
 
     /// Starts the manager again on its port with its data directory (after
     /// [`LocalCluster::kill_manager`]).
-    pub fn start_manager_again(&mut self) -> Result<(), ClusterError> {
+    pub fn start_manager_again(&self) -> Result<(), ClusterError> {
         let addr = self.manager_addr.clone();
         let start = Instant::now();
         // The port may take a moment to be free again.
         loop {
-            match self.start_manager(&addr) {
-                Ok(()) => return Ok(()),
+            match self.spawn_manager(&addr) {
+                Ok(_) => return Ok(()),
                 Err(e) if start.elapsed() < Duration::from_secs(10) => {
                     tracing::debug!("manager restart: {e}");
                     thread::sleep(Duration::from_millis(100));

@@ -355,18 +355,27 @@ pub(super) fn run_scheme<const W: usize>(
     for (i, &offered) in plan.loads.iter().enumerate() {
         let redundant = super::schemes::info(scheme).is_some_and(|s| s.redundant);
         let kill = args.kill_at.filter(|_| i == 0 && redundant);
+        let manager_kill = args.kill_manager_at.filter(|_| i == 0);
         array.clear_marks();
-        let measured = std::thread::scope(|s| {
+        let (measured, outage) = std::thread::scope(|s| {
             if let Some(at) = kill {
                 let (rt, after) = (&array.rt, args.warmup + at);
                 s.spawn(move || kill_a_node(cluster, rt, scheme, after));
             }
-            worker::measure(args, &array, &plan.perm, zipf.as_ref(), offered)
+            let outage = manager_kill.map(|at| {
+                let after = args.warmup + at;
+                s.spawn(move || super::manager_outage::kill_and_restart(cluster, scheme, after, args.manager_down))
+            });
+            let measured = worker::measure(args, &array, &plan.perm, zipf.as_ref(), offered);
+            (measured, outage.and_then(|h| h.join().ok().flatten()))
         });
         let (mut run, snaps) = measured.with_context(|| match offered {
             Some(rate) => format!("open loop at {rate} ops/s"),
             None => "closed loop".to_string(),
         })?;
+        if let Some(o) = outage {
+            super::manager_outage::report(scheme, o, args.warmup, &snaps.at);
+        }
         let sim = super::simulate(args, plan, scheme, &mut run, zipf.as_ref());
         records.push(array.record(scheme, fill_time, run, sim, &snaps)?);
     }
