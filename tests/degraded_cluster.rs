@@ -78,26 +78,8 @@ fn uniform_worker(t: u64, w: &Load<'_>) {
         x ^= x >> 7;
         x ^= x << 17;
         let i = (x >> 8) % n;
-        let scope = w.rt.scope();
-        let fail = |m: String| w.errors.lock().unwrap().push(m);
-        if x % 5 == 0 {
-            let mut g = w.objs[i as usize].write().unwrap();
-            let v = w.versions[i as usize].load(Ordering::Relaxed) + 1;
-            match g.deref_mut(&scope) {
-                Ok(o) => {
-                    *o = obj(i, v);
-                    w.versions[i as usize].store(v, Ordering::Relaxed);
-                }
-                Err(e) => fail(format!("write {i}: {e}")),
-            }
-        } else {
-            let g = w.objs[i as usize].read().unwrap();
-            let v = w.versions[i as usize].load(Ordering::Relaxed);
-            match g.deref(&scope) {
-                Ok(o) if o.is(i, v) => {}
-                Ok(o) => fail(format!("read {i}: got id {} v{}", o.id, o.version)),
-                Err(e) => fail(format!("read {i}: {e}")),
-            }
+        if let Err(e) = access(w.rt, w.objs, w.versions, i as usize, x % 5 == 0) {
+            w.errors.lock().unwrap().push(e);
         }
         let slot = w.window(w.start.elapsed()).min(w.windows.len() - 1);
         w.windows[slot].fetch_add(1, Ordering::Relaxed);

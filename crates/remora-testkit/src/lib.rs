@@ -32,7 +32,7 @@ pub mod cluster;
 pub use objects::{MARK, Node, Obj, Obj2K, Obj4K, Text, Words, obj, word};
 pub use pattern::{assert_bytes_eq, fill_pattern, pattern};
 pub use verify::{recovered, verify, wait_stats, wait_until};
-pub use workload::{Churn, Skewed, skewed_worker};
+pub use workload::{Churn, Skewed, access, skewed_worker};
 
 /// One KiB, in the `usize` object sizes and budgets are given in.
 pub const KIB: usize = 1 << 10;

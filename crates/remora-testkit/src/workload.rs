@@ -74,28 +74,39 @@ pub fn skewed_worker<const N: usize>(t: u64, w: &Skewed<'_, N>, sweep_pause: Dur
         } else {
             (x >> 8) % (n / 32)
         };
-        let scope = w.rt.scope();
-        if t != 0 && x % 4 == 0 {
-            let mut g = w.objs[i as usize].write().unwrap();
-            let v = w.versions[i as usize].load(Ordering::Relaxed) + 1;
-            match g.deref_mut(&scope) {
-                Ok(o) => {
-                    *o = Words::new(i, v);
-                    w.versions[i as usize].store(v, Ordering::Relaxed);
-                }
-                Err(e) => fail(format!("write {i}: {e}")),
-            }
-        } else {
-            let g = w.objs[i as usize].read().unwrap();
-            let v = w.versions[i as usize].load(Ordering::Relaxed);
-            match g.deref(&scope) {
-                Ok(o) if o.is(i, v) => {}
-                Ok(o) => fail(format!("read {i}: got id {} v{}", o.id, o.version)),
-                Err(e) => fail(format!("read {i}: {e}")),
-            }
+        if let Err(e) = access(w.rt, w.objs, w.versions, i as usize, t != 0 && x % 4 == 0) {
+            fail(e);
         }
         w.ops.fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// One access to object `i` of `objs` (object `i` is `i` at
+/// `versions[i]`): a write of the next version, or a read checked against
+/// the version last written. Says what went wrong, if anything.
+pub fn access<const N: usize>(
+    rt: &Runtime,
+    objs: &[RwLock<RemBox<Words<N>>>],
+    versions: &[AtomicU64],
+    i: usize,
+    write: bool,
+) -> Result<(), String> {
+    let scope = rt.scope();
+    if write {
+        let mut g = objs[i].write().unwrap_or_else(|p| p.into_inner());
+        let v = versions[i].load(Ordering::Relaxed) + 1;
+        let o = g.deref_mut(&scope).map_err(|e| format!("write {i}: {e}"))?;
+        *o = Words::new(i as u64, v);
+        versions[i].store(v, Ordering::Relaxed);
+    } else {
+        let g = objs[i].read().unwrap_or_else(|p| p.into_inner());
+        let v = versions[i].load(Ordering::Relaxed);
+        let o = g.deref(&scope).map_err(|e| format!("read {i}: {e}"))?;
+        if !o.is(i as u64, v) {
+            return Err(format!("read {i}: got id {} v{}, want v{v}", o.id, o.version));
+        }
+    }
+    Ok(())
 }
 
 /// Objects rewritten round after round so their spans come back dirty and
