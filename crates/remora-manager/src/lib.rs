@@ -110,9 +110,10 @@ struct Shared {
     events_cv: Condvar,
     store: Store,
     timeout: Duration,
-    /// When this manager process started: it declares no memory node dead
-    /// before a full heartbeat timeout has passed since, so nodes that were
-    /// waiting out its outage have time to reconnect and renew.
+    /// When this manager process started: it declares no memory node it has
+    /// not heard from since dead before a full heartbeat timeout has passed
+    /// (nodes loaded from the store start with `last_seen` at this instant),
+    /// so nodes that were waiting out its outage can reconnect and renew.
     started: Instant,
     incarnation: u64,
     stop: AtomicBool,

@@ -14,8 +14,9 @@
 //!   the heartbeat timeout) and at least [`MIN_SILENT_PROBES`] probes went
 //!   unanswered. A paused or cut-off node has stopped serving by then, and a
 //!   scheduling hiccup shorter than the lease never fences a live node;
-//! - in the first heartbeat timeout after the manager started, nothing is
-//!   declared dead: nodes that waited out its outage reconnect meanwhile.
+//! - in the first heartbeat timeout after the manager started, a node it
+//!   has not heard from since is not declared dead: nodes that waited out
+//!   its outage reconnect meanwhile.
 
 use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
@@ -108,10 +109,11 @@ pub(super) fn rule(shared: &Shared, session: Session, node: NodeId) -> Result<Mg
                 );
                 return Ok(MgrResponse::Verdict { alive: true });
             }
-            // Just restarted: the node may still be reconnecting after
-            // the outage (a refused port can be a restarting daemon). Its
-            // heartbeats or the monitor decide once a full timeout has passed.
-            _ if shared.started.elapsed() < shared.timeout => {
+            // Just restarted and not heard from since: the node may still
+            // be reconnecting after the outage (a refused port can be a
+            // restarting daemon). Its heartbeats or the monitor decide once
+            // a full timeout has passed since the start.
+            _ if n.last_seen <= shared.started && shared.started.elapsed() < shared.timeout => {
                 drop(st);
                 if shared.stop.load(Ordering::Acquire) {
                     return Err(RemoteError::Internal("the manager is shutting down".into()));
