@@ -18,11 +18,12 @@
 //! ([`super::shards::gather`]) and decodes, retried by
 //! [`Stripes::until_readable`] while a stripe is only unreadable for now.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use remora_proto::checksum::checksum;
 use remora_proto::{Cap, NodeId};
 
+use super::retry::Retry;
 use super::shards::{Shard, Stripes, gather, timed_read};
 use super::{Scheme, SpanAddr};
 use crate::error::{LossCause, RuntimeError};
@@ -72,31 +73,22 @@ pub(crate) fn read(
     sum: u64,
 ) -> Result<Verified, RuntimeError> {
     let start = Instant::now();
-    let mut pause = FIRST_PAUSE;
+    let mut retry = Retry::new(far.outage_deadline());
     loop {
         match read_once(scheme, far, at, dest, sum) {
+            Err(RuntimeError::Unavailable { .. }) if !far.is_stopping() && retry.wait() => {}
             Err(RuntimeError::Unavailable { span, object, why, .. }) => {
-                let waited = start.elapsed();
-                if waited >= far.outage_deadline() || far.is_stopping() {
-                    return Err(RuntimeError::Unavailable {
-                        span: span.or(Some(at)),
-                        object,
-                        why,
-                        waited,
-                    });
-                }
-                std::thread::sleep(pause.min(far.outage_deadline().saturating_sub(waited)));
-                pause = (pause * 2).min(MAX_PAUSE);
+                return Err(RuntimeError::Unavailable {
+                    span: span.or(Some(at)),
+                    object,
+                    why,
+                    waited: start.elapsed(),
+                });
             }
             other => return other,
         }
     }
 }
-
-/// First pause of [`read`]'s wait for an unreachable span; it doubles up to
-/// [`MAX_PAUSE`], so a span comes back at most that long after its nodes do.
-const FIRST_PAUSE: Duration = Duration::from_millis(5);
-const MAX_PAUSE: Duration = Duration::from_millis(200);
 
 fn read_once(
     scheme: &dyn Scheme,

@@ -1,7 +1,9 @@
 //! How long an idempotent read is tried again: a node that says it is
 //! unavailable (its lease lapsed) or whose connection broke may answer on
 //! the next try, so the reader waits between tries (5 ms, doubling to
-//! 100 ms) for as long as one reply may take, then gives up.
+//! 100 ms) within a budget, then gives up: as long as one reply may take
+//! for a shard's broken connection, the runtime's outage deadline for a
+//! whole span's read.
 
 use std::time::{Duration, Instant};
 
