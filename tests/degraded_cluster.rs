@@ -251,3 +251,84 @@ fn a_memory_node_dying_while_the_manager_is_down_is_rebuilt_after() {
         "far memory still paused 2 s after the manager returned"
     );
 }
+
+/// Two of seven memory nodes die at once under RS(4, 2): five live nodes
+/// are too few for a 4+2 spanset, so new spansets are written 3+2, and the
+/// groups that lost a position with no node left outside them to rebuild
+/// on are re-striped onto the live nodes. The workload never stops, nothing
+/// fails, every spanset tolerates two losses again within 30 s, every
+/// object verifies, and the runtime still shuts down at once.
+#[test]
+fn two_of_seven_memory_nodes_dying_at_once_keep_serving_and_restripe() {
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let _ = warnings();
+    let c = cluster(7, 64 << 20, 4 << 20);
+    let mut cfg = runtime_config(&c, "two-die", 2 << 20);
+    cfg.scheme = scheme::by_name("ec-batch").unwrap();
+    let rt = Runtime::connect(cfg).unwrap();
+    let n = 8192u64; // 8 MiB of 1 KiB objects: 4x the budget
+    let objs: Vec<RwLock<RemBox<Obj>>> = (0..n).map(|i| RwLock::new(rt.alloc(obj(i, 0)).unwrap())).collect();
+    let versions: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
+    rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
+    let w = Load {
+        rt: &rt,
+        objs: &objs,
+        versions: &versions,
+        stop: AtomicBool::new(false),
+        errors: Mutex::new(Vec::new()),
+        windows: (0..600).map(|_| AtomicU64::new(0)).collect(),
+        start: Instant::now(),
+    };
+    let kill_at = Duration::from_secs(3);
+    let (restored_after, at_kill, short_seen) = std::thread::scope(|s| {
+        for t in 0..2 {
+            let w = &w;
+            s.spawn(move || uniform_worker(t, w));
+        }
+        std::thread::sleep(kill_at);
+        let at_kill = rt.stats();
+        c.kill_memnode(0).unwrap();
+        c.kill_memnode(1).unwrap();
+        let killed = Instant::now();
+        // Both deaths seen, then every spanset back to tolerating two losses.
+        let mut short_seen = 0;
+        let restored_after = loop {
+            let st = rt.stats();
+            short_seen = short_seen.max(st.short_spansets);
+            let done = st.recoveries >= 2 && st.recovering == 0 && st.spansets_below_tolerance == 0;
+            if done || killed.elapsed() > Duration::from_secs(60) {
+                break done.then(|| killed.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        std::thread::sleep(Duration::from_secs(2));
+        w.stop.store(true, Ordering::Relaxed);
+        (restored_after, at_kill, short_seen)
+    });
+    let st = rt.stats();
+    let second = Duration::from_secs(1);
+    let per_second: Vec<u64> = (0..40).map(|i| w.ops_between(second * i, second * (i + 1))).collect();
+    eprintln!("ops per second: {per_second:?}; restored after {restored_after:?}; {st:?}");
+    let errors = w.errors.lock().unwrap();
+    assert!(
+        errors.is_empty(),
+        "{} errors, first: {:?}",
+        errors.len(),
+        &errors[..errors.len().min(5)]
+    );
+    let restored_after = restored_after.unwrap_or_else(|| panic!("spansets still below tolerance after 60 s: {st:?}"));
+    assert!(
+        restored_after < Duration::from_secs(30),
+        "every spanset tolerates two losses again only {restored_after:?} after the kill"
+    );
+    assert!(st.swap_outs > at_kill.swap_outs, "eviction went on after the kill");
+    assert!(short_seen > 0, "3+2 spansets were written while five nodes lived: {st:?}");
+    assert!(st.restriped_spans > 0, "groups with no node to rebuild on were re-striped: {st:?}");
+    assert_eq!(st.lost_positions, 0, "nothing may be lost: {st:?}");
+    verify_all(&rt, &objs, &versions);
+    drop(objs);
+    let t = Instant::now();
+    drop(rt);
+    assert!(t.elapsed() < Duration::from_secs(2), "the runtime took {:?} to stop", t.elapsed());
+}

@@ -89,6 +89,7 @@ mod cache_sim;
 mod census;
 mod layout;
 mod manager_outage;
+mod node_kill;
 mod objects;
 pub(crate) mod open_loop;
 mod plot;
@@ -272,6 +273,12 @@ pub struct MicroArgs {
     /// spare per scheme). Schemes without redundancy (`non-ft`) run without a kill.
     #[arg(long, value_parser = parse_duration)]
     pub kill_at: Option<Duration>,
+    /// Memory nodes `--kill-at` kills at once (those holding the most of the scheme's data).
+    /// With more than one, the cluster keeps its single spare per scheme, so fewer than k+m
+    /// nodes live after the kill: `ec-batch` writes short spansets and re-stripes what it
+    /// cannot rebuild
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8))]
+    pub kill_count: u32,
     /// Kill -9 the manager this long into each remora scheme's first measured run, start it
     /// again `--manager-down` later on its port and data directory, and report how soon the
     /// throughput is back to 0.9x its level before the kill
@@ -506,6 +513,7 @@ pub fn run(args: &MicroArgs) -> anyhow::Result<()> {
         let v = json!({
             "results": results,
             "kill_at_s": args.kill_at.map(|d| d.as_secs_f64()),
+            "kill_count": args.kill_at.map(|_| args.kill_count),
             "kill_manager_at_s": args.kill_manager_at.map(|d| d.as_secs_f64()),
             "manager_down_s": args.kill_manager_at.map(|_| args.manager_down.as_secs_f64()),
             "skipped": skipped.iter().map(|(s, why)| json!({ "scheme": s, "reason": why })).collect::<Vec<_>>(),

@@ -64,6 +64,15 @@ pub enum RuntimeError {
     /// The runtime is shutting down.
     #[error("runtime is shut down")]
     Shutdown,
+    /// A stripe group lost a position and no live memory node outside the
+    /// group is left to rebuild it on (fewer than k+m live nodes): its
+    /// spans are written again as shorter spansets on the live nodes
+    /// instead. Seen in recovery's logs, never by a read or a write.
+    #[error("no live memory node outside stripe group {group} to rebuild it on")]
+    NoDistinctNode {
+        /// The stripe group.
+        group: usize,
+    },
 }
 
 /// Why far data is lost.

@@ -12,6 +12,7 @@ use remora_proto::{FarBackend, NodeId};
 use crate::detector::Detector;
 use crate::far_page_heap::FarPageHeap;
 use crate::region_table::RegionTable;
+use crate::scheme::SpanAddr;
 use crate::size_classes::PAGE_SIZE;
 use crate::traffic::Traffic;
 
@@ -35,6 +36,17 @@ pub struct FarMemory {
     stopping: AtomicBool,
     /// Memory nodes the manager declared dead: they never serve again.
     dead: Mutex<HashSet<NodeId>>,
+    /// Far spans a scheme wants written again elsewhere ([`FarMemory::restripe`]).
+    restripe: Mutex<Restripe>,
+}
+
+/// Far spans to re-stripe, in order, each queued once.
+#[derive(Default)]
+struct Restripe {
+    queue: std::collections::VecDeque<SpanAddr>,
+    queued: HashSet<SpanAddr>,
+    /// Spans taken off the queue so far.
+    taken: u64,
 }
 
 impl FarMemory {
@@ -50,7 +62,40 @@ impl FarMemory {
             detector: Detector::default(),
             stopping: AtomicBool::new(false),
             dead: Mutex::new(HashSet::new()),
+            restripe: Mutex::new(Restripe::default()),
         }
+    }
+
+    /// Asks the runtime to bring the far spans `spans` back and evict them
+    /// again, so that they are written anew on live memory nodes: a
+    /// scheme whose stripe group cannot be rebuilt in place re-stripes it
+    /// so. A far span's name (its region index) never changes while it is
+    /// far, so moving it to another group takes the compute node's heap.
+    pub(crate) fn restripe(&self, spans: impl IntoIterator<Item = SpanAddr>) {
+        let mut r = self.restripe.lock().unwrap_or_else(|p| p.into_inner());
+        for s in spans {
+            if r.queued.insert(s) {
+                r.queue.push_back(s);
+            }
+        }
+    }
+
+    /// Up to `n` spans to re-stripe, oldest first.
+    pub(crate) fn take_restripe(&self, n: usize) -> Vec<SpanAddr> {
+        let mut r = self.restripe.lock().unwrap_or_else(|p| p.into_inner());
+        let n = n.min(r.queue.len());
+        let out: Vec<SpanAddr> = r.queue.drain(..n).collect();
+        for s in &out {
+            r.queued.remove(s);
+        }
+        r.taken += out.len() as u64;
+        out
+    }
+
+    /// Spans waiting to be re-striped, and spans taken so far.
+    pub(crate) fn restripe_counts(&self) -> (usize, u64) {
+        let r = self.restripe.lock().unwrap_or_else(|p| p.into_inner());
+        (r.queue.len(), r.taken)
     }
 
     /// How long to wait out far memory that is unreachable but not lost

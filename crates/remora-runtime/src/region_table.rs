@@ -79,7 +79,11 @@ impl RegionTable {
             r[i] = Slot { region, held: true };
             return Ok(i as u16);
         }
-        let idx = u16::try_from(r.len()).map_err(|_| RuntimeError::FarMemoryExhausted("region table full".into()))?;
+        // The last index marks an empty position of a short stripe group.
+        let idx = u16::try_from(r.len())
+            .ok()
+            .filter(|&i| i != crate::scheme::NO_REGION)
+            .ok_or_else(|| RuntimeError::FarMemoryExhausted("region table full".into()))?;
         r.push(Slot { region, held: true });
         Ok(idx)
     }

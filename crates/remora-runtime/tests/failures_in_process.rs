@@ -17,7 +17,11 @@ use remora_testkit::in_process::{self, serial};
 use remora_testkit::{KIB, MIB, Node, Obj, obj, recovered, verify, wait_stats};
 
 fn runtime(c: &InProcessCluster, patience: Duration) -> Runtime {
-    let mut cfg = in_process::config("ec-batch", &SchemeOptions::default(), MIB);
+    runtime_of("ec-batch", c, patience)
+}
+
+fn runtime_of(scheme: &str, c: &InProcessCluster, patience: Duration) -> Runtime {
+    let mut cfg = in_process::config(scheme, &SchemeOptions::default(), MIB);
     cfg.patience = patience;
     in_process::runtime(c, cfg)
 }
@@ -37,8 +41,16 @@ fn check_all(rt: &Runtime, objs: &[RemBox<Obj>]) {
 /// all of them, and `fill` objects; then `spares` more nodes to rebuild on.
 /// Returns the first six nodes (each in every group).
 fn six_then(spares: usize, patience: Duration) -> (InProcessCluster, Runtime, Vec<RemBox<Obj>>, Vec<NodeId>) {
+    six_then_of("ec-batch", spares, patience)
+}
+
+fn six_then_of(
+    scheme: &str,
+    spares: usize,
+    patience: Duration,
+) -> (InProcessCluster, Runtime, Vec<RemBox<Obj>>, Vec<NodeId>) {
     let c = InProcessCluster::new(6, 16, 2 * MIB as u64);
-    let rt = runtime(&c, patience);
+    let rt = runtime_of(scheme, &c, patience);
     let objs = fill(&rt, 8 * KIB as u64);
     let six = c.nodes().iter().map(|n| n.id()).collect();
     for _ in 0..spares {
@@ -104,14 +116,15 @@ fn a_node_dying_mid_rebuild_does_not_stop_either_recovery() {
     assert_not_degraded(&rt, &objs);
 }
 
-/// With no node to rebuild on, a rebuild fails again and again (more than
-/// the 5 tries it used to get): it is never abandoned, and once a node
-/// joins the periodic retry rebuilds the position.
+/// With no node to rebuild on, a rebuild of a scheme whose spansets cannot
+/// be short (`ec-2pc` fills unwritten members in place) fails again and
+/// again (more than the 5 tries it used to get): it is never abandoned, and
+/// once a node joins the periodic retry rebuilds the position.
 #[test]
 fn a_failing_rebuild_is_retried_until_a_replacement_exists() {
     let _one_at_a_time = serial();
     // Exactly k+m nodes: no spare for a replacement.
-    let (c, rt, objs, group) = six_then(0, Duration::from_millis(300));
+    let (c, rt, objs, group) = six_then_of("ec-2pc", 0, Duration::from_millis(300));
     c.node(group[0]).unwrap().kill(true);
     let st = wait_stats(&rt, "many failed tries", Duration::from_secs(90), |st| {
         st.rebuild_retries > 6
@@ -124,6 +137,65 @@ fn a_failing_rebuild_is_retried_until_a_replacement_exists() {
     assert_eq!(st.lost_positions, 0, "{st:?}");
     check_all(&rt, &objs);
     assert_not_degraded(&rt, &objs);
+}
+
+/// `ec-batch` with one of exactly k+m nodes dead: no node is left outside
+/// the stripe group to rebuild on, so the group is re-striped (its spans
+/// brought back and written again as 3+2 spansets on the five live nodes)
+/// instead of staying below full tolerance; when a sixth node joins, new
+/// spansets are 4+2 again. Every object verifies throughout.
+#[test]
+fn a_group_with_no_node_to_rebuild_on_is_restriped_onto_the_live_nodes() {
+    let _one_at_a_time = serial();
+    let (c, rt, objs, group) = six_then(0, Duration::from_millis(300));
+    let far_spans = rt.stats().spansets_written;
+    c.node(group[0]).unwrap().kill(true);
+    let st = wait_stats(&rt, "re-striped", Duration::from_secs(60), |st| {
+        recovered(st, 1) && st.spansets_below_tolerance == 0
+    });
+    assert!(st.restriped_spans > 0, "{st:?}");
+    assert!(st.short_spansets > 0, "written again as 3+2 spansets: {st:?}");
+    assert_eq!(st.lost_positions, 0, "{st:?}");
+    assert_eq!(st.reconstructed_bytes, 0, "nothing rebuilt in place: {st:?}");
+    assert!(far_spans > 0);
+    check_all(&rt, &objs);
+    assert_not_degraded(&rt, &objs);
+    // A sixth node: full spansets again for what is evicted from now on.
+    c.add_node();
+    std::thread::sleep(Duration::from_millis(1100));
+    let before = rt.stats();
+    check_all(&rt, &objs);
+    rt.wait_for_eviction(Duration::from_secs(20)).unwrap();
+    let after = rt.stats();
+    assert!(
+        after.spansets_written - before.spansets_written > after.partial_spansets - before.partial_spansets,
+        "full 4+2 spansets once six nodes live: {after:?}"
+    );
+    check_all(&rt, &objs);
+}
+
+/// Two of seven nodes die at once: five live nodes cannot hold a 4+2
+/// spanset, so every group that lost a position with no node left outside
+/// it is re-striped, and new spansets are 3+2. Nothing is lost and every
+/// spanset tolerates two losses again.
+#[test]
+fn two_of_seven_nodes_dying_at_once_are_restriped_to_full_tolerance() {
+    let _one_at_a_time = serial();
+    let c = InProcessCluster::new(7, 16, 2 * MIB as u64);
+    let rt = runtime(&c, Duration::from_secs(5));
+    let objs = fill(&rt, 8 * KIB as u64);
+    let two: Vec<NodeId> = c.nodes().iter().take(2).map(|n| n.id()).collect();
+    for n in &two {
+        c.node(*n).unwrap().kill(true);
+    }
+    let st = wait_stats(&rt, "tolerance restored", Duration::from_secs(60), |st| {
+        recovered(st, 2) && st.spansets_below_tolerance == 0
+    });
+    assert!(st.restriped_spans > 0, "{st:?}");
+    assert_eq!(st.lost_positions, 0, "{st:?}");
+    check_all(&rt, &objs);
+    assert_not_degraded(&rt, &objs);
+    assert!(rt.stats().short_spansets > 0, "{:?}", rt.stats());
 }
 
 /// An object that owns another (so freeing it has drop glue to run).

@@ -20,7 +20,11 @@ const DROP_WITHIN: Duration = Duration::from_secs(1);
 const PATIENCE: Duration = Duration::from_secs(60);
 
 fn runtime(c: &InProcessCluster, budget: usize, patience: Duration) -> Runtime {
-    let mut cfg = in_process::config("ec-batch", &SchemeOptions::default(), budget);
+    runtime_of("ec-batch", c, budget, patience)
+}
+
+fn runtime_of(scheme: &str, c: &InProcessCluster, budget: usize, patience: Duration) -> Runtime {
+    let mut cfg = in_process::config(scheme, &SchemeOptions::default(), budget);
     cfg.patience = patience;
     in_process::runtime(c, cfg)
 }
@@ -41,12 +45,13 @@ fn fill_then_squeeze(rt: &Runtime, n: u64) -> Vec<RemBox<Obj>> {
     objs
 }
 
-/// Four nodes for ec-batch's six positions: the manager never has a
-/// stripe group to give, and eviction waits for one (up to its patience).
+/// Two nodes for ec-batch's six positions (fewer than the m+1 even a
+/// short spanset needs): the manager never has a stripe group to give,
+/// and eviction waits for one (up to its patience).
 #[test]
 fn drop_while_eviction_waits_for_a_stripe_group() {
     let _one = serial();
-    let c = InProcessCluster::new(4, 16, 2 * MIB as u64);
+    let c = InProcessCluster::new(2, 16, 2 * MIB as u64);
     let rt = runtime(&c, 8 * MIB, PATIENCE);
     let objs = fill_then_squeeze(&rt, 1024);
     // Long enough for an eviction thread to be inside the wait.
@@ -58,11 +63,12 @@ fn drop_while_eviction_waits_for_a_stripe_group() {
 
 /// k+m nodes, one of which dies: the rebuild needs a replacement region
 /// on a node its group does not use, and there is none, so it waits (up
-/// to its patience) inside `Placement::replacement`.
+/// to its patience) inside `Placement::replacement`. (`ec-2pc`: `ec-batch`
+/// would re-stripe the group onto the five live nodes instead.)
 #[test]
 fn drop_while_a_rebuild_waits_for_a_replacement() {
     let _one = serial();
-    let (c, rt, objs) = six_nodes_filled(PATIENCE);
+    let (c, rt, objs) = six_nodes_filled("ec-2pc", PATIENCE);
     c.nodes()[0].kill(true);
     wait_stats(&rt, "a recovery under way", Duration::from_secs(20), |st| {
         st.recovering > 0
@@ -78,7 +84,7 @@ fn drop_while_a_rebuild_waits_for_a_replacement() {
 #[test]
 fn drop_while_a_rebuild_backs_off_between_tries() {
     let _one = serial();
-    let (c, rt, objs) = six_nodes_filled(Duration::from_millis(50));
+    let (c, rt, objs) = six_nodes_filled("ec-2pc", Duration::from_millis(50));
     c.nodes()[0].kill(true);
     // Several retries: the back-off has grown to its longest.
     wait_stats(&rt, "failed rebuild tries", Duration::from_secs(30), |st: &Stats| {
@@ -105,9 +111,9 @@ fn drop_while_swap_outs_fail_against_lapsed_leases() {
 }
 
 /// Exactly k+m nodes and objects evicted to every one of them.
-fn six_nodes_filled(patience: Duration) -> (InProcessCluster, Runtime, Vec<RemBox<Obj>>) {
+fn six_nodes_filled(scheme: &str, patience: Duration) -> (InProcessCluster, Runtime, Vec<RemBox<Obj>>) {
     let c = InProcessCluster::new(6, 16, 2 * MIB as u64);
-    let rt = runtime(&c, MIB, patience);
+    let rt = runtime_of(scheme, &c, MIB, patience);
     let objs: Vec<RemBox<Obj>> = (0..4 * KIB as u64)
         .map(|i| rt.alloc(obj(i, 0)).expect("alloc"))
         .collect();

@@ -119,53 +119,6 @@ fn figures(first: &Stats, last: &Stats, samples: &[Stats]) -> RemoraFigures {
     }
 }
 
-/// After `after`, kill -9s a memory node holding a region of `rt` (the
-/// fullest one still alive), so the run goes on through degraded reads and
-/// the rebuild. A failure to find or kill one is logged, not fatal.
-fn kill_a_node(cluster: &LocalCluster, rt: &Runtime, scheme: &str, after: Duration) {
-    std::thread::sleep(after);
-    let held: Vec<String> = rt.regions_with_data().iter().map(|(_, g)| g.addr.clone()).collect();
-    let alive: Vec<String> = cluster
-        .status()
-        .map(|s| {
-            s.memory_nodes
-                .iter()
-                .filter(|m| m.state == remora_proto::NodeState::Alive)
-                .map(|m| m.addr.clone())
-                .collect()
-        })
-        .unwrap_or_default();
-    // Alive by the manager's word and as a process (an earlier scheme's
-    // victim may not be declared dead yet).
-    let running = |i: usize| cluster.wait_memnode_exit(i, Duration::ZERO).is_err();
-    // The live node whose region holds the most of this runtime's data.
-    let victim = held.iter().find_map(|addr| {
-        let i = cluster.memnodes().iter().position(|m| &m.addr == addr)?;
-        (alive.contains(addr) && running(i)).then_some(i)
-    });
-    match victim.map(|i| (i, cluster.kill_memnode(i))) {
-        Some((i, Ok(()))) => {
-            let addr = cluster.memnodes()[i].addr.clone();
-            progress(format_args!(
-                "[{scheme}] killed memory node {i} ({addr}) with SIGKILL, {:.1} s into the run",
-                after.as_secs_f64()
-            ));
-            // The next scheme starts once the manager knows: it must not be
-            // handed regions on the dead node.
-            let dead = cluster.wait_until(Duration::from_secs(60), "the killed node declared dead", |s| {
-                s.memory_nodes
-                    .iter()
-                    .any(|m| m.addr == addr && m.state == remora_proto::NodeState::Dead)
-            });
-            if let Err(e) = dead {
-                tracing::warn!("[{scheme}] {e}");
-            }
-        }
-        Some((i, Err(e))) => tracing::warn!("[{scheme}] could not kill memory node {i}: {e}"),
-        None => tracing::warn!("[{scheme}] no live memory node holds this runtime's regions: nothing killed"),
-    }
-}
-
 /// A runtime for `scheme` on `cluster`, configured by the bench's flags.
 fn connect(args: &MicroArgs, plan: &Plan, cluster: &LocalCluster, scheme: &str) -> anyhow::Result<Runtime> {
     let mut cfg = RuntimeConfig::new(cluster.manager_addr(), usize::try_from(plan.budget)?);
@@ -357,17 +310,21 @@ pub(super) fn run_scheme<const W: usize>(
         let kill = args.kill_at.filter(|_| i == 0 && redundant);
         let manager_kill = args.kill_manager_at.filter(|_| i == 0);
         array.clear_marks();
-        let (measured, outage) = std::thread::scope(|s| {
-            if let Some(at) = kill {
+        let (measured, outage, killed) = std::thread::scope(|s| {
+            let killed = kill.map(|at| {
                 let (rt, after) = (&array.rt, args.warmup + at);
-                s.spawn(move || kill_a_node(cluster, rt, scheme, after));
-            }
+                s.spawn(move || super::node_kill::kill_nodes(cluster, rt, scheme, after, args.kill_count as usize))
+            });
             let outage = manager_kill.map(|at| {
                 let after = args.warmup + at;
                 s.spawn(move || super::manager_outage::kill_and_restart(cluster, scheme, after, args.manager_down))
             });
             let measured = worker::measure(args, &array, &plan.perm, zipf.as_ref(), offered);
-            (measured, outage.and_then(|h| h.join().ok().flatten()))
+            (
+                measured,
+                outage.and_then(|h| h.join().ok().flatten()),
+                killed.and_then(|h| h.join().ok()),
+            )
         });
         let (mut run, snaps) = measured.with_context(|| match offered {
             Some(rate) => format!("open loop at {rate} ops/s"),
@@ -375,6 +332,9 @@ pub(super) fn run_scheme<const W: usize>(
         })?;
         if let Some(o) = outage {
             super::manager_outage::report(scheme, o, args.warmup, &snaps.at);
+        }
+        if let Some(k) = killed {
+            super::node_kill::report(scheme, k, args.warmup, &snaps.at, &snaps.samples);
         }
         let sim = super::simulate(args, plan, scheme, &mut run, zipf.as_ref());
         records.push(array.record(scheme, fill_time, run, sim, &snaps)?);

@@ -135,11 +135,17 @@ pub(super) fn eviction_loop(weak: &std::sync::Weak<Inner>) {
                 break;
             }
         }
+        // Spans to re-stripe come back a batch at a time while there is
+        // room, and go out again with the cold ones.
+        let restriping = inner.restripe_round() > 0;
         // Sleep until kicked. Announce the sleep, then look at the level
         // again: a kick between the two sees us idle (both sides SeqCst).
         let k = inner.kick.lock().unwrap_or_else(|p| p.into_inner());
         inner.idle_evictors.fetch_add(1, StdOrdering::SeqCst);
-        if inner.heap.bytes_in_use() as u64 <= inner.high_bytes() && !inner.stop.load(StdOrdering::Acquire) {
+        if inner.heap.bytes_in_use() as u64 <= inner.high_bytes()
+            && !restriping
+            && !inner.stop.load(StdOrdering::Acquire)
+        {
             let _ = inner.kicked.wait_timeout(k, Duration::from_millis(100));
         } else {
             drop(k);

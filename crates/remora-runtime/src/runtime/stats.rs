@@ -73,6 +73,16 @@ pub struct Stats {
     pub lost_positions: u64,
     /// Rebuilds retried (a rebuilt shard failed its checksum, or a node failed mid-rebuild).
     pub rebuild_retries: u64,
+    /// Spansets below full tolerance now: in a stripe group with a lost
+    /// position not yet rebuilt or re-striped (0 once recovery is done).
+    pub spansets_below_tolerance: u64,
+    /// Spansets now written short, with fewer than k data spans because
+    /// fewer than k+m memory nodes were live: they tolerate m losses at a
+    /// parity overhead of (k'+m)/k'.
+    pub short_spansets: u64,
+    /// Far spans brought back to be written again on live nodes, because
+    /// their stripe group lost a position with no node left to rebuild on.
+    pub restriped_spans: u64,
     /// Dereferences that waited for a swap-in, their own or another thread's (misses).
     pub deref_misses: u64,
     /// Of the swap-ins, those that brought back only the object asked for
@@ -193,6 +203,9 @@ impl Inner {
             checksum_repairs: rep.repairs,
             rebuild_retries: rep.rebuild_retries,
             lost_positions: rep.lost_positions,
+            spansets_below_tolerance: rep.spansets_below_tolerance,
+            short_spansets: rep.short_spansets,
+            restriped_spans: self.far.restripe_counts().1,
             swap_ins: self.counters.swap_ins.load(StdOrdering::Relaxed),
             swap_in_reads: t.swap_reads.load(StdOrdering::Relaxed),
             write_requests: t.writes.load(StdOrdering::Relaxed),

@@ -57,11 +57,25 @@ impl Inner {
                 }
             }
         }
+        self.swap_in_whole(&fs, st, at, scope, true).map(|_| ())
+    }
+
+    /// Brings the far span `fs` back whole (its lock `st` held) and points
+    /// its live objects' words at it; returns the local span. With `keep`,
+    /// the far copy may be kept for a clean re-eviction.
+    pub(super) fn swap_in_whole(
+        &self,
+        fs: &FarSpan,
+        mut st: std::sync::MutexGuard<'_, crate::far_page_map::FarSpanState>,
+        at: SpanAddr,
+        scope: &DerefScope<'_>,
+        keep: bool,
+    ) -> Result<crate::object_heap::SpanRef, RuntimeError> {
         let span = self.heap.new_span(fs.class, fs.pages as usize)?;
         // SAFETY: the span was just allocated for us and is not yet visible
         // to anyone; its memory is `bytes()` long and mapped.
         let dest = unsafe { std::slice::from_raw_parts_mut(span.get().start() as *mut u8, span.get().bytes()) };
-        let keepable = match self.read_far_span(&fs, at, dest, scope) {
+        let keepable = match self.read_far_span(fs, at, dest, scope) {
             Ok(k) => k,
             Err(e) => {
                 self.heap.discard_span(span);
@@ -89,14 +103,53 @@ impl Inner {
         }
         st.gone = true;
         self.far_map.remove(fs.region, fs.page, st.live_count);
-        if keepable {
+        if keepable && keep {
             self.keep_or_release(span.get(), at, fs.pages, fs.checksum, st.live.clone());
         } else {
             self.scheme.release(&self.far, at, fs.pages);
         }
         drop(st);
         self.swapped_in_done(span.get().bytes());
-        Ok(())
+        Ok(span)
+    }
+
+    /// Brings back up to a batch of the spans schemes queued for
+    /// re-striping ([`crate::far_memory::FarMemory::restripe`]) and queues
+    /// them as cold, so eviction writes them again on live memory nodes.
+    /// Runs only while local memory is below the high watermark (room for
+    /// the application first); returns the spans brought back.
+    pub(super) fn restripe_round(&self) -> usize {
+        if self.heap.bytes_in_use() as u64 > self.high_bytes() {
+            return 0;
+        }
+        let spans = self.far.take_restripe(self.batch.max(1));
+        if spans.is_empty() {
+            return 0;
+        }
+        let mut back = Vec::with_capacity(spans.len());
+        {
+            let scope = self.bare_scope();
+            for at in spans {
+                let Some(fs) = self.far_map.get(at.region, at.page) else {
+                    continue; // swapped in or freed meanwhile
+                };
+                let st = scope.step_out(|| fs.lock());
+                if st.gone {
+                    continue;
+                }
+                match self.swap_in_whole(&fs, st, at, &scope, false) {
+                    Ok(span) => {
+                        span.get().set_cold(true);
+                        back.push(span);
+                    }
+                    // The scheme queues what is still far again.
+                    Err(e) => tracing::debug!("re-striping span r{}:p{}: {e}", at.region, at.page),
+                }
+            }
+        }
+        let n = back.len();
+        self.heap.queue_cold(back);
+        n
     }
 
     /// Counts a swap-in that read `bytes` of far span, and wakes eviction if

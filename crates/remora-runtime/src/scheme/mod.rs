@@ -41,6 +41,7 @@ mod ec_split;
 mod node_writes;
 mod non_ft;
 pub(crate) mod placement;
+pub(crate) use placement::NO_REGION;
 mod read;
 pub(crate) mod recovery;
 mod retry;
@@ -130,6 +131,13 @@ pub struct SchemeReport {
     pub compacted_dead_bytes: u64,
     /// Time compaction threads spent folding, summed over threads.
     pub compaction_busy: Duration,
+    /// Spansets now below full tolerance: in a stripe group with a
+    /// position lost and not yet rebuilt (or re-striped).
+    pub spansets_below_tolerance: u64,
+    /// Spansets now written short (fewer than k data positions, because
+    /// fewer than k+m memory nodes were live): they tolerate m losses at a
+    /// higher parity overhead.
+    pub short_spansets: u64,
 }
 
 /// A way of keeping evicted spans in far memory.

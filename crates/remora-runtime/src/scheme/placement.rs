@@ -18,6 +18,18 @@
 //! fuller ones have no room, fullest first; swap-ins, frees and compaction
 //! then empty them.
 //!
+//! **Short groups.** A scheme that allows it ([`Placement::shortening`],
+//! `ec-batch` with k > 1) keeps writing while fewer than k+m memory nodes
+//! live (but at least m+1): a group is then made of the live nodes only,
+//! its last data positions *empty* (no region, no node: [`NO_REGION`]).
+//! A spanset there is a shortened RS(k, m) codeword: its data members at
+//! empty positions are known zeros, so the same codec encodes, decodes
+//! and rebuilds it, and it still tolerates m losses, at a parity overhead
+//! of (k'+m)/k' for k' data members instead of (k+m)/k.
+//! [`Placement::data_width`] says how many data members new spansets take;
+//! while it is short, placement asks the manager for a full group once a
+//! second, and full spansets come back as soon as one is granted.
+//!
 //! Lock order: a scheme's own state lock may be held while calling
 //! [`Placement::group`] or [`Placement::free`]
 //! (placement's lock is taken after it, briefly, and never the other way);
@@ -38,6 +50,19 @@ use crate::size_classes::PAGE_SIZE;
 /// Share of a group's pages in use below which it is left to empty.
 const DRAINING: f64 = 0.25;
 
+/// The region index of an empty position of a short group.
+pub(crate) const NO_REGION: u16 = u16::MAX;
+
+/// The node of an empty position of a short group (no real node's id).
+pub(crate) const NO_NODE: NodeId = NodeId(u64::MAX);
+
+/// How long a rebuild waits for a live node outside its group before the
+/// group is re-striped instead (see [`Placement::replacement`]).
+const SPARE_WAIT: Duration = Duration::from_secs(1);
+
+/// While spansets are short, how often a full group is asked for.
+const WIDEN_EVERY: Duration = Duration::from_secs(1);
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -54,6 +79,24 @@ pub(crate) struct Group {
     pub(crate) retired: bool,
 }
 
+impl Group {
+    /// Whether position `pos` has a region (not an empty position of a
+    /// short group).
+    pub(crate) fn present(&self, pos: usize) -> bool {
+        self.regions[pos] != NO_REGION
+    }
+
+    /// Its regions (empty positions left out).
+    pub(crate) fn present_regions(&self) -> impl Iterator<Item = u16> + '_ {
+        self.regions.iter().copied().filter(|&r| r != NO_REGION)
+    }
+
+    /// Whether a position lost its node and awaits a rebuild.
+    pub(crate) fn degraded(&self) -> bool {
+        self.failed.iter().any(|&f| f)
+    }
+}
+
 #[derive(Default)]
 struct State {
     groups: Vec<Group>,
@@ -66,7 +109,7 @@ struct State {
 
 /// Share of group `g`'s pages in use.
 fn fill(far: &FarMemory, g: &Group) -> f64 {
-    let (used, all) = g.regions.iter().fold((0u64, 0u64), |(u, a), &r| {
+    let (used, all) = g.present_regions().fold((0u64, 0u64), |(u, a), r| {
         let (ru, ra) = far.pages().usage(r);
         (u + ru as u64, a + ra as u64)
     });
@@ -81,6 +124,12 @@ pub(crate) struct Placement {
     /// Held while a group is requested: threads that find every group full
     /// at once must not each take `width` regions.
     growing: Mutex<()>,
+    /// (k, m) when groups may be short (see the module docs).
+    short: Option<(usize, usize)>,
+    /// Data members new spansets take (k unless short).
+    data_width: std::sync::atomic::AtomicUsize,
+    /// When a full group was last asked for while short.
+    widen_tried: Mutex<Option<Instant>>,
 }
 
 impl Placement {
@@ -90,7 +139,59 @@ impl Placement {
             scheme,
             st: Mutex::new(State::default()),
             growing: Mutex::new(()),
+            short: None,
+            data_width: std::sync::atomic::AtomicUsize::new(width),
+            widen_tried: Mutex::new(None),
         }
+    }
+
+    /// Groups of RS(`k`, `m`) stripes that may be short (see the module
+    /// docs): only for a scheme whose spansets may have data members that
+    /// are never written (`ec-batch`).
+    pub(crate) fn shortening(mut self, k: usize, m: usize) -> Self {
+        debug_assert_eq!(k + m, self.width);
+        if k > 1 {
+            self.short = Some((k, m));
+            self.data_width = std::sync::atomic::AtomicUsize::new(k);
+        }
+        self
+    }
+
+    /// Data members new spansets should take (at most the width, for a
+    /// placement that does not shorten): k, or fewer while too few
+    /// memory nodes live for a full group. While short, asks the manager
+    /// for a full group at most once per [`WIDEN_EVERY`] (with no scheme
+    /// lock held: it may talk to the manager).
+    pub(crate) fn data_width(&self, far: &FarMemory) -> usize {
+        let w = self.data_width.load(std::sync::atomic::Ordering::Acquire);
+        let Some((k, _)) = self.short else { return w };
+        if w < k {
+            let due = {
+                let mut t = lock(&self.widen_tried);
+                let due = t.is_none_or(|t| t.elapsed() >= WIDEN_EVERY);
+                if due {
+                    *t = Some(Instant::now());
+                }
+                due
+            };
+            if due {
+                let seen = lock(&self.st).grown;
+                if let Err(e) = self.grow(far, &[], seen, true, false, &[]) {
+                    tracing::debug!("{}: asking for a full stripe group: {e}", self.scheme);
+                }
+            }
+        }
+        self.data_width.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Per group (by index): whether it is short (has empty positions),
+    /// and whether it is degraded (a position lost, not yet rebuilt).
+    pub(crate) fn flags(&self) -> Vec<(bool, bool)> {
+        let st = lock(&self.st);
+        st.groups
+            .iter()
+            .map(|g| (!g.retired && g.regions.contains(&NO_REGION), !g.retired && g.degraded()))
+            .collect()
     }
 
     /// A copy of group `g`.
@@ -129,8 +230,7 @@ impl Placement {
                 if let Some(f) = found {
                     return Ok(f);
                 }
-                let need = pages.iter().copied().max().unwrap_or(0);
-                if !self.grow(far, avoid, seen, !suspects_too, last, need)? {
+                if !self.grow(far, avoid, seen, !suspects_too, last, pages)? {
                     break;
                 }
             }
@@ -156,6 +256,7 @@ impl Placement {
             let g = &st.groups[gi];
             if g.retired
                 || g.failed.iter().any(|&f| f)
+                || pages.iter().enumerate().any(|(p, &want)| want > 0 && !g.present(p))
                 || g.nodes.iter().any(|n| avoid.contains(n))
                 || (!suspects_too && g.nodes.iter().any(|n| far.is_suspect(*n)))
             {
@@ -211,7 +312,7 @@ impl Placement {
                 if g.retired || g.failed.iter().any(|&f| f) {
                     continue;
                 }
-                if g.regions.iter().any(|&r| far.pages().usage(r).0 > 0) {
+                if g.present_regions().any(|r| far.pages().usage(r).0 > 0) {
                     continue;
                 }
                 if !spare {
@@ -220,12 +321,12 @@ impl Placement {
                 }
                 // Every allocation holds `st`, and frees only empty a region
                 // further, so each region of this group comes out.
-                for &r in &g.regions {
+                for r in g.present_regions() {
                     let removed = far.pages().remove_if_empty(r);
                     debug_assert!(removed, "an empty region stays empty under the placement lock");
                 }
                 g.retired = true;
-                out.extend_from_slice(&g.regions);
+                out.extend(g.present_regions());
             }
             out
         };
@@ -258,7 +359,10 @@ impl Placement {
     /// Adds a group (avoiding `avoid`, and suspects if `avoid_suspects`)
     /// unless another thread added one since the caller saw `seen` groups
     /// (then the caller just tries again). False when the manager has too
-    /// few nodes and `wait` is not set.
+    /// few nodes and `wait` is not set. With `wait`, too few nodes for a
+    /// full group but enough for a short one (if this placement shortens)
+    /// make a short group; a request for `pages` that needs a position
+    /// the short group lacks fails then, and is asked again narrower.
     fn grow(
         &self,
         far: &FarMemory,
@@ -266,8 +370,9 @@ impl Placement {
         seen: usize,
         avoid_suspects: bool,
         wait: bool,
-        need_pages: u32,
+        pages: &[u32],
     ) -> Result<bool, RuntimeError> {
+        let need_pages = pages.iter().copied().max().unwrap_or(0);
         let _one = lock(&self.growing);
         if lock(&self.st).grown != seen {
             return Ok(true);
@@ -282,6 +387,25 @@ impl Placement {
             match far.backend().alloc(n, true, &avoid) {
                 Ok(g) => break g,
                 Err(RpcError::Remote(RemoteError::NoCapacity { .. })) if !wait => return Ok(false),
+                Err(RpcError::Remote(RemoteError::NoCapacity { available, .. }))
+                    if self.short.is_some_and(|(k, m)| (m + 1..k + m).contains(&(available as usize))) =>
+                {
+                    let (k, m) = self.short.expect("checked");
+                    let narrow = available as usize - m;
+                    self.set_data_width(narrow);
+                    if pages[narrow.min(pages.len())..k.min(pages.len())].iter().any(|&p| p > 0) {
+                        return Err(RuntimeError::FarMemoryExhausted(format!(
+                            "{}: {available} live memory nodes: spansets now take {narrow} data spans",
+                            self.scheme
+                        )));
+                    }
+                    match far.backend().alloc(available, true, &avoid) {
+                        Ok(g) => break g,
+                        // Fewer still: look again.
+                        Err(RpcError::Remote(RemoteError::NoCapacity { .. })) => continue,
+                        Err(e) => return Err(e.into()),
+                    }
+                }
                 Err(RpcError::Remote(RemoteError::NoCapacity { available, .. })) => {
                     // A runtime shutting down stops waiting for capacity that
                     // may take minutes to come (a cluster short of k+m nodes).
@@ -315,9 +439,17 @@ impl Placement {
                 size: need_pages as usize * PAGE_SIZE,
             });
         }
-        let mut regions = Vec::with_capacity(grants.len());
-        let mut nodes = Vec::with_capacity(grants.len());
-        for g in &grants {
+        let mut regions = Vec::with_capacity(self.width);
+        let mut nodes = Vec::with_capacity(self.width);
+        // A short group: its empty positions are the last data positions.
+        let empty = self.width - grants.len();
+        for (i, g) in grants.iter().enumerate() {
+            if let Some((k, _)) = self.short
+                && i + empty == k
+            {
+                regions.extend(std::iter::repeat_n(NO_REGION, empty));
+                nodes.extend(std::iter::repeat_n(NO_NODE, empty));
+            }
             match far.regions().add(g.clone()) {
                 Ok(idx) => {
                     nodes.push(g.node);
@@ -333,7 +465,7 @@ impl Placement {
                 }
             }
         }
-        for &r in &regions {
+        for &r in regions.iter().filter(|&&r| r != NO_REGION) {
             far.pages().add_region(r, pages);
         }
         let mut st = lock(&self.st);
@@ -355,13 +487,40 @@ impl Placement {
                 st.groups.len() - 1
             }
         };
+        drop(st);
         tracing::debug!(
-            "{}: stripe group {gi} of {} x {pages} pages ({} regions held)",
+            "{}: stripe group {gi} of {} x {pages} pages ({empty} empty; {} regions held)",
             self.scheme,
             self.width,
             far.regions().len()
         );
+        if empty == 0 && let Some((k, _)) = self.short {
+            self.set_data_width(k);
+        }
         Ok(true)
+    }
+
+    /// New spansets take `w` data members; says so when it changes.
+    fn set_data_width(&self, w: usize) {
+        let Some((k, m)) = self.short else { return };
+        let was = self.data_width.swap(w, std::sync::atomic::Ordering::AcqRel);
+        if was == w {
+            return;
+        }
+        if w < k {
+            tracing::warn!(
+                "{}: {} live memory nodes: writing {w}+{m} spansets until {} are back",
+                self.scheme,
+                w + m,
+                k + m
+            );
+        } else {
+            tracing::info!(
+                "{}: {} live memory nodes again: writing {k}+{m} spansets",
+                self.scheme,
+                k + m
+            );
+        }
     }
 
     /// Marks every position on `node` failed; returns them.
@@ -380,7 +539,11 @@ impl Placement {
     }
 
     /// A region to rebuild a position of group `g` on, on a node the group
-    /// does not use (waiting up to `patience` for one).
+    /// does not use (waiting up to `patience` for one). Where groups may be
+    /// short, a group with no live node outside it gets
+    /// [`RuntimeError::NoDistinctNode`] after [`SPARE_WAIT`] instead: its
+    /// spans are better written again on the live nodes than left below m
+    /// losses' tolerance until a node comes.
     pub(crate) fn replacement(&self, far: &FarMemory, g: usize) -> Result<RegionGrant, RuntimeError> {
         let start = Instant::now();
         let exclude = self.group(g).nodes;
@@ -390,6 +553,11 @@ impl Placement {
                     return v.into_iter().next().ok_or_else(|| {
                         RuntimeError::FarMemoryExhausted("the manager granted no region for a rebuild".into())
                     });
+                }
+                Err(RpcError::Remote(RemoteError::NoCapacity { available: 0, .. }))
+                    if self.short.is_some() && start.elapsed() >= SPARE_WAIT.min(far.patience()) =>
+                {
+                    return Err(RuntimeError::NoDistinctNode { group: g });
                 }
                 Err(RpcError::Remote(RemoteError::NoCapacity { .. })) if start.elapsed() < far.patience() => {
                     // Waits for capacity, but never past a shutdown.
@@ -401,6 +569,43 @@ impl Placement {
                 Err(e) => return Err(e.into()),
             }
         }
+    }
+
+    /// Gives back a degraded group `g` that holds nothing any more (its
+    /// spans were written again elsewhere): the regions on live nodes go
+    /// back to the manager, those on dead nodes leave the region table.
+    /// False (and nothing done) while any of its pages is still in use.
+    pub(crate) fn retire_emptied(&self, far: &FarMemory, g: usize) -> bool {
+        let _one = lock(&self.growing);
+        let gone: Vec<(u16, bool)> = {
+            let mut st = lock(&self.st);
+            let grp = &mut st.groups[g];
+            if grp.retired {
+                return true;
+            }
+            if grp.present_regions().any(|r| far.pages().usage(r).0 > 0) {
+                return false;
+            }
+            for r in grp.present_regions() {
+                far.pages().remove_if_empty(r);
+            }
+            grp.retired = true;
+            grp.regions
+                .iter()
+                .zip(&grp.failed)
+                .filter(|(r, _)| **r != NO_REGION)
+                .map(|(&r, &f)| (r, f))
+                .collect()
+        };
+        for (r, failed) in gone {
+            if let Some(grant) = far.regions().vacate(r)
+                && !failed
+            {
+                far.give_back(grant.cap.region);
+            }
+        }
+        tracing::info!("{}: stripe group {g} re-striped onto live nodes and given back", self.scheme);
+        true
     }
 
     /// Points position `pos` of group `g` at its rebuilt region. Far words

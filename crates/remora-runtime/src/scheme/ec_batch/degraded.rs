@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::{Shared, bytes};
-use crate::error::RuntimeError;
+use crate::error::{LossCause, RuntimeError};
 use crate::far_memory::FarMemory;
 use crate::scheme::SpanAddr;
 use crate::scheme::recovery::{self, Lost};
@@ -63,8 +63,32 @@ impl Shared {
     /// them); returns the bytes rebuilt. No compaction runs in the group
     /// meanwhile, and the rebuilt members start at generation 0 (they were
     /// written plainly).
+    ///
+    /// A group with no live node outside it to rebuild on is re-striped
+    /// instead (see `restripe`), and so is one being re-striped already.
     pub(super) fn recover(&self, far: &FarMemory, lost: &Lost) -> Result<u64, RuntimeError> {
         let (g, pos) = (lost.group, lost.pos);
+        let grp = self.c.place.group(g);
+        if grp.retired || !grp.failed[pos] {
+            return Ok(0); // re-striped and given back, or rebuilt already
+        }
+        if self.lock().restriping.contains(&g) {
+            // Re-striping reads the group's spans: it stops where reads
+            // would, when more positions died than parity covers.
+            let survivors = grp.failed.iter().filter(|&&f| !f).count();
+            if survivors < self.c.k {
+                self.lock().restriping.remove(&g);
+                return Err(RuntimeError::lost(
+                    None::<SpanAddr>,
+                    LossCause::TooFewSurvivors {
+                        group: g,
+                        survivors,
+                        needed: self.c.k,
+                    },
+                ));
+            }
+            return self.restripe(far, g);
+        }
         self.lock().recovering.insert(g);
         let res = recovery::rebuild(far, &self.c.place, lost, |cands| {
             let mut st = self.lock();
@@ -90,6 +114,15 @@ impl Shared {
             }
         }
         st.recovering.remove(&g);
+        if let Err(RuntimeError::NoDistinctNode { .. }) = res {
+            st.restriping.insert(g);
+            drop(st);
+            tracing::warn!(
+                "{}: no live memory node outside stripe group {g} to rebuild position {pos} on: re-striping the group onto live nodes",
+                self.c.name
+            );
+            return self.restripe(far, g);
+        }
         res
     }
 }

@@ -46,6 +46,7 @@ mod adaptive;
 mod compaction;
 mod degraded;
 mod pairing;
+mod restripe;
 mod table;
 
 use std::collections::{HashMap, HashSet};
@@ -84,6 +85,8 @@ struct State {
     retired: HashMap<u64, Spanset>,
     /// Stripe groups being rebuilt: no compaction there meanwhile.
     recovering: HashSet<usize>,
+    /// Stripe groups being re-striped (see `restripe`).
+    restriping: HashSet<usize>,
     /// Per region index, where the search for a free name goes on.
     name_cursor: HashMap<u16, u32>,
 }
@@ -145,9 +148,11 @@ impl EcBatch {
     }
 
     fn build(name: &'static str, k: usize, m: usize, compaction: Compaction) -> Result<Self, RuntimeError> {
+        let mut c = Stripes::new(name, k, m)?;
+        c.place = c.place.shortening(k, m);
         Ok(Self {
             sh: Arc::new(Shared {
-                c: Stripes::new(name, k, m)?,
+                c,
                 st: Mutex::new(State::default()),
                 idle: Condvar::new(),
                 compaction,
@@ -236,9 +241,24 @@ impl Scheme for EcBatch {
         let mut order: Vec<usize> = (0..spans.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(spans[i].len()));
         let mut out = vec![SpanAddr { region: 0, page: 0 }; spans.len()];
-        let chunks: Vec<&[usize]> = order.chunks(sh.c.k).collect();
-        // All or nothing: on an error the caller keeps every span local.
-        let placed = sh.swap_out_many(far, spans, sums, &chunks, &mut out)?;
+        // Spansets take k spans, fewer while too few memory nodes live (a
+        // placement that finds fewer than when we asked fails the swap-out,
+        // which then goes again narrower).
+        let mut width = sh.c.place.data_width(far).min(sh.c.k);
+        let placed = loop {
+            let chunks: Vec<&[usize]> = order.chunks(width).collect();
+            // All or nothing: on an error the caller keeps every span local.
+            match sh.swap_out_many(far, spans, sums, &chunks, &mut out) {
+                Ok(p) => break p,
+                Err(e) => {
+                    let now = sh.c.place.data_width(far).min(sh.c.k);
+                    if now >= width {
+                        return Err(e);
+                    }
+                    width = now;
+                }
+            }
+        };
         // Placed: compaction may fold them from now on.
         for id in placed {
             sh.release_busy(far, id);
@@ -385,13 +405,22 @@ impl Scheme for EcBatch {
 
     fn report(&self) -> SchemeReport {
         let sh = &*self.sh;
-        let (hole_pages, kept_pages) = {
+        let flags = sh.c.place.flags();
+        let (hole_pages, kept_pages, short, below) = {
             let st = sh.lock();
-            (st.hole_pages, st.kept_pages)
+            let (mut short, mut below) = (0, 0);
+            for ss in st.sets.values() {
+                let (s, d) = flags.get(ss.group).copied().unwrap_or_default();
+                short += u64::from(s);
+                below += u64::from(d);
+            }
+            (st.hole_pages, st.kept_pages, short, below)
         };
         SchemeReport {
             hole_bytes: hole_pages * PAGE_SIZE as u64,
             kept_bytes: kept_pages * PAGE_SIZE as u64,
+            short_spansets: short,
+            spansets_below_tolerance: below,
             ..sh.compaction.report(sh.c.report())
         }
     }

@@ -59,10 +59,22 @@ fn rebuild_on(
     } = lost;
     let client = far.regions().connect(&grant.addr)?;
     let grp = place.group(g);
+    // An empty position of a short group is a known zero member: every
+    // row's length there is 0, so the node never reads it, and it names
+    // another source's region only because a source must name one.
+    let real = cands
+        .iter()
+        .find(|&&p| grp.present(p))
+        .map(|&p| far.regions().get(grp.regions[p]))
+        .ok_or_else(|| RuntimeError::lost_because(None::<SpanAddr>, format!("group {g} has no member to read")))?;
     let sources: Vec<RebuildSource> = cands
         .iter()
         .map(|&p| {
-            let r = far.regions().get(grp.regions[p]);
+            let r = if grp.present(p) {
+                far.regions().get(grp.regions[p])
+            } else {
+                std::sync::Arc::clone(&real)
+            };
             RebuildSource {
                 index: p as u8,
                 addr: r.grant.addr.clone(),
@@ -138,9 +150,11 @@ fn survivors(far: &FarMemory, place: &Placement, lost: &Lost) -> Result<Vec<usiz
             },
         ));
     }
-    cands.sort_by_key(|&p| (far.is_suspect(grp.nodes[p]), p >= k));
-    if attempt > 0 && cands.len() > k {
-        cands.remove((attempt - 1) % cands.len());
+    // Empty positions of a short group first: known zeros, read for free.
+    cands.sort_by_key(|&p| (grp.present(p), far.is_suspect(grp.nodes[p]), p >= k));
+    let zeros = cands.iter().filter(|&&p| !grp.present(p)).count();
+    if attempt > 0 && cands.len() > k && cands.len() > zeros {
+        cands.remove(zeros + (attempt - 1) % (cands.len() - zeros));
     }
     cands.truncate(k);
     Ok(cands)
