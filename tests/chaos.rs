@@ -124,6 +124,27 @@ fn manager_outages_lose_nothing() {
     );
 }
 
+/// Phases below k+m live nodes: m nodes killed at once with none joining
+/// for a while. `ec-batch` writes short spansets meanwhile and re-stripes
+/// what it cannot rebuild; nothing is lost, and every killed node's data
+/// ends up rebuilt or re-striped.
+#[test]
+fn phases_below_k_plus_m_lose_nothing() {
+    let v = run("shrink,kill", "5");
+    assert_nothing_lost(&v);
+    let faults = v["faults"].as_array().unwrap();
+    let shrunk: Vec<_> = faults.iter().filter(|f| f["kind"] == "shrink").collect();
+    assert!(shrunk.len() >= 2, "seed 5 plans a shrink (m = 2 nodes at once): {v}");
+    assert!(v["shrink_phases"].as_u64().unwrap() >= 1, "{v}");
+    for f in &shrunk {
+        assert!(
+            f["rebuilt_at_s"].as_f64().is_some(),
+            "every killed node's data was re-striped: {v}"
+        );
+    }
+    assert!(v["restriped_spans"].as_u64().unwrap() > 0, "{v}");
+}
+
 /// Plans a 9.8 s manager outage early in the 16 s run (the memory nodes'
 /// leases lapse) and a kill during it, whose rebuild waits for the manager.
 const SEED_WITH_MANAGER: &str = "3";

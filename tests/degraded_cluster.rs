@@ -323,12 +323,22 @@ fn two_of_seven_memory_nodes_dying_at_once_keep_serving_and_restripe() {
         "every spanset tolerates two losses again only {restored_after:?} after the kill"
     );
     assert!(st.swap_outs > at_kill.swap_outs, "eviction went on after the kill");
-    assert!(short_seen > 0, "3+2 spansets were written while five nodes lived: {st:?}");
-    assert!(st.restriped_spans > 0, "groups with no node to rebuild on were re-striped: {st:?}");
+    assert!(
+        short_seen > 0,
+        "3+2 spansets were written while five nodes lived: {st:?}"
+    );
+    assert!(
+        st.restriped_spans > 0,
+        "groups with no node to rebuild on were re-striped: {st:?}"
+    );
     assert_eq!(st.lost_positions, 0, "nothing may be lost: {st:?}");
     verify_all(&rt, &objs, &versions);
     drop(objs);
     let t = Instant::now();
     drop(rt);
-    assert!(t.elapsed() < Duration::from_secs(2), "the runtime took {:?} to stop", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "the runtime took {:?} to stop",
+        t.elapsed()
+    );
 }

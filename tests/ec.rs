@@ -332,12 +332,54 @@ fn recovery_verifies_rebuilt_shards_against_checksums() {
     assert!(st.reconstructed_bytes > 0, "{st:?}");
 }
 
-/// With fewer than k+m live memory nodes, eviction waits instead of dropping
-/// data, and resumes when a node joins; with no node joining, allocation
-/// fails with a typed error.
+/// With fewer than k+m live memory nodes, `ec-batch` writes short spansets
+/// (3+2 on five nodes) and every object reads back; once a sixth node
+/// joins, new spansets are full 4+2 again. Below m+1 nodes not even a short
+/// spanset fits: eviction waits instead of dropping data, resumes when
+/// nodes join, and with no node joining allocation fails with a typed error.
 #[test]
-fn swap_out_waits_for_k_plus_m_nodes() {
+fn swap_out_shortens_below_k_plus_m_and_waits_below_m_plus_1() {
+    // Five nodes: 3+2 spansets.
     let mut c = cluster(5, 64 << 20, 8 << 20);
+    let rt = ec_runtime(&c, 1 << 20, Duration::from_secs(30));
+    let objs: Vec<RemBox<Obj2K>> = (0..2048u64).map(|i| rt.alloc(obj(i, 7)).unwrap()).collect();
+    rt.wait_for_eviction(Duration::from_secs(20)).unwrap();
+    let st = rt.stats();
+    assert!(
+        st.swap_outs > 0 && st.short_spansets > 0,
+        "3+2 spansets on five nodes: {st:?}"
+    );
+    // Every spanset short: RS(3, 2) on the far data, 5/3 bytes written.
+    let ratio = st.bytes_written_remote as f64 / st.bytes_evicted_data as f64;
+    assert!((5.0 / 3.0 * 0.99..5.0 / 3.0 * 1.15).contains(&ratio), "{ratio} {st:?}");
+    {
+        let scope = rt.scope();
+        for (i, o) in objs.iter().enumerate() {
+            assert!(Words::is(o.deref(&scope).unwrap(), i as u64, 7));
+        }
+    }
+    // A sixth node: full spansets for what is evicted from now on.
+    c.add_memnode().unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let before = rt.stats();
+    {
+        let scope = rt.scope();
+        for (i, o) in objs.iter().enumerate() {
+            assert!(Words::is(o.deref(&scope).unwrap(), i as u64, 7));
+        }
+    }
+    rt.wait_for_eviction(Duration::from_secs(20)).unwrap();
+    let after = rt.stats();
+    assert!(
+        after.spansets_written - before.spansets_written > after.partial_spansets - before.partial_spansets,
+        "full 4+2 spansets once six nodes live: {after:?}"
+    );
+    drop(objs);
+    drop(rt);
+    drop(c);
+
+    // Two nodes, fewer than m+1: eviction waits, and resumes when nodes join.
+    let mut c = cluster(2, 64 << 20, 8 << 20);
     let rt = ec_runtime(&c, 1 << 20, Duration::from_secs(30));
     let done = AtomicBool::new(false);
     let result = std::thread::scope(|s| {
@@ -348,11 +390,11 @@ fn swap_out_waits_for_k_plus_m_nodes() {
         });
         std::thread::sleep(Duration::from_millis(1500));
         assert!(!done.load(Ordering::SeqCst), "allocation finished without far memory");
-        assert_eq!(rt.stats().swap_outs, 0, "nothing can be placed on 5 nodes");
+        assert_eq!(rt.stats().swap_outs, 0, "nothing can be placed on 2 nodes");
         c.add_memnode().unwrap();
         h.join().unwrap()
     });
-    let objs = result.expect("allocation resumes once a sixth node joins");
+    let objs = result.expect("allocation resumes once a third node joins (1+2 spansets)");
     assert!(rt.stats().swap_outs > 0);
     let scope = rt.scope();
     for (i, o) in objs.iter().enumerate() {
@@ -361,9 +403,9 @@ fn swap_out_waits_for_k_plus_m_nodes() {
     drop(scope);
     drop(objs);
     drop(rt);
-    // Bounded: with 5 nodes and short patience, a typed error.
-    let c5 = cluster(5, 64 << 20, 8 << 20);
-    let rt = ec_runtime(&c5, 1 << 20, Duration::from_secs(2));
+    // Bounded: with 2 nodes and short patience, a typed error.
+    let c2 = cluster(2, 64 << 20, 8 << 20);
+    let rt = ec_runtime(&c2, 1 << 20, Duration::from_secs(2));
     let r: Result<Vec<RemBox<Obj2K>>, _> = (0..2048u64).map(|i| rt.alloc(obj(i, 0))).collect();
     match r {
         Err(e) => eprintln!("typed error as expected: {e}"),

@@ -3,13 +3,17 @@
 //! and a seeded schedule (printed first) that kill -9s, pauses (SIGSTOP /
 //! SIGCONT) and partitions memory nodes, bringing a fresh node up after
 //! each kill, and kill -9s the manager, starting it again on its port with
-//! its data directory 0.5–10 s later. At the end every object is verified
-//! against its last written version.
+//! its data directory 0.5–10 s later. With `shrink`, the cluster starts at
+//! k+m+1 nodes and a shrink kill -9s m of them at once, none joining for
+//! 5–15 s: a phase below k+m live nodes, in which `ec-batch` writes short
+//! spansets and re-stripes the groups it cannot rebuild. At the end every
+//! object is verified against its last written version.
 //!
 //! No stripe group may have more than m unrepaired losses. The runtime does
 //! not say which stripe group a region is in, so the nemesis keeps a
 //! stricter rule: a memory-node fault starts only while fewer than m nodes'
-//! data in the whole cluster is unavailable or un-rebuilt. A manager outage
+//! data in the whole cluster is unavailable or un-rebuilt (a shrink, m at
+//! once, only while none is), which bounds every group's losses by m. A manager outage
 //! loses no data and is not counted; it never overlaps another, and while it
 //! lasts only kills strike (their new node joins, and their rebuild starts,
 //! once the manager is back): a pause or partition waits, because whether it
@@ -55,9 +59,11 @@ pub struct ChaosArgs {
     pub seed: Option<u64>,
     /// Faults to draw from (comma-separated): `kill`, `pause` and
     /// `partition` strike a memory node, `manager` kill -9s the manager for
-    /// 0.5–10 s. `partition` needs a build with `--features fault-injection`
-    /// (it drops a node's traffic from inside it).
-    #[arg(long, value_delimiter = ',', default_value = "kill,pause,manager")]
+    /// 0.5–10 s, `shrink` kill -9s m nodes at once and lets none join for
+    /// 5–15 s (the cluster then starts at k+m+1 nodes, so a shrink leaves
+    /// fewer than k+m). `partition` needs a build with `--features
+    /// fault-injection` (it drops a node's traffic from inside it).
+    #[arg(long, value_delimiter = ',', default_value = "kill,pause,manager,shrink")]
     pub faults: Vec<FaultKind>,
     /// Mean time between faults.
     #[arg(long, default_value = "6s", value_parser = parse_duration)]
@@ -163,14 +169,25 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
     let seed = args.seed.unwrap_or_else(|| rand::rng().random_range(1..1_000_000));
     let plan = nemesis::plan(seed, duration, warm, tail, args.mean_gap.as_secs_f64(), &args.faults);
     let (k, m) = (opts.k, opts.m);
-    let memnodes = k + 2 * m + args.spares;
-    println!(
-        "remora chaos: seed {seed} (replay with --seed {seed}), {} s, {} on {memnodes} memory nodes (k+2m = {} plus {} spares)",
-        duration,
-        args.scheme,
-        k + 2 * m,
-        args.spares
-    );
+    // With phases below k+m live nodes, k+m+1 nodes: killing m of them
+    // (as many as may die at once) leaves fewer than k+m.
+    let shrinks = args.faults.contains(&FaultKind::Shrink);
+    let memnodes = if shrinks { k + m + 1 } else { k + 2 * m + args.spares };
+    if shrinks {
+        println!(
+            "remora chaos: seed {seed} (replay with --seed {seed}), {} s, {} on {memnodes} memory nodes (k+m+1, so that \
+             `shrink` takes the cluster below k+m; --spares does not apply)",
+            duration, args.scheme
+        );
+    } else {
+        println!(
+            "remora chaos: seed {seed} (replay with --seed {seed}), {} s, {} on {memnodes} memory nodes (k+2m = {} plus {} spares)",
+            duration,
+            args.scheme,
+            k + 2 * m,
+            args.spares
+        );
+    }
     println!(
         "schedule ({} faults; a memory-node fault waits while m = {m} nodes' data is unavailable or un-rebuilt, \
          a manager outage while one is under way, a pause or partition while the manager is down):",
@@ -179,6 +196,10 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
     for p in &plan {
         match p.kind {
             FaultKind::Kill => println!("  {:7.2}s  kill -9, then a new node joins", p.at),
+            FaultKind::Shrink => println!(
+                "  {:7.2}s  kill -9 {m} nodes at once, {m} new nodes join after {:.2}s",
+                p.at, p.hold
+            ),
             FaultKind::Manager => println!("  {:7.2}s  kill -9 the manager, back after {:.2}s", p.at, p.hold),
             _ => println!("  {:7.2}s  {} for {:.2}s", p.at, p.kind.name(), p.hold),
         }
@@ -232,6 +253,8 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
     // New memory nodes owed for kills while the manager was down: one
     // cannot register until it is back.
     let mut joins_owed = 0usize;
+    // Nodes owed by shrink phases: (when, how many) join.
+    let mut rejoins: Vec<(f64, usize)> = Vec::new();
     // The manager's last verdict on the memory nodes; it stands while the
     // manager is down, since nobody can declare a node dead meanwhile.
     let mut last_status: Option<remora_proto::ClusterStatus> = None;
@@ -297,12 +320,9 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
             let st = rt.stats();
             // A kill is rebuilt once the runtime holds no region on that
             // node any more: each was rebuilt elsewhere (or given back).
-            if done.iter().any(|d| d.kind == FaultKind::Kill && d.rebuilt_at.is_none()) {
+            if done.iter().any(|d| d.kind.kills() && d.rebuilt_at.is_none()) {
                 let held: Vec<String> = rt.regions().into_iter().map(|(_, g)| g.addr).collect();
-                for d in done
-                    .iter_mut()
-                    .filter(|d| d.kind == FaultKind::Kill && d.rebuilt_at.is_none())
-                {
+                for d in done.iter_mut().filter(|d| d.kind.kills() && d.rebuilt_at.is_none()) {
                     if !held.contains(&d.node) {
                         d.rebuilt_at = Some(t);
                         say(
@@ -346,11 +366,21 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
                     Err(e) => say(t, format!("starting the manager again failed: {e}")),
                 }
             }
-            let unrebuilt = done
-                .iter()
-                .filter(|d| d.kind == FaultKind::Kill && d.rebuilt_at.is_none())
-                .count()
-                + holds.len();
+            // A shrink phase ends: as many nodes join as it killed.
+            rejoins.retain(|&(at, n)| {
+                if at > t {
+                    return true;
+                }
+                for _ in 0..n {
+                    if outage.is_some() {
+                        joins_owed += 1;
+                    } else {
+                        join(&mut cluster, t);
+                    }
+                }
+                false
+            });
+            let unrebuilt = done.iter().filter(|d| d.kind.kills() && d.rebuilt_at.is_none()).count() + holds.len();
             if t >= duration {
                 // Calm: wait (bounded) for every rebuild, then stop.
                 if unrebuilt == 0 && st.recovering == 0 && outage.is_none() {
@@ -395,6 +425,56 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
                 });
                 continue;
             }
+            if p.kind == FaultKind::Shrink {
+                // m at once, so only with nothing else un-rebuilt, and one
+                // phase at a time (never below k: at least m+1 nodes live).
+                if unrebuilt > 0 || outage.is_some() || !rejoins.is_empty() {
+                    continue;
+                }
+                last_status = cluster.status().ok();
+                if fenced_unrebuilt(last_status.as_ref(), &rt, &done) > 0 {
+                    continue;
+                }
+                next += 1;
+                let mut struck = Vec::new();
+                for j in 0..m {
+                    let one = Planned {
+                        kind: FaultKind::Kill,
+                        pick: p.pick.wrapping_add(j as u64),
+                        ..p
+                    };
+                    match strike(&mut cluster, &rt, one, t, &dead, &holds) {
+                        Ok((node, addr)) => {
+                            dead.push(node);
+                            struck.push(format!("#{node} ({addr})"));
+                            done.push(Done {
+                                kind: p.kind,
+                                node: addr,
+                                at: t,
+                                hold: p.hold,
+                                rebuilt_at: None,
+                            });
+                        }
+                        Err(e) => {
+                            say(t, format!("shrink: {e}"));
+                            break;
+                        }
+                    }
+                }
+                if !struck.is_empty() {
+                    say(
+                        t,
+                        format!(
+                            "shrink: kill -9 nodes {} at once; {} new nodes join after {:.2}s",
+                            struck.join(", "),
+                            struck.len(),
+                            p.hold
+                        ),
+                    );
+                    rejoins.push((t + p.hold, struck.len()));
+                }
+                continue;
+            }
             if unrebuilt >= m || (outage.is_some() && p.kind != FaultKind::Kill) {
                 continue;
             }
@@ -425,7 +505,7 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
                 });
                 match p.kind {
                     FaultKind::Kill => dead.push(node),
-                    FaultKind::Manager => {}
+                    FaultKind::Manager | FaultKind::Shrink => {}
                     kind => holds.push(Hold {
                         node,
                         kind,
@@ -467,7 +547,13 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
     } = verify_all(&rt, &objs, &versions);
     let st = rt.stats();
     let recoveries = st.recoveries.saturating_sub(base_recoveries);
-    let kills = done.iter().filter(|d| d.kind == FaultKind::Kill).count() as u64;
+    let kills = done.iter().filter(|d| d.kind.kills()).count() as u64;
+    let shrink_phases = done
+        .iter()
+        .filter(|d| d.kind == FaultKind::Shrink)
+        .map(|d| d.at.to_bits())
+        .collect::<std::collections::HashSet<_>>()
+        .len();
     let outages = report::manager_outages(&done);
     let down: Vec<f64> = outages.iter().map(|o| o.1 - o.0).collect();
     let down_total: f64 = down.iter().sum();
@@ -500,6 +586,12 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
         "  manager outages    {}, down {down_total:.2}s in total (longest {down_longest:.2}s)",
         outages.len()
     );
+    if shrinks {
+        println!(
+            "  below k+m          {shrink_phases} phases; {} short spansets now, {} spans re-striped",
+            st.short_spansets, st.restriped_spans
+        );
+    }
     if outages.is_empty() {
         println!("  longest at zero    {longest_zero:.2}s (goal: never more than 1 s)");
     } else {
@@ -514,7 +606,7 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
     let mut dips = Vec::new();
     for d in &done {
         let end = match d.kind {
-            FaultKind::Kill => d.rebuilt_at.unwrap_or(duration),
+            FaultKind::Kill | FaultKind::Shrink => d.rebuilt_at.unwrap_or(duration),
             _ => d.at + d.hold,
         };
         let back_from = if d.kind == FaultKind::Manager { end } else { d.at };
@@ -566,6 +658,8 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
             "longest_zero_s": longest_zero,
             "longest_zero_outside_outages_s": longest_zero_outside,
             "manager_outages": outages.len(),
+            "shrink_phases": shrink_phases,
+            "restriped_spans": st.restriped_spans,
             "manager_down_s": down_total,
             "manager_down_longest_s": down_longest,
             "settled": settled,
@@ -606,7 +700,7 @@ fn fenced_unrebuilt(status: Option<&remora_proto::ClusterStatus>, rt: &Runtime, 
     let held: Vec<remora_proto::NodeId> = rt.regions().into_iter().map(|(_, g)| g.node).collect();
     let killed: Vec<&str> = done
         .iter()
-        .filter(|d| d.kind == FaultKind::Kill)
+        .filter(|d| d.kind.kills())
         .map(|d| d.node.as_str())
         .collect();
     status
@@ -647,6 +741,7 @@ fn strike(
             cluster.fault(node, Fault::DropConnections)?;
         }
         FaultKind::Manager => bail!("the manager is not a memory node"),
+        FaultKind::Shrink => bail!("a shrink strikes several nodes"),
     }
     Ok((node, addr))
 }

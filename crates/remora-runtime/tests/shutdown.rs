@@ -1,8 +1,8 @@
 //! Dropping a runtime is prompt whatever its background threads are
-//! retrying: eviction waiting for regions a cluster short of k+m nodes
+//! retrying: eviction waiting for regions a cluster short of m+1 nodes
 //! cannot grant, a rebuild waiting for a replacement region, a rebuild
-//! backing off between failed tries, swap-outs failing against memory
-//! nodes whose leases lapsed. Each waits far longer (its patience, 60 s
+//! backing off between failed tries, a stripe group being re-striped,
+//! swap-outs failing against memory nodes whose leases lapsed. Each waits far longer (its patience, 60 s
 //! here) than the bound a drop is held to.
 
 use std::time::{Duration, Instant};
@@ -91,6 +91,22 @@ fn drop_while_a_rebuild_backs_off_between_tries() {
         st.rebuild_retries >= 4
     });
     assert_prompt_drop(rt, "whose rebuild backs off");
+    drop(objs);
+}
+
+/// `ec-batch` on k+m nodes, one of which dies: no node is left outside
+/// the group to rebuild on, so the group is re-striped (its spans come
+/// back a batch at a time and go out again as 3+2 spansets); the runtime
+/// is dropped as soon as that has begun.
+#[test]
+fn drop_while_a_group_is_restriped() {
+    let _one = serial();
+    let (c, rt, objs) = six_nodes_filled("ec-batch", PATIENCE);
+    c.nodes()[0].kill(true);
+    wait_stats(&rt, "re-striping under way", Duration::from_secs(20), |st| {
+        st.restriped_spans > 0
+    });
+    assert_prompt_drop(rt, "that re-stripes a stripe group");
     drop(objs);
 }
 

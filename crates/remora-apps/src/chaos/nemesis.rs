@@ -22,15 +22,27 @@ pub enum FaultKind {
     /// directory after 0.5–10 s: within the memory nodes' leases, or long
     /// after they lapsed, when far memory must wait the outage out.
     Manager,
+    /// kill -9 of m memory nodes at once with none joining for a hold of
+    /// 5–15 s: a phase with fewer than k+m live nodes (the cluster starts
+    /// with k+m+1 when this fault is on), in which `ec-batch` writes short
+    /// spansets and re-stripes what it cannot rebuild; then m nodes join.
+    Shrink,
 }
 
 impl FaultKind {
+    /// Whether it kills memory nodes for good (their data must be rebuilt
+    /// or re-striped).
+    pub(crate) fn kills(self) -> bool {
+        matches!(self, Self::Kill | Self::Shrink)
+    }
+
     pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Kill => "kill",
             Self::Pause => "pause",
             Self::Partition => "partition",
             Self::Manager => "manager",
+            Self::Shrink => "shrink",
         }
     }
 }
@@ -56,6 +68,10 @@ const MIN_HOLD: f64 = 0.2;
 /// them (they lapse, and far memory waits).
 const MANAGER_MIN: f64 = 0.5;
 const MANAGER_MAX: f64 = 10.0;
+/// A phase below k+m live nodes: long enough to re-stripe, short enough to
+/// leave room for the other faults.
+const SHRINK_MIN: f64 = 5.0;
+const SHRINK_MAX: f64 = 15.0;
 
 /// Draws the schedule: the first fault after `warm` seconds (the baseline
 /// the dips are measured against), then gaps drawn around `mean_gap`, none
@@ -76,6 +92,7 @@ pub(crate) fn plan(seed: u64, duration: f64, warm: f64, tail: f64, mean_gap: f64
             FaultKind::Kill => 0.0,
             FaultKind::Pause | FaultKind::Partition => rng.random_range(MIN_HOLD..MAX_HOLD),
             FaultKind::Manager => rng.random_range(MANAGER_MIN..MANAGER_MAX),
+            FaultKind::Shrink => rng.random_range(SHRINK_MIN..SHRINK_MAX),
         };
         out.push(Planned {
             at: t,
@@ -101,6 +118,7 @@ mod tests {
             FaultKind::Pause,
             FaultKind::Partition,
             FaultKind::Manager,
+            FaultKind::Shrink,
         ];
         let a = plan(7, 60.0, 5.0, 10.0, 6.0, &kinds);
         let b = plan(7, 60.0, 5.0, 10.0, 6.0, &kinds);
@@ -113,6 +131,7 @@ mod tests {
             match p.kind {
                 FaultKind::Kill => assert_eq!(p.hold, 0.0),
                 FaultKind::Manager => assert!((MANAGER_MIN..MANAGER_MAX).contains(&p.hold)),
+                FaultKind::Shrink => assert!((SHRINK_MIN..SHRINK_MAX).contains(&p.hold)),
                 _ => assert!((MIN_HOLD..MAX_HOLD).contains(&p.hold)),
             }
         }

@@ -119,6 +119,7 @@ fn colour(kind: FaultKind) -> RGBColor {
         FaultKind::Pause => RGBColor(255, 127, 14),
         FaultKind::Partition => RGBColor(148, 103, 189),
         FaultKind::Manager => RGBColor(44, 160, 44),
+        FaultKind::Shrink => RGBColor(140, 86, 75),
     }
 }
 
@@ -131,7 +132,7 @@ pub(crate) fn draw(path: &Path, windows: &[(f64, f64)], faults: &[Done], title: 
     let mut chart = crate::plot::timeline(path, &root, title, (tmax, ymax), "k ops/s (50 ms windows)")?;
     for f in faults {
         let end = match f.kind {
-            FaultKind::Kill => f.rebuilt_at.unwrap_or(f.at),
+            FaultKind::Kill | FaultKind::Shrink => f.rebuilt_at.unwrap_or(f.at),
             _ => f.at + f.hold,
         };
         if end > f.at {
@@ -159,6 +160,7 @@ pub(crate) fn draw(path: &Path, windows: &[(f64, f64)], faults: &[Done], title: 
         FaultKind::Pause,
         FaultKind::Partition,
         FaultKind::Manager,
+        FaultKind::Shrink,
     ] {
         let marks: Vec<&Done> = faults.iter().filter(|f| f.kind == kind).collect();
         if marks.is_empty() {

@@ -126,7 +126,9 @@ pub(super) fn after_kill(at: &[(f64, u64)], samples: &[Stats], kill_s: f64, node
         v
     };
     let before = rate(0.0, kill_s).unwrap_or(0.0);
-    let dip = windows(kill_s, (kill_s + 5.0).min(end)).into_iter().fold(f64::INFINITY, f64::min);
+    let dip = windows(kill_s, (kill_s + 5.0).min(end))
+        .into_iter()
+        .fold(f64::INFINITY, f64::min);
     let mut later = windows(kill_s + 5.0, end);
     later.sort_by(f64::total_cmp);
     let median_after = (!later.is_empty()).then(|| later[later.len() / 2]);
@@ -140,9 +142,7 @@ pub(super) fn after_kill(at: &[(f64, u64)], samples: &[Stats], kill_s: f64, node
         .iter()
         .zip(at)
         .filter(|(_, (t, _))| *t >= kill_s)
-        .find(|(s, _)| {
-            s.recoveries >= base + nodes as u64 && s.recovering == 0 && s.spansets_below_tolerance == 0
-        })
+        .find(|(s, _)| s.recoveries >= base + nodes as u64 && s.recovering == 0 && s.spansets_below_tolerance == 0)
         .map(|(_, (t, _))| t - kill_s);
     AfterKill {
         before,

@@ -388,12 +388,17 @@ impl Placement {
                 Ok(g) => break g,
                 Err(RpcError::Remote(RemoteError::NoCapacity { .. })) if !wait => return Ok(false),
                 Err(RpcError::Remote(RemoteError::NoCapacity { available, .. }))
-                    if self.short.is_some_and(|(k, m)| (m + 1..k + m).contains(&(available as usize))) =>
+                    if self
+                        .short
+                        .is_some_and(|(k, m)| (m + 1..k + m).contains(&(available as usize))) =>
                 {
                     let (k, m) = self.short.expect("checked");
                     let narrow = available as usize - m;
                     self.set_data_width(narrow);
-                    if pages[narrow.min(pages.len())..k.min(pages.len())].iter().any(|&p| p > 0) {
+                    if pages[narrow.min(pages.len())..k.min(pages.len())]
+                        .iter()
+                        .any(|&p| p > 0)
+                    {
                         return Err(RuntimeError::FarMemoryExhausted(format!(
                             "{}: {available} live memory nodes: spansets now take {narrow} data spans",
                             self.scheme
@@ -494,7 +499,9 @@ impl Placement {
             self.width,
             far.regions().len()
         );
-        if empty == 0 && let Some((k, _)) = self.short {
+        if empty == 0
+            && let Some((k, _)) = self.short
+        {
             self.set_data_width(k);
         }
         Ok(true)
@@ -509,9 +516,11 @@ impl Placement {
         }
         if w < k {
             tracing::warn!(
-                "{}: {} live memory nodes: writing {w}+{m} spansets until {} are back",
+                "{}: {} live memory nodes: writing {w}+{m} spansets ({:.2}x remote bytes, not {:.2}x) until {} are back",
                 self.scheme,
                 w + m,
+                (w + m) as f64 / w as f64,
+                (k + m) as f64 / k as f64,
                 k + m
             );
         } else {
@@ -604,7 +613,10 @@ impl Placement {
                 far.give_back(grant.cap.region);
             }
         }
-        tracing::info!("{}: stripe group {g} re-striped onto live nodes and given back", self.scheme);
+        tracing::info!(
+            "{}: stripe group {g} re-striped onto live nodes and given back",
+            self.scheme
+        );
         true
     }
 

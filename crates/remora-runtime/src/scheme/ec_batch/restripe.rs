@@ -66,9 +66,7 @@ impl Shared {
         let left = live.len();
         if left > 0 {
             far.restripe(live);
-        } else if !busy
-            && !self.lock().retired.values().any(|ss| ss.group == g)
-            && self.c.place.retire_emptied(far, g)
+        } else if !busy && !self.lock().retired.values().any(|ss| ss.group == g) && self.c.place.retire_emptied(far, g)
         {
             // The slot may be reused by a new group: it is not this one.
             self.lock().restriping.remove(&g);
