@@ -279,6 +279,11 @@ pub struct MicroArgs {
     /// cannot rebuild
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8))]
     pub kill_count: u32,
+    /// Memory nodes in the local cluster (default: enough for the schemes, plus one spare per
+    /// scheme with `--kill-at`). `--memnodes 7 --kill-at 5s --kill-count 2` leaves `ec-batch`'s
+    /// RS(4, 2) five live nodes
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub memnodes: Option<u32>,
     /// Kill -9 the manager this long into each remora scheme's first measured run, start it
     /// again `--manager-down` later on its port and data directory, and report how soon the
     /// throughput is back to 0.9x its level before the kill
@@ -363,7 +368,10 @@ pub fn run(args: &MicroArgs) -> anyhow::Result<()> {
         budget_clamped: budget != wanted,
         cache_objects: (budget / layout.slot_bytes as u64).max(1),
         perm: permutation(n, args.seed),
-        memnodes: schemes::memnodes(&names, args.ec) + if args.kill_at.is_some() { names.len() } else { 0 },
+        memnodes: match args.memnodes {
+            Some(n) => n as usize,
+            None => schemes::memnodes(&names, args.ec) + if args.kill_at.is_some() { names.len() } else { 0 },
+        },
         opts: schemes::options(args.ec, args.late_binding, args.compaction_trigger),
         loads: args.loads(),
     };

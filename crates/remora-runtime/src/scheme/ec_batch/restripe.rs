@@ -35,7 +35,7 @@ impl Shared {
                     busy = true;
                     continue;
                 }
-                for p in 0..ss.k() {
+                for (p, &region) in regions.iter().enumerate().take(ss.k()) {
                     if ss.is_kept(p) {
                         let pages = ss.members[p].pages as u64;
                         ss.set_held(p, Held::Hole);
@@ -43,7 +43,7 @@ impl Shared {
                         st.hole_pages += pages;
                     } else if ss.is_live(p) {
                         live.push(SpanAddr {
-                            region: regions[p],
+                            region,
                             page: ss.members[p].name,
                         });
                     }
