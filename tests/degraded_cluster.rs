@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use common::*;
+use remora_cluster::LocalCluster;
 use remora_proto::NodeState;
 use remora_runtime::{RemBox, Runtime, scheme};
 
@@ -57,9 +58,56 @@ struct Load<'a> {
     start: Instant,
 }
 
-impl Load<'_> {
+/// One cluster of seven memory nodes at a time in this binary: two at once
+/// on two cores would slow each other past the timings these tests rule on.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: Mutex<()> = Mutex::new(());
+    ONE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Seven memory nodes and an ec-batch runtime on them holding 8 MiB of
+/// 1 KiB objects (4x its budget), evicted, with each object's version (all 0).
+type Filled = (LocalCluster, Runtime, Vec<RwLock<RemBox<Obj>>>, Vec<AtomicU64>);
+
+fn filled(name: &str) -> Filled {
+    let c = cluster(7, 64 << 20, 4 << 20);
+    let mut cfg = runtime_config(&c, name, 2 << 20);
+    cfg.scheme = scheme::by_name("ec-batch").unwrap();
+    let rt = Runtime::connect(cfg).unwrap();
+    let n = 8192u64;
+    let objs: Vec<RwLock<RemBox<Obj>>> = (0..n).map(|i| RwLock::new(rt.alloc(obj(i, 0)).unwrap())).collect();
+    let versions: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
+    rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
+    (c, rt, objs, versions)
+}
+
+impl<'a> Load<'a> {
+    /// A load on `objs`, counted in `windows` 100 ms windows from now.
+    fn new(rt: &'a Runtime, objs: &'a [RwLock<RemBox<Obj>>], versions: &'a [AtomicU64], windows: usize) -> Self {
+        Self {
+            rt,
+            objs,
+            versions,
+            stop: AtomicBool::new(false),
+            errors: Mutex::new(Vec::new()),
+            windows: (0..windows).map(|_| AtomicU64::new(0)).collect(),
+            start: Instant::now(),
+        }
+    }
+
     fn window(&self, at: Duration) -> usize {
         (at.as_millis() / 100) as usize
+    }
+
+    /// Fails the test if any operation failed.
+    fn assert_no_errors(&self) {
+        let errors = self.errors.lock().unwrap();
+        assert!(
+            errors.is_empty(),
+            "{} errors, first: {:?}",
+            errors.len(),
+            &errors[..errors.len().min(5)]
+        );
     }
 
     fn ops_between(&self, from: Duration, to: Duration) -> u64 {
@@ -124,26 +172,10 @@ struct Outage {
 /// outage, when nobody can declare it dead. No operation may fail; every
 /// object verifies at the end, after any rebuild.
 fn outage(kill_memnode: bool) -> Outage {
-    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = one_at_a_time();
     let warnings = warnings();
-    let c = cluster(7, 64 << 20, 4 << 20);
-    let mut cfg = runtime_config(&c, "manager-outage", 2 << 20);
-    cfg.scheme = scheme::by_name("ec-batch").unwrap();
-    let rt = Runtime::connect(cfg).unwrap();
-    let n = 8192u64; // 8 MiB of 1 KiB objects: 4x the budget
-    let objs: Vec<RwLock<RemBox<Obj>>> = (0..n).map(|i| RwLock::new(rt.alloc(obj(i, 0)).unwrap())).collect();
-    let versions: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
-    rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
-    let w = Load {
-        rt: &rt,
-        objs: &objs,
-        versions: &versions,
-        stop: AtomicBool::new(false),
-        errors: Mutex::new(Vec::new()),
-        windows: (0..400).map(|_| AtomicU64::new(0)).collect(),
-        start: Instant::now(),
-    };
+    let (c, rt, objs, versions) = filled("manager-outage");
+    let w = Load::new(&rt, &objs, &versions, 400);
     let kill_at = Duration::from_secs(3);
     let down_for = Duration::from_secs(10);
     let (warn_during, swap_ins_after) = std::thread::scope(|s| {
@@ -170,13 +202,7 @@ fn outage(kill_memnode: bool) -> Outage {
         w.stop.store(true, Ordering::Relaxed);
         (warn_during, swap_ins_after)
     });
-    let errors = w.errors.lock().unwrap();
-    assert!(
-        errors.is_empty(),
-        "{} errors, first: {:?}",
-        errors.len(),
-        &errors[..errors.len().min(5)]
-    );
+    w.assert_no_errors();
     let restart = kill_at + down_for;
     let second = Duration::from_secs(1);
     let per_second: Vec<u64> = (0..20).map(|i| w.ops_between(second * i, second * (i + 1))).collect();
@@ -260,26 +286,10 @@ fn a_memory_node_dying_while_the_manager_is_down_is_rebuilt_after() {
 /// object verifies, and the runtime still shuts down at once.
 #[test]
 fn two_of_seven_memory_nodes_dying_at_once_keep_serving_and_restripe() {
-    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = one_at_a_time();
     let _ = warnings();
-    let c = cluster(7, 64 << 20, 4 << 20);
-    let mut cfg = runtime_config(&c, "two-die", 2 << 20);
-    cfg.scheme = scheme::by_name("ec-batch").unwrap();
-    let rt = Runtime::connect(cfg).unwrap();
-    let n = 8192u64; // 8 MiB of 1 KiB objects: 4x the budget
-    let objs: Vec<RwLock<RemBox<Obj>>> = (0..n).map(|i| RwLock::new(rt.alloc(obj(i, 0)).unwrap())).collect();
-    let versions: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
-    rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
-    let w = Load {
-        rt: &rt,
-        objs: &objs,
-        versions: &versions,
-        stop: AtomicBool::new(false),
-        errors: Mutex::new(Vec::new()),
-        windows: (0..600).map(|_| AtomicU64::new(0)).collect(),
-        start: Instant::now(),
-    };
+    let (c, rt, objs, versions) = filled("two-die");
+    let w = Load::new(&rt, &objs, &versions, 600);
     let kill_at = Duration::from_secs(3);
     let (restored_after, at_kill, short_seen) = std::thread::scope(|s| {
         for t in 0..2 {
@@ -310,13 +320,7 @@ fn two_of_seven_memory_nodes_dying_at_once_keep_serving_and_restripe() {
     let second = Duration::from_secs(1);
     let per_second: Vec<u64> = (0..40).map(|i| w.ops_between(second * i, second * (i + 1))).collect();
     eprintln!("ops per second: {per_second:?}; restored after {restored_after:?}; {st:?}");
-    let errors = w.errors.lock().unwrap();
-    assert!(
-        errors.is_empty(),
-        "{} errors, first: {:?}",
-        errors.len(),
-        &errors[..errors.len().min(5)]
-    );
+    w.assert_no_errors();
     let restored_after = restored_after.unwrap_or_else(|| panic!("spansets still below tolerance after 60 s: {st:?}"));
     assert!(
         restored_after < Duration::from_secs(30),

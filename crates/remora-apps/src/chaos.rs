@@ -416,13 +416,7 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
                     done: done.len(),
                     until: t + p.hold,
                 });
-                done.push(Done {
-                    kind: p.kind,
-                    node: cluster.manager_addr().to_string(),
-                    at: t,
-                    hold: p.hold,
-                    rebuilt_at: None,
-                });
+                done.push(Done::new(p.kind, cluster.manager_addr().to_string(), t, p.hold));
                 continue;
             }
             if p.kind == FaultKind::Shrink {
@@ -447,13 +441,7 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
                         Ok((node, addr)) => {
                             dead.push(node);
                             struck.push(format!("#{node} ({addr})"));
-                            done.push(Done {
-                                kind: p.kind,
-                                node: addr,
-                                at: t,
-                                hold: p.hold,
-                                rebuilt_at: None,
-                            });
+                            done.push(Done::new(p.kind, addr, t, p.hold));
                         }
                         Err(e) => {
                             say(t, format!("shrink: {e}"));
@@ -496,13 +484,7 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
                         _ => format!("{} node #{node} ({addr}) for {:.2}s", p.kind.name(), p.hold),
                     },
                 );
-                done.push(Done {
-                    kind: p.kind,
-                    node: addr,
-                    at: t,
-                    hold: p.hold,
-                    rebuilt_at: None,
-                });
+                done.push(Done::new(p.kind, addr, t, p.hold));
                 match p.kind {
                     FaultKind::Kill => dead.push(node),
                     FaultKind::Manager | FaultKind::Shrink => {}

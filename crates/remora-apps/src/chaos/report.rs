@@ -35,6 +35,19 @@ pub(crate) struct Done {
     pub(crate) rebuilt_at: Option<f64>,
 }
 
+impl Done {
+    /// A fault of `kind` on `node`, struck at `at` for `hold` seconds.
+    pub(crate) fn new(kind: FaultKind, node: String, at: f64, hold: f64) -> Self {
+        Self {
+            kind,
+            node,
+            at,
+            hold,
+            rebuilt_at: None,
+        }
+    }
+}
+
 /// A fault's effect on throughput.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Dip {
