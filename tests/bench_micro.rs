@@ -583,3 +583,54 @@ fn micro_runs_through_a_manager_outage() {
         assert!(r["ops"].as_u64().unwrap() > 0, "{r}");
     }
 }
+
+/// `--kill-at --kill-count 2 --memnodes 7`: two of seven memory nodes are
+/// killed at once, leaving five for RS(4, 2); the run goes on with 0
+/// errors and 0 wrong bytes and says when every spanset tolerated two
+/// losses again.
+#[test]
+fn micro_runs_through_two_of_seven_nodes_killed_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("kill2.json");
+    let (_, stderr) = remora_ok(&[
+        "bench",
+        "micro",
+        "--scheme",
+        "ec-batch",
+        "--objects",
+        "4000",
+        "--object-size",
+        "4KiB",
+        "--local-ratio",
+        "0.25",
+        "--threads",
+        "2",
+        "--zipf",
+        "0",
+        "--duration",
+        "8",
+        "--warmup",
+        "200ms",
+        "--kill-at",
+        "1s",
+        "--kill-count",
+        "2",
+        "--memnodes",
+        "7",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(stderr.contains("killed 2 memory node(s)"), "{stderr}");
+    assert!(stderr.contains("2 node(s) killed at"), "{stderr}");
+    assert!(
+        stderr.contains("every spanset tolerates m losses again"),
+        "tolerance restored within the run: {stderr}"
+    );
+    let v = read_json(&json);
+    assert_eq!(v["kill_count"], 2, "{v}");
+    for r in v["results"].as_array().unwrap() {
+        assert_eq!(r["errors"], 0, "{r}");
+        assert_eq!(r["wrong_bytes"], 0, "{r}");
+        assert!(r["ops"].as_u64().unwrap() > 0, "{r}");
+    }
+}
