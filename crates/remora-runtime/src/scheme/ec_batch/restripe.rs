@@ -64,10 +64,12 @@ impl Shared {
             }
         }
         let left = live.len();
+        // Looked at apart: the group goes back with no scheme lock held (a
+        // guard in the condition would live through the call).
+        let read_still = self.lock().retired.values().any(|ss| ss.group == g);
         if left > 0 {
             far.restripe(live);
-        } else if !busy && !self.lock().retired.values().any(|ss| ss.group == g) && self.c.place.retire_emptied(far, g)
-        {
+        } else if !busy && !read_still && self.c.place.retire_emptied(far, g) {
             // The slot may be reused by a new group: it is not this one.
             self.lock().restriping.remove(&g);
             return Ok(0);
