@@ -33,9 +33,9 @@
 //! Lock order: a scheme's own state lock may be held while calling
 //! [`Placement::group`] or [`Placement::free`]
 //! (placement's lock is taken after it, briefly, and never the other way);
-//! [`Placement::place`], [`Placement::replacement`] and
-//! [`Placement::rebind`] talk to the manager and must be called with no
-//! scheme lock held.
+//! [`Placement::place`], [`Placement::replacement`], [`Placement::rebind`],
+//! [`Placement::data_width`] and [`Placement::retire_emptied`] talk to the
+//! manager and must be called with no scheme lock held.
 
 use std::sync::{Mutex, MutexGuard};
 use std::thread;
