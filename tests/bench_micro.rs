@@ -404,17 +404,17 @@ fn micro_all_schemes_sweep_and_plot() {
     }
 }
 
-/// `--kill-at`: every redundant scheme runs through the SIGKILL of a memory
-/// node holding its data with 0 errors and 0 wrong bytes, reading around it.
-#[test]
-fn micro_redundant_schemes_survive_a_kill_mid_run() {
+/// A short closed-loop run of `schemes` for `secs` seconds (4000 objects of
+/// 4 KiB, a quarter local, uniform, 2 threads) with the fault flags
+/// `faults`; returns its stderr and its JSON.
+fn faulted_run(schemes: &str, secs: &str, faults: &[&str]) -> (String, serde_json::Value) {
     let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("kill.json");
-    let (_, stderr) = remora_ok(&[
+    let json = dir.path().join("run.json");
+    let mut args = vec![
         "bench",
         "micro",
         "--scheme",
-        "replication,ec-split,ec-batch",
+        schemes,
         "--objects",
         "4000",
         "--object-size",
@@ -426,24 +426,38 @@ fn micro_redundant_schemes_survive_a_kill_mid_run() {
         "--zipf",
         "0",
         "--duration",
-        "2",
+        secs,
         "--warmup",
         "200ms",
-        "--kill-at",
-        "300ms",
         "--json",
         json.to_str().unwrap(),
-    ]);
+    ];
+    args.extend_from_slice(faults);
+    let stderr = remora_ok(&args).1;
+    (stderr, read_json(&json))
+}
+
+/// Every record of `v` ran operations, with 0 errors and 0 wrong bytes.
+fn assert_clean_results(v: &serde_json::Value) {
+    for r in v["results"].as_array().unwrap() {
+        assert_eq!(r["errors"], 0, "{r}");
+        assert_eq!(r["wrong_bytes"], 0, "{r}");
+        assert!(r["ops"].as_u64().unwrap() > 0, "{r}");
+    }
+}
+
+/// `--kill-at`: every redundant scheme runs through the SIGKILL of a memory
+/// node holding its data with 0 errors and 0 wrong bytes, reading around it.
+#[test]
+fn micro_redundant_schemes_survive_a_kill_mid_run() {
+    let (stderr, v) = faulted_run("replication,ec-split,ec-batch", "2", &["--kill-at", "300ms"]);
     assert_eq!(
         stderr.matches("with SIGKILL").count(),
         3,
         "one kill per scheme:\n{stderr}"
     );
-    let v = read_json(&json);
+    assert_clean_results(&v);
     for r in v["results"].as_array().unwrap() {
-        assert_eq!(r["errors"], 0, "{r}");
-        assert_eq!(r["wrong_bytes"], 0, "{r}");
-        assert!(r["ops"].as_u64().unwrap() > 0, "{r}");
         // Network figures add in what memory nodes sent each other.
         let sum = ["bytes_read_remote", "bytes_written_remote", "peer_bytes"]
             .iter()
@@ -545,43 +559,11 @@ fn rounds_of(r: &serde_json::Value) -> Vec<f64> {
 /// 0 wrong bytes, and the run says how soon it was back.
 #[test]
 fn micro_runs_through_a_manager_outage() {
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("manager.json");
-    let (_, stderr) = remora_ok(&[
-        "bench",
-        "micro",
-        "--scheme",
-        "ec-batch",
-        "--objects",
-        "4000",
-        "--object-size",
-        "4KiB",
-        "--local-ratio",
-        "0.25",
-        "--threads",
-        "2",
-        "--zipf",
-        "0",
-        "--duration",
-        "6",
-        "--warmup",
-        "200ms",
-        "--kill-manager-at",
-        "1s",
-        "--manager-down",
-        "3s",
-        "--json",
-        json.to_str().unwrap(),
-    ]);
+    let (stderr, v) = faulted_run("ec-batch", "6", &["--kill-manager-at", "1s", "--manager-down", "3s"]);
     assert!(stderr.contains("killed the manager with SIGKILL"), "{stderr}");
     assert!(stderr.contains("manager down from"), "{stderr}");
-    let v = read_json(&json);
     assert_eq!(v["manager_down_s"], 3.0, "{v}");
-    for r in v["results"].as_array().unwrap() {
-        assert_eq!(r["errors"], 0, "{r}");
-        assert_eq!(r["wrong_bytes"], 0, "{r}");
-        assert!(r["ops"].as_u64().unwrap() > 0, "{r}");
-    }
+    assert_clean_results(&v);
 }
 
 /// `--kill-at --kill-count 2 --memnodes 7`: two of seven memory nodes are
@@ -590,47 +572,17 @@ fn micro_runs_through_a_manager_outage() {
 /// losses again.
 #[test]
 fn micro_runs_through_two_of_seven_nodes_killed_at_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("kill2.json");
-    let (_, stderr) = remora_ok(&[
-        "bench",
-        "micro",
-        "--scheme",
+    let (stderr, v) = faulted_run(
         "ec-batch",
-        "--objects",
-        "4000",
-        "--object-size",
-        "4KiB",
-        "--local-ratio",
-        "0.25",
-        "--threads",
-        "2",
-        "--zipf",
-        "0",
-        "--duration",
         "8",
-        "--warmup",
-        "200ms",
-        "--kill-at",
-        "1s",
-        "--kill-count",
-        "2",
-        "--memnodes",
-        "7",
-        "--json",
-        json.to_str().unwrap(),
-    ]);
+        &["--kill-at", "1s", "--kill-count", "2", "--memnodes", "7"],
+    );
     assert!(stderr.contains("killed 2 memory node(s)"), "{stderr}");
     assert!(stderr.contains("2 node(s) killed at"), "{stderr}");
     assert!(
         stderr.contains("every spanset tolerates m losses again"),
         "tolerance restored within the run: {stderr}"
     );
-    let v = read_json(&json);
     assert_eq!(v["kill_count"], 2, "{v}");
-    for r in v["results"].as_array().unwrap() {
-        assert_eq!(r["errors"], 0, "{r}");
-        assert_eq!(r["wrong_bytes"], 0, "{r}");
-        assert!(r["ops"].as_u64().unwrap() > 0, "{r}");
-    }
+    assert_clean_results(&v);
 }
