@@ -575,6 +575,10 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
         "  manager outages    {}, down {down_total:.2}s in total (longest {down_longest:.2}s)",
         outages.len()
     );
+    println!(
+        "  members in doubt   {} repaired (a fold's commit never acknowledged); {} spansets below full tolerance now",
+        st.doubt_repairs, st.spansets_below_tolerance
+    );
     if shrinks {
         println!(
             "  below k+m          {shrink_phases} phases; {} short spansets now, {} spans re-striped",
@@ -649,6 +653,8 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
             "manager_outages": outages.len(),
             "shrink_phases": shrink_phases,
             "restriped_spans": st.restriped_spans,
+            "doubt_repairs": st.doubt_repairs,
+            "spansets_below_tolerance": st.spansets_below_tolerance,
             "manager_down_s": down_total,
             "manager_down_longest_s": down_longest,
             "settled": settled,

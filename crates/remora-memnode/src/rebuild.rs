@@ -51,8 +51,9 @@ fn remote(e: RpcError) -> RemoteError {
     }
 }
 
-/// Rebuilds shard `want` of every row into region `cap`; returns bytes
-/// written and each row's checksum.
+/// Rebuilds shard `want` of every row into region `cap` (a replacement, or
+/// the shard's own region to repair it); returns bytes written and each
+/// row's checksum.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn rebuild(
     regions: &RegionTable,
@@ -171,7 +172,7 @@ pub(crate) fn rebuild(
             let range = g.check(&region, &cap, true, r.offset, r.out_len as u64)?;
             if r.out_len as usize == row_len {
                 codec
-                    .decode_data(&present, want, &mut g.mem[range])
+                    .decode_data(&present, want, &mut g.mem[range.clone()])
                     .map_err(|e| RemoteError::Internal(format!("decode: {e}")))?;
             } else {
                 scratch.clear();
@@ -179,11 +180,14 @@ pub(crate) fn rebuild(
                 codec
                     .decode_data(&present, want, &mut scratch)
                     .map_err(|e| RemoteError::Internal(format!("decode: {e}")))?;
-                g.mem[range].copy_from_slice(&scratch[..r.out_len as usize]);
+                g.mem[range.clone()].copy_from_slice(&scratch[..r.out_len as usize]);
             }
-            sums.push(remora_proto::checksum::checksum(
-                &g.mem[r.offset as usize..r.offset as usize + r.out_len as usize],
-            ));
+            sums.push(remora_proto::checksum::checksum(&g.mem[range.clone()]));
+            // A rebuilt member is written plainly, as by a WRITE: a fresh
+            // member (generation 0) whose staged change, if any, is
+            // superseded. Rebuilding in place repairs a member left a
+            // commit behind.
+            g.wrote(&range);
             drop(g);
             written += r.out_len as u64;
             for (p, len) in pos.iter_mut().zip(&r.lens) {

@@ -45,8 +45,8 @@ pub struct FarMemory {
 struct Restripe {
     queue: std::collections::VecDeque<SpanAddr>,
     queued: HashSet<SpanAddr>,
-    /// Spans taken off the queue so far.
-    taken: u64,
+    /// Spans brought back to be written again so far.
+    done: u64,
 }
 
 impl FarMemory {
@@ -88,14 +88,19 @@ impl FarMemory {
         for s in &out {
             r.queued.remove(s);
         }
-        r.taken += out.len() as u64;
         out
     }
 
-    /// Spans waiting to be re-striped, and spans taken so far.
+    /// `n` spans taken with [`FarMemory::take_restripe`] are local again,
+    /// to be written anew by eviction.
+    pub(crate) fn restriped(&self, n: usize) {
+        self.restripe.lock().unwrap_or_else(|p| p.into_inner()).done += n as u64;
+    }
+
+    /// Spans waiting to be re-striped, and spans brought back so far.
     pub(crate) fn restripe_counts(&self) -> (usize, u64) {
         let r = self.restripe.lock().unwrap_or_else(|p| p.into_inner());
-        (r.queue.len(), r.taken)
+        (r.queue.len(), r.done)
     }
 
     /// How long to wait out far memory that is unreachable but not lost

@@ -236,6 +236,16 @@ impl Conn {
         {
             self.node.lease.expire();
         }
+        if matches!(req, MemRequest::Commit { .. })
+            && f.break_at_commit.load(Ordering::Acquire) >= 0
+            && f.break_at_commit.fetch_sub(1, Ordering::AcqRel) == 0
+        {
+            let d = Duration::from_micros(f.break_for_us.load(Ordering::Acquire));
+            *lock(&f.cut_until) = Some(Instant::now() + d);
+        }
+        if f.break_for_us.load(Ordering::Acquire) > 0 && lock(&f.cut_until).is_some_and(|t| Instant::now() < t) {
+            return Err(self.broken("injected: the node is cut off"));
+        }
         if f.fail_next.load(Ordering::Acquire) > 0
             && f.fail_next
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))

@@ -14,6 +14,8 @@
 //!
 //! - [`NodeHandle::kill`]: the node dies; connections break, its memory is gone;
 //! - [`NodeHandle::fail_next`]: the next requests break their connection;
+//! - [`NodeHandle::break_at_commit`]: from a later commit on, requests
+//!   break their connection for a while (a node cut off mid-fold);
 //! - [`NodeHandle::set_delay`]: every reply comes late (past a caller's
 //!   timeout, a call times out);
 //! - [`NodeHandle::corrupt_reads`]: reads return bytes with a bit flipped;
@@ -77,6 +79,13 @@ struct Faults {
     /// Commit requests left before the node's lease lapses at one (as when
     /// the manager goes down mid-fold); negative: never.
     lapse_at_commit: AtomicI64,
+    /// Commit requests left before the node is cut off at one; negative:
+    /// never.
+    break_at_commit: AtomicI64,
+    /// For how long it is cut off then, in microseconds.
+    break_for_us: AtomicU64,
+    /// Until when requests break their connection unserved.
+    cut_until: Mutex<Option<std::time::Instant>>,
 }
 
 impl Default for Faults {
@@ -92,6 +101,9 @@ impl Default for Faults {
             die_at_txn: AtomicI64::new(-1),
             die_after_applying: AtomicBool::new(false),
             lapse_at_commit: AtomicI64::new(-1),
+            break_at_commit: AtomicI64::new(-1),
+            break_for_us: AtomicU64::new(0),
+            cut_until: Mutex::new(None),
         }
     }
 }
@@ -353,6 +365,27 @@ impl NodeHandle {
     /// [`NodeHandle::renew_lease`]; its staged changes stay.
     pub fn lapse_lease_at_commit(&self, n: u64) {
         self.node.faults.lapse_at_commit.store(n as i64, Ordering::Release);
+    }
+
+    /// At the `n`-th commit the node is sent from now (0: the next), it is
+    /// cut off for `d`: that commit and every request until then break
+    /// their connection unserved, as when a partition cuts the node off
+    /// mid-fold. The node lives, its staged changes stay, and it serves
+    /// again afterwards.
+    pub fn break_at_commit(&self, n: u64, d: Duration) {
+        let f = &self.node.faults;
+        f.break_for_us.store(d.as_micros() as u64, Ordering::Release);
+        f.break_at_commit.store(n as i64, Ordering::Release);
+    }
+
+    /// A [`NodeHandle::break_at_commit`] still waiting is called off.
+    pub fn keep_commits(&self) {
+        self.node.faults.break_at_commit.store(-1, Ordering::Release);
+    }
+
+    /// Whether a [`NodeHandle::break_at_commit`] still waits for its commit.
+    pub fn commit_break_pending(&self) -> bool {
+        self.node.faults.break_at_commit.load(Ordering::Acquire) >= 0
     }
 
     /// The node's lease holds again (the manager acknowledged it), and a

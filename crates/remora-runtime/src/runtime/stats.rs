@@ -74,8 +74,13 @@ pub struct Stats {
     /// Rebuilds retried (a rebuilt shard failed its checksum, or a node failed mid-rebuild).
     pub rebuild_retries: u64,
     /// Spansets below full tolerance now: in a stripe group with a lost
-    /// position not yet rebuilt or re-striped (0 once recovery is done).
+    /// position not yet rebuilt or re-striped, or with a member in doubt
+    /// (a fold's commit never acknowledged) not yet repaired; 0 once
+    /// recovery and repairs are done.
     pub spansets_below_tolerance: u64,
+    /// Members left in doubt by a fold's unacknowledged commit, since
+    /// rebuilt in place from the members that agree.
+    pub doubt_repairs: u64,
     /// Spansets now written short, with fewer than k data spans because
     /// fewer than k+m memory nodes were live: they tolerate m losses at a
     /// parity overhead of (k'+m)/k'.
@@ -204,6 +209,7 @@ impl Inner {
             rebuild_retries: rep.rebuild_retries,
             lost_positions: rep.lost_positions,
             spansets_below_tolerance: rep.spansets_below_tolerance,
+            doubt_repairs: rep.doubt_repairs,
             short_spansets: rep.short_spansets,
             restriped_spans: self.far.restripe_counts().1,
             swap_ins: self.counters.swap_ins.load(StdOrdering::Relaxed),

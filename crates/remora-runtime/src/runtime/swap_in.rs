@@ -149,6 +149,7 @@ impl Inner {
         }
         let n = back.len();
         self.heap.queue_cold(back);
+        self.far.restriped(n);
         n
     }
 

@@ -145,7 +145,7 @@ impl Shared {
                 .get(&(at.region, at.page))
                 .ok_or_else(|| RuntimeError::lost_because(at, format!("{}: no spanset holds it", self.c.name)))?;
             let ss = &st.sets[&id];
-            (id, pos, ss.group, ss.members[pos].doubt)
+            (id, pos, ss.group, ss.in_doubt(pos))
         };
         Ok((id, pos, doubt || self.c.place.unusable(far, group, pos)))
     }
@@ -201,10 +201,11 @@ impl Shared {
                 .filter_map(|ss| {
                     let row = ss.rebuild_row(pos, cands)?;
                     // The rebuild writes the member plainly: generation 0,
-                    // and its bytes are what the survivors say.
+                    // and its bytes are what the survivors say (when k of
+                    // them can be trusted).
                     ss.members[pos].generation = 0;
-                    ss.members[pos].doubt = false;
-                    Some(row)
+                    ss.set_doubt(pos, row.is_none());
+                    row
                 })
                 .collect()
         })
@@ -401,7 +402,7 @@ impl Scheme for Ec2pc {
         if let Some(&(id, pos)) = st.by_span.get(&(at.region, at.page)) {
             if let Some(ss) = st.sets.get_mut(&id) {
                 ss.members[pos].generation = 0;
-                ss.members[pos].doubt = false;
+                ss.set_doubt(pos, false);
             }
         }
         drop(st);

@@ -474,14 +474,19 @@ impl Shared {
             for row in st.rows.values().filter(|r| r.group == g) {
                 for f in row.spans.iter().filter(|f| f.live) {
                     let at = f.at as u64;
+                    let sources = &cands[..self.c.k];
                     let r = RebuildRow {
                         offset: offset(row.pages[pos]) + at,
                         row_len: f.len as u32,
-                        offsets: cands.iter().map(|&p| offset(row.pages[p]) + at).collect(),
-                        lens: vec![f.len as u32; cands.len()],
+                        offsets: sources.iter().map(|&p| offset(row.pages[p]) + at).collect(),
+                        lens: vec![f.len as u32; sources.len()],
                         out_len: f.len as u32,
                     };
-                    rows.push((r, Some(f.sums[pos])));
+                    rows.push(recovery::Row {
+                        row: r,
+                        sum: Some(f.sums[pos]),
+                        sources: sources.to_vec(),
+                    });
                 }
             }
             rows

@@ -132,8 +132,12 @@ pub struct SchemeReport {
     /// Time compaction threads spent folding, summed over threads.
     pub compaction_busy: Duration,
     /// Spansets now below full tolerance: in a stripe group with a
-    /// position lost and not yet rebuilt (or re-striped).
+    /// position lost and not yet rebuilt (or re-striped), or with a member
+    /// in doubt not yet repaired.
     pub spansets_below_tolerance: u64,
+    /// Members left in doubt by a fold's unacknowledged commit and since
+    /// rebuilt in place.
+    pub doubt_repairs: u64,
     /// Spansets now written short (fewer than k data positions, because
     /// fewer than k+m memory nodes were live): they tolerate m losses at a
     /// higher parity overhead.

@@ -22,6 +22,7 @@
 use remora_proto::{NodeId, RebuildRow};
 
 use super::placement::{Group, Placement};
+use super::recovery::Row;
 use super::shards::Shard;
 use crate::far_memory::FarMemory;
 use crate::size_classes::PAGE_SIZE;
@@ -69,9 +70,6 @@ pub(crate) struct Member {
     /// Checksum of its bytes as written; `None` once changed in place by
     /// deltas the compute node never saw.
     pub(crate) sum: Option<u64>,
-    /// Its bytes may differ from what we recorded (a commit whose outcome
-    /// we never learned): read around it.
-    pub(crate) doubt: bool,
 }
 
 impl Member {
@@ -83,7 +81,6 @@ impl Member {
             name: page,
             generation: 0,
             sum,
-            doubt: false,
         }
     }
 }
@@ -112,6 +109,11 @@ pub(crate) struct Spanset {
     full: u64,
     /// Bit p: data member p is a kept copy.
     kept: u64,
+    /// Bit p: the bytes of member p (data or parity) may differ from what
+    /// we recorded (a commit whose outcome we never learned): it is read
+    /// around, never a source of a decode or rebuild, and the spanset is
+    /// not folded until the member is repaired or rebuilt.
+    doubt: u64,
 }
 
 fn set_bit(mask: &mut u64, pos: usize, on: bool) {
@@ -138,6 +140,7 @@ impl Spanset {
             live: 0,
             full: 0,
             kept: 0,
+            doubt: 0,
         };
         for (p, h) in held.into_iter().enumerate() {
             ss.set_held(p, h);
@@ -197,6 +200,21 @@ impl Spanset {
     /// Kept copies, as a bit mask.
     pub(crate) fn kept_mask(&self) -> u64 {
         self.kept
+    }
+
+    /// Whether member `pos` is in doubt.
+    pub(crate) fn in_doubt(&self, pos: usize) -> bool {
+        self.doubt >> pos & 1 == 1
+    }
+
+    /// Member `pos` is in doubt (`on`) or known again.
+    pub(crate) fn set_doubt(&mut self, pos: usize, on: bool) {
+        set_bit(&mut self.doubt, pos, on);
+    }
+
+    /// Members in doubt, as a bit mask.
+    pub(crate) fn doubt_mask(&self) -> u64 {
+        self.doubt
     }
 
     /// Whether a live (or arriving) span keeps the spanset.
@@ -290,7 +308,7 @@ impl Spanset {
     ) -> Vec<Shard> {
         let k = self.k();
         let mut cands: Vec<usize> = (0..self.members.len())
-            .filter(|&p| p != want && !g.failed[p] && !self.members[p].doubt)
+            .filter(|&p| p != want && !g.failed[p] && !self.in_doubt(p))
             .collect();
         cands.sort_by_key(|&p| (self.read_len(p) > 0, is_suspect(g.nodes[p]), p >= k));
         cands
@@ -306,21 +324,34 @@ impl Spanset {
             .collect()
     }
 
-    /// What a replacement node rebuilds at position `pos` from the
-    /// survivors at `cands`, and the checksum to verify it with; `None`
-    /// when there is nothing to rebuild there (an unwritten member).
-    pub(crate) fn rebuild_row(&self, pos: usize, cands: &[usize]) -> Option<(RebuildRow, Option<u64>)> {
+    /// What a node rebuilds at position `pos`, decoded from the first k
+    /// of `cands` (surviving positions, best first) not in doubt, and the
+    /// checksum to verify it with. `None` when there is nothing to rebuild
+    /// there (an unwritten member); `Some(None)` when fewer than k of its
+    /// members can be trusted: then it cannot be rebuilt, and what the
+    /// rebuild leaves there stays in doubt.
+    pub(crate) fn rebuild_row(&self, pos: usize, cands: &[usize]) -> Option<Option<Row>> {
         let out_len = self.read_len(pos);
-        (out_len > 0).then(|| {
-            let r = RebuildRow {
-                offset: offset(self.members[pos].page),
-                row_len: bytes(self.row_pages) as u32,
-                offsets: cands.iter().map(|&p| offset(self.members[p].page)).collect(),
-                lens: cands.iter().map(|&p| self.read_len(p) as u32).collect(),
-                out_len: out_len as u32,
-            };
-            (r, self.sum(pos))
-        })
+        if out_len == 0 {
+            return None;
+        }
+        let k = self.k();
+        let sources: Vec<usize> = cands.iter().copied().filter(|&p| !self.in_doubt(p)).take(k).collect();
+        if sources.len() < k {
+            return Some(None);
+        }
+        let row = RebuildRow {
+            offset: offset(self.members[pos].page),
+            row_len: bytes(self.row_pages) as u32,
+            offsets: sources.iter().map(|&p| offset(self.members[p].page)).collect(),
+            lens: sources.iter().map(|&p| self.read_len(p) as u32).collect(),
+            out_len: out_len as u32,
+        };
+        Some(Some(Row {
+            row,
+            sum: self.sum(pos),
+            sources,
+        }))
     }
 }
 
@@ -375,7 +406,7 @@ mod tests {
     #[test]
     fn decode_candidates_skip_dead_and_doubtful_and_prefer_free_data() {
         let mut ss = spanset(vec![Held::Live, Held::Hole, Held::Live, Held::Unwritten], &[2, 2, 2, 2]);
-        ss.members[1].doubt = true;
+        ss.set_doubt(1, true);
         ss.members[4].generation = 7;
         let g = Group {
             regions: (10..16).collect(),
@@ -396,12 +427,21 @@ mod tests {
                 .iter()
                 .all(|s| s.generation.is_none())
         );
-        let (row, sum) = ss.rebuild_row(5, &[0, 2, 3, 4]).expect("parity is rebuilt");
+        // The member in doubt (1) is never a source.
+        let row = ss
+            .rebuild_row(5, &[0, 1, 2, 3, 4])
+            .flatten()
+            .expect("parity is rebuilt");
+        assert_eq!(row.sources, vec![0, 2, 3, 4]);
         assert_eq!(
-            row.lens,
+            row.row.lens,
             vec![2 * PAGE_SIZE as u32, 2 * PAGE_SIZE as u32, 0, 2 * PAGE_SIZE as u32]
         );
-        assert_eq!(sum, Some(0));
+        assert_eq!(row.sum, Some(0));
+        assert!(
+            ss.rebuild_row(5, &[0, 1, 2, 3]).is_some_and(|r| r.is_none()),
+            "fewer than k members to trust"
+        );
         assert!(
             ss.rebuild_row(3, &[0, 2, 4, 5]).is_none(),
             "nothing to rebuild where nothing was written"

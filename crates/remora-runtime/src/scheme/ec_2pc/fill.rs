@@ -154,7 +154,7 @@ impl Shared {
                 if !doubt.is_empty() {
                     ss.sealed = true;
                     for p in doubt {
-                        ss.members[p].doubt = true;
+                        ss.set_doubt(p, true);
                     }
                 }
                 Ok(picks

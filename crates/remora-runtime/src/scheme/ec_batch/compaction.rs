@@ -103,6 +103,11 @@ pub(crate) struct Compaction {
     pause_gate: PauseGate,
     /// Failed commit attempts, logged as a streak.
     commit_failures: CommitFailures,
+    /// Members in doubt repaired (see `repair`).
+    pub(super) doubt_repairs: AtomicU64,
+    /// No repair is tried before then (one failed: its node is still
+    /// cut off).
+    pub(super) repair_after: Mutex<Option<Instant>>,
 }
 
 /// Commits that fail, logged as a streak: a memory node that stopped
@@ -176,6 +181,7 @@ impl Compaction {
             compacted_bytes_freed: get(&self.freed_pages) * PAGE_SIZE as u64,
             compacted_dead_bytes: get(&self.dead_pages) * PAGE_SIZE as u64,
             compaction_busy: Duration::from_nanos(get(&self.busy_ns)),
+            doubt_repairs: get(&self.doubt_repairs),
             ..base
         }
     }
@@ -209,6 +215,7 @@ pub(super) fn run(sh: &Arc<Shared>, far: &Arc<FarMemory>, stop: &AtomicBool) {
         if let Some(a) = &c.adaptive {
             a.tick(far, gate);
         }
+        sh.repair_doubtful(far);
         let folds = sh.pick_folds(far, BATCH);
         if folds.is_empty() {
             drop(in_flight);
@@ -318,7 +325,10 @@ impl Shared {
         // lock and walks every spanset.
         let mut cands: Vec<(u32, usize, (u32, u32), Candidate)> = Vec::new();
         for (&id, ss) in &st.sets {
-            if ss.busy {
+            // A member in doubt holds old bytes or new: moving it would
+            // copy whichever it holds, and updating parity by its delta
+            // would make the wrong one what the spanset decodes to.
+            if ss.busy || ss.doubt_mask() != 0 {
                 continue;
             }
             debug_assert!(ss.masks_agree(), "spanset {id}'s masks are stale");
@@ -697,9 +707,11 @@ impl Shared {
             par.generation += 1;
             par.sum = None;
         }
+        let mut in_doubt = false;
         for &p in doubt {
             if p >= self.c.k || f.moves.contains(&p) {
-                a.members[p].doubt = true;
+                a.set_doubt(p, true);
+                in_doubt = true;
             }
         }
         for (p, bm) in b.data().iter().enumerate() {
@@ -709,6 +721,9 @@ impl Shared {
         }
         st.hole_pages += a.hole_pages();
         a.busy = false;
+        if in_doubt {
+            st.doubtful.insert(f.a);
+        }
         let a_empty = a.live_mask() == 0;
         self.compaction.folds.fetch_add(1, Ordering::Relaxed);
         self.compaction.freed_pages.fetch_add(b.far_pages(), Ordering::Relaxed);

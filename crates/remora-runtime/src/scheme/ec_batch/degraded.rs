@@ -90,6 +90,7 @@ impl Shared {
             return self.restripe(far, g);
         }
         self.lock().recovering.insert(g);
+        let mut untrusted = Vec::new();
         let res = recovery::rebuild(far, &self.c.place, lost, |cands| {
             let mut st = self.lock();
             while st.sets.values().any(|ss| ss.group == g && ss.busy) {
@@ -99,18 +100,23 @@ impl Shared {
                     .unwrap_or_else(|p| p.into_inner())
                     .0;
             }
-            st.sets
-                .values()
-                .filter(|ss| ss.group == g)
-                .filter_map(|ss| ss.rebuild_row(pos, cands))
-                .collect()
+            let mut rows = Vec::new();
+            for (&id, ss) in st.sets.iter().filter(|(_, ss)| ss.group == g) {
+                match ss.rebuild_row(pos, cands) {
+                    Some(Some(row)) => rows.push(row),
+                    Some(None) => untrusted.push(id),
+                    None => {}
+                }
+            }
+            rows
         });
         let mut st = self.lock();
         if res.is_ok() {
-            for ss in st.sets.values_mut().filter(|ss| ss.group == g) {
+            for (id, ss) in st.sets.iter_mut().filter(|(_, ss)| ss.group == g) {
                 ss.members[pos].generation = 0;
-                // Rebuilt from members that agree: no longer in doubt.
-                ss.members[pos].doubt = false;
+                // Rebuilt from members that agree: no longer in doubt,
+                // unless too few of its members could be trusted.
+                ss.set_doubt(pos, untrusted.contains(id));
             }
         }
         st.recovering.remove(&g);

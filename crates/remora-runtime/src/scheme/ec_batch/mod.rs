@@ -46,6 +46,7 @@ mod adaptive;
 mod compaction;
 mod degraded;
 mod pairing;
+mod repair;
 mod restripe;
 mod table;
 
@@ -89,6 +90,8 @@ struct State {
     restriping: HashSet<usize>,
     /// Per region index, where the search for a free name goes on.
     name_cursor: HashMap<u16, u32>,
+    /// Spansets with a member in doubt, to repair (see `repair`).
+    doubtful: HashSet<u64>,
 }
 
 struct Shared {
@@ -297,6 +300,7 @@ impl Scheme for EcBatch {
             // A plain write: the memory node restarts the member's generation.
             if let Some(ss) = sh.lock().sets.get_mut(&id) {
                 ss.members[pos].generation = 0;
+                ss.set_doubt(pos, false);
             }
             sh.c.repairs.fetch_add(1, Ordering::Relaxed);
         }
@@ -412,7 +416,7 @@ impl Scheme for EcBatch {
             for ss in st.sets.values() {
                 let (s, d) = flags.get(ss.group).copied().unwrap_or_default();
                 short += u64::from(s);
-                below += u64::from(d);
+                below += u64::from(d || ss.doubt_mask() != 0);
             }
             (st.hole_pages, st.kept_pages, short, below)
         };

@@ -153,7 +153,7 @@ impl Shared {
             let &(id, pos) = st.by_span.get(&(at.region, at.page)).ok_or_else(|| self.no_span(at))?;
             let ss = st.sets.get_mut(&id).ok_or_else(|| self.no_span(at))?;
             ss.readers += 1;
-            (id, pos, ss.group, ss.members[pos].page, ss.members[pos].doubt)
+            (id, pos, ss.group, ss.members[pos].page, ss.in_doubt(pos))
         };
         Ok(Reading {
             sh: self,
