@@ -9,11 +9,12 @@
 //! spansets and re-stripes the groups it cannot rebuild. At the end every
 //! object is verified against its last written version.
 //!
-//! No stripe group may have more than m unrepaired losses. The runtime does
-//! not say which stripe group a region is in, so the nemesis keeps a
-//! stricter rule: a memory-node fault starts only while fewer than m nodes'
-//! data in the whole cluster is unavailable or un-rebuilt (a shrink, m at
-//! once, only while none is), which bounds every group's losses by m. A manager outage
+//! No stripe group may have more than m unrepaired losses: a memory-node
+//! fault strikes only a node whose every stripe group (as the runtime
+//! reports them) has fewer than m members down now (killed and not yet
+//! rebuilt, paused, partitioned, or fenced and not yet rebuilt), and waits
+//! while no such node holds data. A shrink, m at once, strikes only while
+//! nothing is down. A manager outage
 //! loses no data and is not counted; it never overlaps another, and while it
 //! lasts only kills strike (their new node joins, and their rebuild starts,
 //! once the manager is back): a pause or partition waits, because whether it
@@ -189,8 +190,9 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
         );
     }
     println!(
-        "schedule ({} faults; a memory-node fault waits while m = {m} nodes' data is unavailable or un-rebuilt, \
-         a manager outage while one is under way, a pause or partition while the manager is down):",
+        "schedule ({} faults; a memory-node fault strikes a node whose every stripe group has fewer than m = {m} members down, \
+         waiting while none has; a shrink only while nothing is down, a manager outage while one is under way, \
+         a pause or partition while the manager is down):",
         plan.len()
     );
     for p in &plan {
@@ -433,7 +435,7 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
                     continue;
                 }
                 last_status = cluster.status().ok();
-                if fenced_unrebuilt(last_status.as_ref(), &rt, &done) > 0 {
+                if fenced_unrebuilt(last_status.as_ref(), &rt, &done).is_none_or(|f| !f.is_empty()) {
                     continue;
                 }
                 next += 1;
@@ -444,7 +446,7 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
                         pick: p.pick.wrapping_add(j as u64),
                         ..p
                     };
-                    match strike(&mut cluster, &rt, one, t, &dead, &holds) {
+                    match strike(&mut cluster, &rt, one, t, &dead, &holds, &|_| true) {
                         Ok((node, addr)) => {
                             dead.push(node);
                             struck.push(format!("#{node} ({addr})"));
@@ -470,7 +472,7 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
                 }
                 continue;
             }
-            if unrebuilt >= m || (outage.is_some() && p.kind != FaultKind::Kill) {
+            if outage.is_some() && p.kind != FaultKind::Kill {
                 continue;
             }
             // A paused or partitioned node the manager declared dead is
@@ -479,11 +481,17 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
             if outage.is_none() {
                 last_status = cluster.status().ok();
             }
-            if unrebuilt + fenced_unrebuilt(last_status.as_ref(), &rt, &done) >= m {
+            let Some(fenced) = fenced_unrebuilt(last_status.as_ref(), &rt, &done) else {
                 continue;
+            };
+            let down = down_now(&cluster, &done, &holds, fenced);
+            let groups = rt.stripe_groups();
+            let tolerable = |addr: &str| within_tolerance(&groups, &down, addr, m);
+            if victims(&cluster, &rt, &dead, &holds, &tolerable).is_empty() {
+                continue; // wait: every node holding data would take a group past m
             }
             next += 1;
-            if let Err(e) = strike(&mut cluster, &rt, p, t, &dead, &holds).map(|(node, addr)| {
+            if let Err(e) = strike(&mut cluster, &rt, p, t, &dead, &holds, &tolerable).map(|(node, addr)| {
                 say(
                     t,
                     match p.kind {
@@ -684,13 +692,12 @@ fn join(cluster: &mut LocalCluster, t: f64) {
     }
 }
 
-/// Nodes the manager declared dead (in `status`, its last verdict) that
-/// were paused or partitioned, not killed, and on which the runtime still
-/// holds regions.
-fn fenced_unrebuilt(status: Option<&remora_proto::ClusterStatus>, rt: &Runtime, done: &[Done]) -> usize {
-    let Some(status) = status else {
-        return usize::MAX / 2; // no verdict to go by: strike nothing
-    };
+/// The addresses of nodes the manager declared dead (in `status`, its last
+/// verdict) that were paused or partitioned, not killed, and on which the
+/// runtime still holds regions; `None` with no verdict to go by (then
+/// nothing strikes).
+fn fenced_unrebuilt(status: Option<&remora_proto::ClusterStatus>, rt: &Runtime, done: &[Done]) -> Option<Vec<String>> {
+    let status = status?;
     // By node id: a fenced node comes back under a new id at the same address.
     let held: Vec<remora_proto::NodeId> = rt.regions().into_iter().map(|(_, g)| g.node).collect();
     let killed: Vec<&str> = done
@@ -698,16 +705,60 @@ fn fenced_unrebuilt(status: Option<&remora_proto::ClusterStatus>, rt: &Runtime, 
         .filter(|d| d.kind.kills())
         .map(|d| d.node.as_str())
         .collect();
-    status
-        .memory_nodes
-        .iter()
-        .filter(|n| n.state == remora_proto::NodeState::Dead)
-        .filter(|n| !killed.contains(&n.addr.as_str()) && held.contains(&n.id))
-        .count()
+    Some(
+        status
+            .memory_nodes
+            .iter()
+            .filter(|n| n.state == remora_proto::NodeState::Dead)
+            .filter(|n| !killed.contains(&n.addr.as_str()) && held.contains(&n.id))
+            .map(|n| n.addr.clone())
+            .collect(),
+    )
 }
 
-/// Applies one planned fault to a memory node that holds the runtime's far
-/// data, is alive and not already under a fault; returns its index and address.
+/// The addresses of memory nodes down now: killed (or shrunk) and not yet
+/// rebuilt, paused or partitioned, or `fenced` and not yet rebuilt.
+fn down_now(cluster: &LocalCluster, done: &[Done], holds: &[Hold], fenced: Vec<String>) -> Vec<String> {
+    let mut down = fenced;
+    down.extend(
+        done.iter()
+            .filter(|d| d.kind.kills() && d.rebuilt_at.is_none())
+            .map(|d| d.node.clone()),
+    );
+    down.extend(holds.iter().map(|h| cluster.memnodes()[h.node].addr.clone()));
+    down
+}
+
+/// Whether the node at `addr` may go down now: every stripe group it is
+/// in has fewer than `m` members `down`.
+fn within_tolerance(groups: &[Vec<String>], down: &[String], addr: &str, m: usize) -> bool {
+    groups
+        .iter()
+        .filter(|g| g.iter().any(|a| a == addr))
+        .all(|g| g.iter().filter(|a| *a != addr && down.contains(a)).count() < m)
+}
+
+/// Memory nodes a fault may strike: alive, under no fault, holding the
+/// runtime's far data, and `tolerable`.
+fn victims(
+    cluster: &LocalCluster,
+    rt: &Runtime,
+    dead: &[usize],
+    holds: &[Hold],
+    tolerable: &dyn Fn(&str) -> bool,
+) -> Vec<usize> {
+    let held: Vec<String> = rt.regions_with_data().into_iter().map(|(_, g)| g.addr).collect();
+    (0..cluster.memnodes().len())
+        .filter(|i| !dead.contains(i) && !holds.iter().any(|h| h.node == *i))
+        .filter(|&i| {
+            let addr = &cluster.memnodes()[i].addr;
+            held.contains(addr) && tolerable(addr)
+        })
+        .collect()
+}
+
+/// Applies one planned fault to one of the [`victims`]; returns its index
+/// and address.
 fn strike(
     cluster: &mut LocalCluster,
     rt: &Runtime,
@@ -715,12 +766,9 @@ fn strike(
     t: f64,
     dead: &[usize],
     holds: &[Hold],
+    tolerable: &dyn Fn(&str) -> bool,
 ) -> Result<(usize, String)> {
-    let held: Vec<String> = rt.regions_with_data().into_iter().map(|(_, g)| g.addr).collect();
-    let cands: Vec<usize> = (0..cluster.memnodes().len())
-        .filter(|i| !dead.contains(i) && !holds.iter().any(|h| h.node == *i))
-        .filter(|&i| held.contains(&cluster.memnodes()[i].addr))
-        .collect();
+    let cands = victims(cluster, rt, dead, holds, tolerable);
     if cands.is_empty() {
         bail!("no live node holds the runtime's data at {t:.2}s");
     }
@@ -739,4 +787,26 @@ fn strike(
         FaultKind::Shrink => bail!("a shrink strikes several nodes"),
     }
     Ok((node, addr))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::within_tolerance;
+
+    #[test]
+    fn a_node_may_go_down_only_while_each_of_its_groups_has_fewer_than_m_down() {
+        let g = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let groups = vec![g(&["a", "b", "c", "d"]), g(&["c", "d", "e", "f"])];
+        let m = 2;
+        // One down in a's group: a second may go.
+        assert!(within_tolerance(&groups, &g(&["b"]), "a", m));
+        // Two down in a's group: a would be a third.
+        assert!(!within_tolerance(&groups, &g(&["b", "c"]), "a", m));
+        // e's only group has one of those down.
+        assert!(within_tolerance(&groups, &g(&["b", "c"]), "e", m));
+        // d is in both; the first has two down.
+        assert!(!within_tolerance(&groups, &g(&["a", "b"]), "d", m));
+        // In no group: free to go.
+        assert!(within_tolerance(&groups, &g(&["a", "b", "c", "d"]), "z", m));
+    }
 }

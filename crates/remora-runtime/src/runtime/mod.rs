@@ -417,6 +417,20 @@ impl Runtime {
         self.inner.far.regions().held()
     }
 
+    /// The memory nodes of each stripe group in use, by address: a group
+    /// loses data only when more than m of them are lost before it is
+    /// rebuilt. For fault-injection tools that must stay within the code's
+    /// tolerance (`remora chaos`).
+    pub fn stripe_groups(&self) -> Vec<Vec<String>> {
+        let far = &self.inner.far;
+        self.inner
+            .scheme
+            .stripe_groups()
+            .into_iter()
+            .map(|g| g.into_iter().map(|r| far.regions().get(r).grant.addr.clone()).collect())
+            .collect()
+    }
+
     /// The regions that hold far data now (spans, parity, holes or kept
     /// copies), fullest first; an empty region kept as a spare is not among
     /// them. For fault-injection tests that must hit the data.

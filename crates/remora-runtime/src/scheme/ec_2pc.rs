@@ -463,6 +463,10 @@ impl Scheme for Ec2pc {
         self.sh.c.give_back(far)
     }
 
+    fn stripe_groups(&self) -> Vec<Vec<u16>> {
+        self.sh.c.place.regions_by_group()
+    }
+
     fn report(&self) -> SchemeReport {
         let sh = &*self.sh;
         let (mut hole_pages, mut kept_pages) = (0u64, 0u64);

@@ -581,6 +581,10 @@ impl Scheme for EcSplit {
         self.sh.c.give_back(far)
     }
 
+    fn stripe_groups(&self) -> Vec<Vec<u16>> {
+        self.sh.c.place.regions_by_group()
+    }
+
     fn report(&self) -> SchemeReport {
         // No holes: a span's fragments are freed with it.
         SchemeReport {

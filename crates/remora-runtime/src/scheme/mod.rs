@@ -245,6 +245,13 @@ pub trait Scheme: Send + Sync {
     fn report(&self) -> SchemeReport {
         SchemeReport::default()
     }
+
+    /// The region indices of each stripe group in use: every stripe of the
+    /// scheme lies on one group's regions. Empty for a scheme without
+    /// groups.
+    fn stripe_groups(&self) -> Vec<Vec<u16>> {
+        Vec::new()
+    }
 }
 
 /// How to build a scheme: the erasure code and per-scheme switches.

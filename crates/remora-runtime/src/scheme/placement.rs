@@ -194,6 +194,16 @@ impl Placement {
             .collect()
     }
 
+    /// The regions of every group in use (empty positions left out).
+    pub(crate) fn regions_by_group(&self) -> Vec<Vec<u16>> {
+        lock(&self.st)
+            .groups
+            .iter()
+            .filter(|g| !g.retired)
+            .map(|g| g.present_regions().collect())
+            .collect()
+    }
+
     /// A copy of group `g`.
     pub(crate) fn group(&self, g: usize) -> Group {
         lock(&self.st).groups[g].clone()

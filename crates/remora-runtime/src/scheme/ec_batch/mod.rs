@@ -407,6 +407,10 @@ impl Scheme for EcBatch {
         self.sh.c.give_back(far)
     }
 
+    fn stripe_groups(&self) -> Vec<Vec<u16>> {
+        self.sh.c.place.regions_by_group()
+    }
+
     fn report(&self) -> SchemeReport {
         let sh = &*self.sh;
         let flags = sh.c.place.flags();
