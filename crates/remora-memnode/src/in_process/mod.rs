@@ -417,6 +417,23 @@ impl NodeHandle {
         self.node.faults.dead.load(Ordering::Acquire)
     }
 
+    /// Bit rot: flips every bit of the byte at `offset` of region `region`
+    /// in the node's memory, behind the protocol's back; false if the
+    /// region is not here.
+    pub fn rot(&self, region: RegionId, offset: u64) -> bool {
+        let Ok(r) = self.node.regions.get(region) else {
+            return false;
+        };
+        let mut g = r.write();
+        match g.mem.get_mut(offset as usize) {
+            Some(b) => {
+                *b = !*b;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Bytes of region `region` at `offset` (for tests that look at what a
     /// node holds); `None` if the region is not here or not granted.
     pub fn peek(&self, region: RegionId, offset: u64, len: usize) -> Option<Vec<u8>> {

@@ -190,16 +190,16 @@ impl Shared {
     /// while the position is failed.
     fn recover(&self, far: &FarMemory, lost: &Lost) -> Result<u64, RuntimeError> {
         let (g, pos) = (lost.group, lost.pos);
-        recovery::rebuild(far, &self.c.place, lost, |cands| {
+        let done = recovery::rebuild(far, &self.c.place, lost, |cands| {
             let mut st = self.lock();
             while st.sets.values().any(|ss| ss.group == g && ss.busy) {
                 st = self.wait(st);
             }
             st.sets
-                .values_mut()
-                .filter(|ss| ss.group == g)
-                .filter_map(|ss| {
-                    let row = ss.rebuild_row(pos, cands)?;
+                .iter_mut()
+                .filter(|(_, ss)| ss.group == g)
+                .filter_map(|(&id, ss)| {
+                    let row = ss.rebuild_row(pos, cands, id)?;
                     // The rebuild writes the member plainly: generation 0,
                     // and its bytes are what the survivors say (when k of
                     // them can be trusted).
@@ -208,7 +208,15 @@ impl Shared {
                     row
                 })
                 .collect()
-        })
+        })?;
+        // No k members rebuilt these to their checksums.
+        let mut st = self.lock();
+        for id in &done.failed {
+            if let Some(ss) = st.sets.get_mut(id) {
+                ss.set_doubt(pos, true);
+            }
+        }
+        Ok(done.bytes)
     }
 
     /// Places and writes one new spanset of up to k spans of one length

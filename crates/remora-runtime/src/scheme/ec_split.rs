@@ -48,8 +48,8 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use remora_proto::NodeId;
 use remora_proto::checksum::checksum;
-use remora_proto::{NodeId, RebuildRow};
 
 use super::recovery::{self, Lost};
 use super::shards::{self, Shard, Stripes, Waiters};
@@ -468,29 +468,30 @@ impl Shared {
     /// without a write); returns the bytes rebuilt.
     fn recover(&self, far: &FarMemory, lost: &Lost) -> Result<u64, RuntimeError> {
         let (g, pos) = (lost.group, lost.pos);
-        recovery::rebuild(far, &self.c.place, lost, |cands| {
+        let done = recovery::rebuild(far, &self.c.place, lost, |cands| {
             let st = self.lock();
             let mut rows = Vec::new();
             for row in st.rows.values().filter(|r| r.group == g) {
                 for f in row.spans.iter().filter(|f| f.live) {
                     let at = f.at as u64;
-                    let sources = &cands[..self.c.k];
-                    let r = RebuildRow {
+                    rows.push(recovery::Row {
                         offset: offset(row.pages[pos]) + at,
                         row_len: f.len as u32,
-                        offsets: sources.iter().map(|&p| offset(row.pages[p]) + at).collect(),
-                        lens: vec![f.len as u32; sources.len()],
                         out_len: f.len as u32,
-                    };
-                    rows.push(recovery::Row {
-                        row: r,
                         sum: Some(f.sums[pos]),
-                        sources: sources.to_vec(),
+                        from: cands
+                            .iter()
+                            .map(|&p| (p, offset(row.pages[p]) + at, f.len as u32))
+                            .collect(),
+                        tag: 0,
                     });
                 }
             }
             rows
-        })
+        })?;
+        // A fragment no k survivors rebuilt to its checksum: its span's
+        // reads fail their checksums, decoded too, and report it lost.
+        Ok(done.bytes)
     }
 }
 

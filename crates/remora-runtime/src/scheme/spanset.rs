@@ -19,7 +19,7 @@
 //! The `busy` and `readers` marks are the spanset lock; what they exclude
 //! is each scheme's to say (see their module docs).
 
-use remora_proto::{NodeId, RebuildRow};
+use remora_proto::NodeId;
 
 use super::placement::{Group, Placement};
 use super::recovery::Row;
@@ -324,33 +324,32 @@ impl Spanset {
             .collect()
     }
 
-    /// What a node rebuilds at position `pos`, decoded from the first k
-    /// of `cands` (surviving positions, best first) not in doubt, and the
-    /// checksum to verify it with. `None` when there is nothing to rebuild
-    /// there (an unwritten member); `Some(None)` when fewer than k of its
-    /// members can be trusted: then it cannot be rebuilt, and what the
-    /// rebuild leaves there stays in doubt.
-    pub(crate) fn rebuild_row(&self, pos: usize, cands: &[usize]) -> Option<Option<Row>> {
+    /// What a node rebuilds at position `pos` of spanset `tag`, decoded
+    /// from k of `cands` (surviving positions, best first) not in doubt,
+    /// and the checksum to verify it with. `None` when there is nothing to
+    /// rebuild there (an unwritten member); `Some(None)` when fewer than k
+    /// of its members can be trusted: then it cannot be rebuilt, and what
+    /// the rebuild leaves there stays in doubt.
+    pub(crate) fn rebuild_row(&self, pos: usize, cands: &[usize], tag: u64) -> Option<Option<Row>> {
         let out_len = self.read_len(pos);
         if out_len == 0 {
             return None;
         }
-        let k = self.k();
-        let sources: Vec<usize> = cands.iter().copied().filter(|&p| !self.in_doubt(p)).take(k).collect();
-        if sources.len() < k {
+        let from: Vec<(usize, u64, u32)> = cands
+            .iter()
+            .filter(|&&p| !self.in_doubt(p))
+            .map(|&p| (p, offset(self.members[p].page), self.read_len(p) as u32))
+            .collect();
+        if from.len() < self.k() {
             return Some(None);
         }
-        let row = RebuildRow {
+        Some(Some(Row {
             offset: offset(self.members[pos].page),
             row_len: bytes(self.row_pages) as u32,
-            offsets: sources.iter().map(|&p| offset(self.members[p].page)).collect(),
-            lens: sources.iter().map(|&p| self.read_len(p) as u32).collect(),
             out_len: out_len as u32,
-        };
-        Some(Some(Row {
-            row,
             sum: self.sum(pos),
-            sources,
+            from,
+            tag,
         }))
     }
 }
@@ -429,21 +428,19 @@ mod tests {
         );
         // The member in doubt (1) is never a source.
         let row = ss
-            .rebuild_row(5, &[0, 1, 2, 3, 4])
+            .rebuild_row(5, &[0, 1, 2, 3, 4], 9)
             .flatten()
             .expect("parity is rebuilt");
-        assert_eq!(row.sources, vec![0, 2, 3, 4]);
-        assert_eq!(
-            row.row.lens,
-            vec![2 * PAGE_SIZE as u32, 2 * PAGE_SIZE as u32, 0, 2 * PAGE_SIZE as u32]
-        );
-        assert_eq!(row.sum, Some(0));
+        let from: Vec<(usize, u32)> = row.from.iter().map(|&(p, _, len)| (p, len)).collect();
+        let full = 2 * PAGE_SIZE as u32;
+        assert_eq!(from, vec![(0, full), (2, full), (3, 0), (4, full)]);
+        assert_eq!((row.sum, row.tag), (Some(0), 9));
         assert!(
-            ss.rebuild_row(5, &[0, 1, 2, 3]).is_some_and(|r| r.is_none()),
+            ss.rebuild_row(5, &[0, 1, 2, 3], 9).is_some_and(|r| r.is_none()),
             "fewer than k members to trust"
         );
         assert!(
-            ss.rebuild_row(3, &[0, 2, 4, 5]).is_none(),
+            ss.rebuild_row(3, &[0, 2, 4, 5], 9).is_none(),
             "nothing to rebuild where nothing was written"
         );
     }

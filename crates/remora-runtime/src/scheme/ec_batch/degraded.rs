@@ -102,7 +102,7 @@ impl Shared {
             }
             let mut rows = Vec::new();
             for (&id, ss) in st.sets.iter().filter(|(_, ss)| ss.group == g) {
-                match ss.rebuild_row(pos, cands) {
+                match ss.rebuild_row(pos, cands, id) {
                     Some(Some(row)) => rows.push(row),
                     Some(None) => untrusted.push(id),
                     None => {}
@@ -111,14 +111,16 @@ impl Shared {
             rows
         });
         let mut st = self.lock();
-        if res.is_ok() {
+        if let Ok(done) = &res {
             for (id, ss) in st.sets.iter_mut().filter(|(_, ss)| ss.group == g) {
                 ss.members[pos].generation = 0;
                 // Rebuilt from members that agree: no longer in doubt,
-                // unless too few of its members could be trusted.
-                ss.set_doubt(pos, untrusted.contains(id));
+                // unless too few of its members could be trusted, or no k
+                // of them rebuilt it to its checksum.
+                ss.set_doubt(pos, untrusted.contains(id) || done.failed.contains(id));
             }
         }
+        let res = res.map(|done| done.bytes);
         st.recovering.remove(&g);
         if let Err(RuntimeError::NoDistinctNode { .. }) = res {
             st.restriping.insert(g);

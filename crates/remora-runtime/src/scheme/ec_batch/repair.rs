@@ -61,7 +61,7 @@ impl Shared {
                 let doubt = ss.doubt_mask();
                 for pos in (0..k + m).filter(|&p| doubt >> p & 1 == 1) {
                     let others: Vec<usize> = cands.iter().copied().filter(|&p| p != pos).collect();
-                    match ss.rebuild_row(pos, &others) {
+                    match ss.rebuild_row(pos, &others, id) {
                         // An unwritten member holds nothing a decode reads.
                         None => ss.set_doubt(pos, false),
                         Some(Some(row)) if !busy => work.push((pos, row)),
@@ -72,6 +72,9 @@ impl Shared {
             };
             for (pos, row) in work {
                 match recovery::repair(far, &self.c.place, (k, m), group, pos, vec![row]) {
+                    // No k members rebuilt it to its checksum: it stays in
+                    // doubt (and its span fails its reads as lost).
+                    Ok(done) if !done.failed.is_empty() => {}
                     Ok(_) => {
                         let mut st = self.lock();
                         if let Some(ss) = st.sets.get_mut(&id) {
