@@ -184,6 +184,92 @@ impl Placement {
         self.data_width.load(std::sync::atomic::Ordering::Acquire)
     }
 
+    /// Gives the empty positions of short groups regions on live nodes the
+    /// groups do not use, while the manager has them and every position is
+    /// live: such a group is full width again, so it takes full spansets,
+    /// and a fold can fill its short spansets' empty members on the new
+    /// node. Returns the positions filled. Asks the manager at most once
+    /// per [`WIDEN_EVERY`] while full groups are placed again; never call
+    /// it with a scheme lock held.
+    pub(crate) fn widen(&self, far: &FarMemory) -> usize {
+        let Some((k, _)) = self.short else { return 0 };
+        if self.data_width.load(std::sync::atomic::Ordering::Acquire) < k {
+            return 0;
+        }
+        {
+            let mut t = lock(&self.widen_tried);
+            if t.is_some_and(|t| t.elapsed() < WIDEN_EVERY) {
+                return 0;
+            }
+            *t = Some(Instant::now());
+        }
+        let short: Vec<(usize, Vec<usize>)> = {
+            let st = lock(&self.st);
+            st.groups
+                .iter()
+                .enumerate()
+                .filter(|(_, g)| !g.retired && !g.degraded())
+                .map(|(gi, g)| (gi, (0..self.width).filter(|&p| !g.present(p)).collect::<Vec<usize>>()))
+                .filter(|(_, empty)| !empty.is_empty())
+                .collect()
+        };
+        if short.is_empty() {
+            return 0;
+        }
+        // No group is added or given back meanwhile.
+        let _one = lock(&self.growing);
+        let mut filled = 0;
+        for (gi, empty) in short {
+            let g = self.group(gi);
+            let Some(&first) = g.present_regions().collect::<Vec<_>>().first() else {
+                continue;
+            };
+            let pages = far.pages().usage(first).1;
+            let mut exclude: Vec<NodeId> = g.nodes.iter().copied().filter(|&n| n != NO_NODE).collect();
+            exclude.extend(far.detector().suspects.list());
+            for pos in empty {
+                let grant = match far.backend().alloc(1, false, &exclude) {
+                    Ok(v) => match v.into_iter().next() {
+                        Some(grant) => grant,
+                        None => return filled,
+                    },
+                    Err(e) => {
+                        tracing::debug!("{}: widening stripe group {gi}: {e}", self.scheme);
+                        return filled;
+                    }
+                };
+                if grant.size / (PAGE_SIZE as u64) < pages as u64 {
+                    far.give_back(grant.cap.region);
+                    return filled;
+                }
+                let node = grant.node;
+                let idx = match far.regions().add(grant.clone()) {
+                    Ok(idx) => idx,
+                    Err(e) => {
+                        far.give_back(grant.cap.region);
+                        tracing::debug!("{}: widening stripe group {gi}: {e}", self.scheme);
+                        return filled;
+                    }
+                };
+                far.pages().add_region(idx, pages);
+                let mut st = lock(&self.st);
+                st.groups[gi].regions[pos] = idx;
+                st.groups[gi].nodes[pos] = node;
+                drop(st);
+                exclude.push(node);
+                filled += 1;
+            }
+            tracing::debug!("{}: stripe group {gi} is full width again", self.scheme);
+        }
+        if filled > 0 {
+            tracing::info!(
+                "{}: {filled} empty positions of short stripe groups given regions on live nodes",
+                self.scheme
+            );
+        }
+        filled
+    }
+
     /// Per group (by index): whether it is short (has empty positions),
     /// and whether it is degraded (a position lost, not yet rebuilt).
     pub(crate) fn flags(&self) -> Vec<(bool, bool)> {
