@@ -25,7 +25,7 @@
 //!   ever mixes modes.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
@@ -104,30 +104,45 @@ impl Rule {
 /// The current mode, held shared by each fold while it runs (see the
 /// module docs).
 #[derive(Debug)]
-pub(crate) struct Gate(RwLock<Mode>);
+pub(crate) struct Gate {
+    mode: RwLock<Mode>,
+    /// The mode as last switched, for reports: a switch waiting for a long
+    /// fold (a commit retried through a manager outage) holds the lock's
+    /// queue, and a report must not wait behind it.
+    shown: AtomicBool,
+}
 
 impl Gate {
     pub(crate) fn new(mode: Mode) -> Self {
-        Self(RwLock::new(mode))
+        Self {
+            mode: RwLock::new(mode),
+            shown: AtomicBool::new(mode == Mode::Local),
+        }
     }
 
     /// Held by a fold from its first request to its last: its mode.
     pub(crate) fn enter(&self) -> RwLockReadGuard<'_, Mode> {
-        self.0.read().unwrap_or_else(|p| p.into_inner())
+        self.mode.read().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Switches to `to` once no fold is in flight; false if already there.
     /// The caller must not be inside a fold ([`Gate::enter`]).
     pub(crate) fn switch(&self, to: Mode) -> bool {
-        let mut m = self.0.write().unwrap_or_else(|p| p.into_inner());
+        let mut m = self.mode.write().unwrap_or_else(|p| p.into_inner());
         let changed = *m != to;
         *m = to;
+        self.shown.store(to == Mode::Local, Ordering::Relaxed);
         changed
     }
 
-    /// The mode now (for reports; a fold reads it through [`Gate::enter`]).
+    /// The mode now, for reports; never waits (a fold reads it through
+    /// [`Gate::enter`]).
     pub(crate) fn mode(&self) -> Mode {
-        *self.enter()
+        if self.shown.load(Ordering::Relaxed) {
+            Mode::Local
+        } else {
+            Mode::Remote
+        }
     }
 }
 

@@ -62,8 +62,9 @@ const BATCH: usize = 128;
 const WALK_AGAIN: Duration = Duration::from_millis(200);
 /// How long an idle compaction thread sleeps before looking again.
 const IDLE: Duration = Duration::from_millis(20);
-/// Commit attempts per participant once a fold is decided.
-const COMMIT_ATTEMPTS: usize = 5;
+/// How long the commits of a decided fold are asked again while no more
+/// than m of them fail.
+const COMMIT_DEADLINE: Duration = Duration::from_secs(2);
 
 /// A scheme's compaction: its mode, threads and counters.
 #[derive(Default)]
@@ -225,6 +226,9 @@ pub(super) fn run(sh: &Arc<Shared>, far: &Arc<FarMemory>, stop: &AtomicBool) {
         // Few folds found: the scan costs more than it wins; let holes
         // gather before the next one.
         let few = folds.len() < BATCH / 4;
+        // A batch aborted (a node of its group failed it): the next look
+        // would likely pick the same folds at once.
+        let mut aborted = false;
         for batch in by_group(folds) {
             // Picked with the rest; a node of its group may have failed a
             // fold since. Its spansets stay busy while they wait, and their
@@ -251,6 +255,7 @@ pub(super) fn run(sh: &Arc<Shared>, far: &Arc<FarMemory>, stop: &AtomicBool) {
                 }
                 Err(e) => {
                     tracing::debug!("{}: {} folds in group {group} aborted: {e}", sh.c.name, batch.len());
+                    aborted = true;
                     (false, Vec::new())
                 }
             };
@@ -263,7 +268,7 @@ pub(super) fn run(sh: &Arc<Shared>, far: &Arc<FarMemory>, stop: &AtomicBool) {
                 .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
         }
         drop(in_flight);
-        if few {
+        if few || aborted {
             sh.compaction.nap();
         }
     }
@@ -585,83 +590,97 @@ impl Shared {
             return Err(e);
         }
         // Decided: every participant prepared. Every commit in flight at
-        // once; one that fails is retried on its own.
-        let sent: Vec<_> = links
+        // once; those that fail are sent again together.
+        let mut pending: Vec<_> = links
             .iter()
             .enumerate()
             .filter_map(|(p, l)| l.as_ref().map(|(r, c)| (p, r, c)))
-            .map(|(p, r, c)| {
-                let req = MemRequest::Commit { cap: r.grant.cap, txn };
-                let t = c.send(&req, &[]);
-                (p, r, c, req, t)
-            })
             .collect();
+        let mut outcomes = self.commit(far, txn, &pending);
+        let start = Instant::now();
+        let mut attempt = 0;
         let mut doubt = Vec::new();
-        for (p, r, c, req, t) in sent {
-            let first = t.and_then(|t| shards::wait_decided(far, c, &req, t));
-            if !self.committed(far, r, c, &req, first) {
-                // Its members may hold the old state or the new: they are
-                // read around (the others committed) until rebuilt. The
-                // node itself may well be alive (its lease lapsed), so a
-                // suspicion, which the manager can lift, is not enough.
-                far.suspect(r.grant.node);
-                doubt.push(p);
+        loop {
+            let mut failed = Vec::new();
+            for (at, outcome) in pending.iter().zip(outcomes) {
+                match outcome {
+                    Ok(()) => {
+                        self.compaction.commit_failures.0.ok();
+                    }
+                    Err(e) => {
+                        self.compaction.commit_failures.0.fail(format_args!(
+                            "{}: commit on {} failed ({e}), attempt {attempt}",
+                            self.c.name, at.1.grant.addr
+                        ));
+                        failed.push((*at, e));
+                    }
+                }
             }
+            if failed.is_empty() {
+                break;
+            }
+            attempt += 1;
+            let waited = start.elapsed();
+            // Members left in doubt are read around and repaired, which
+            // needs k trusted members: with at most m in doubt a short
+            // wait will do; with more (every lease lapsed: the manager is
+            // down) the commits are asked again up to the outage deadline.
+            // A runtime shutting down does not wait: its members are read
+            // around, as after any commit left unacknowledged.
+            let deadline = if failed.len() <= self.c.codec.m() {
+                COMMIT_DEADLINE
+            } else {
+                far.outage_deadline()
+            };
+            let overdue = |e: &RpcError| matches!(e, RpcError::Timeout { .. });
+            let give_up = far.is_stopping() || waited >= deadline;
+            pending.clear();
+            for ((p, r, c), e) in failed {
+                if give_up || overdue(&e) {
+                    tracing::warn!(
+                        "{}: commit on {} failed {attempt} times in {waited:?} ({e}); its members are read around",
+                        self.c.name,
+                        r.grant.addr
+                    );
+                    // Its members may hold the old state or the new: they
+                    // are read around (the others committed) until rebuilt.
+                    // The node itself may well be alive (its lease lapsed),
+                    // so a suspicion, which the manager can lift, is not
+                    // enough.
+                    far.suspect(r.grant.node);
+                    doubt.push(p);
+                } else {
+                    pending.push((p, r, c));
+                }
+            }
+            if pending.is_empty() {
+                break;
+            }
+            let again = Instant::now() + Duration::from_millis(20 << attempt.min(4));
+            while !far.is_stopping() && Instant::now() < again {
+                std::thread::sleep(IDLE);
+            }
+            outcomes = self.commit(far, txn, &pending);
         }
         Ok(doubt)
     }
 
-    /// Whether a commit whose first attempt gave `first` has been answered,
-    /// retrying it up to [`COMMIT_ATTEMPTS`] times in all. An overdue one
-    /// is not retried: it stays queued on the connection. A node that is
-    /// only unavailable (its lease lapsed: the manager is down, or it was
-    /// cut off) keeps its staged changes and is asked again, with back-off,
-    /// up to the runtime's outage deadline.
-    fn committed(
-        &self,
-        far: &FarMemory,
-        r: &FarRegion,
-        c: &Link,
-        req: &MemRequest,
-        first: Result<(), RpcError>,
-    ) -> bool {
-        let start = Instant::now();
-        let mut outcome = first;
-        let mut attempt = 0;
-        loop {
-            let e = match outcome {
-                Ok(()) => {
-                    self.compaction.commit_failures.0.ok();
-                    return true;
-                }
-                Err(e) => e,
-            };
-            let unavailable = matches!(e, RpcError::Remote(remora_proto::RemoteError::Unavailable));
-            self.compaction.commit_failures.0.fail(format_args!(
-                "{}: commit on {} failed ({e}), attempt {attempt}",
-                self.c.name, r.grant.addr
-            ));
-            attempt += 1;
-            let waited = start.elapsed();
-            // A runtime shutting down does not wait to retry: its members
-            // are read around, as after any commit left unacknowledged.
-            let give_up = far.is_stopping()
-                || if unavailable {
-                    waited >= far.outage_deadline()
-                } else {
-                    matches!(e, RpcError::Timeout { .. }) || attempt >= COMMIT_ATTEMPTS
-                };
-            if give_up {
-                tracing::warn!(
-                    "{}: commit on {} failed {attempt} times in {waited:?} ({e}); its members are read around",
-                    self.c.name,
-                    r.grant.addr
-                );
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(20 << attempt.min(4)));
-            outcome = shards::decide(far, c, req);
-        }
+    /// Sends `txn`'s commit to every participant in `to` at once and waits
+    /// for each answer. A participant whose first answer is late is not
+    /// asked again: its commit stays queued on the connection.
+    fn commit(&self, far: &FarMemory, txn: TxnId, to: &[(usize, &Arc<FarRegion>, &Link)]) -> Vec<Result<(), RpcError>> {
+        let sent: Vec<_> = to
+            .iter()
+            .map(|(_, r, c)| {
+                let req = MemRequest::Commit { cap: r.grant.cap, txn };
+                let t = c.send(&req, &[]);
+                (req, t)
+            })
+            .collect();
+        to.iter()
+            .zip(sent)
+            .map(|((_, _, c), (req, t))| t.and_then(|t| shards::wait_decided(far, c, &req, t)))
+            .collect()
     }
 
     /// Records a fold's outcome: on commit, a holds b's spans and b is given
