@@ -446,7 +446,12 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
                         pick: p.pick.wrapping_add(j as u64),
                         ..p
                     };
-                    match strike(&mut cluster, &rt, one, t, &dead, &holds, &|_| true) {
+                    let cands = victims(&cluster, &rt, &dead, &holds, &|_| true);
+                    if cands.is_empty() {
+                        say(t, "shrink: no other live node holds the runtime's data");
+                        break;
+                    }
+                    match strike(&mut cluster, one, &cands) {
                         Ok((node, addr)) => {
                             dead.push(node);
                             struck.push(format!("#{node} ({addr})"));
@@ -487,11 +492,12 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
             let down = down_now(&cluster, &done, &holds, fenced);
             let groups = rt.stripe_groups();
             let tolerable = |addr: &str| within_tolerance(&groups, &down, addr, m);
-            if victims(&cluster, &rt, &dead, &holds, &tolerable).is_empty() {
+            let cands = victims(&cluster, &rt, &dead, &holds, &tolerable);
+            if cands.is_empty() {
                 continue; // wait: every node holding data would take a group past m
             }
             next += 1;
-            if let Err(e) = strike(&mut cluster, &rt, p, t, &dead, &holds, &tolerable).map(|(node, addr)| {
+            if let Err(e) = strike(&mut cluster, p, &cands).map(|(node, addr)| {
                 say(
                     t,
                     match p.kind {
@@ -757,21 +763,9 @@ fn victims(
         .collect()
 }
 
-/// Applies one planned fault to one of the [`victims`]; returns its index
-/// and address.
-fn strike(
-    cluster: &mut LocalCluster,
-    rt: &Runtime,
-    p: Planned,
-    t: f64,
-    dead: &[usize],
-    holds: &[Hold],
-    tolerable: &dyn Fn(&str) -> bool,
-) -> Result<(usize, String)> {
-    let cands = victims(cluster, rt, dead, holds, tolerable);
-    if cands.is_empty() {
-        bail!("no live node holds the runtime's data at {t:.2}s");
-    }
+/// Applies one planned fault to one of `cands` (the [`victims`], at least
+/// one); returns its index and address.
+fn strike(cluster: &mut LocalCluster, p: Planned, cands: &[usize]) -> Result<(usize, String)> {
     let node = cands[(p.pick % cands.len() as u64) as usize];
     let addr = cluster.memnodes()[node].addr.clone();
     match p.kind {

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use remora_proto::{NodeId, Repeated};
 
-pub(crate) use rebuild::{Row, rebuild, repair};
+pub(crate) use rebuild::{Row, ranked, rebuild, repair};
 
 use super::SchemeReport;
 use super::placement::Placement;

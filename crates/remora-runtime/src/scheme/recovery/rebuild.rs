@@ -278,22 +278,29 @@ fn sources(
         .collect())
 }
 
-/// Every survivor of `lost`'s group to rebuild from, best first: empty
-/// positions of a short group (known zeros), then data (the cheapest
-/// decode), suspects last. A retry (a survivor died or was corrupt
+/// The positions of `grp` other than `pos` that have not failed, best
+/// sources of a decode first: empty positions of a short group (known
+/// zeros), then data (the cheapest decode), suspects last.
+pub(crate) fn ranked(far: &FarMemory, grp: &Group, k: usize, pos: usize) -> Vec<usize> {
+    let mut cands: Vec<usize> = (0..grp.regions.len()).filter(|&p| p != pos && !grp.failed[p]).collect();
+    cands.sort_by_key(|&p| (grp.present(p), far.is_suspect(grp.nodes[p]), p >= k));
+    cands
+}
+
+/// Every survivor of `lost`'s group to rebuild from, best first (see
+/// [`ranked`]). A retry (a survivor died or was corrupt
 /// mid-rebuild) moves another one of them last each time, while spares
 /// allow, so a bad survivor not yet declared dead is soon avoided.
 fn survivors(far: &FarMemory, place: &Placement, lost: &Lost) -> Result<Vec<usize>, RuntimeError> {
     let &Lost {
         k,
-        m,
         group: g,
         pos,
         attempt,
         ..
     } = lost;
     let grp = place.group(g);
-    let mut cands: Vec<usize> = (0..k + m).filter(|&p| p != pos && !grp.failed[p]).collect();
+    let mut cands = ranked(far, &grp, k, pos);
     if cands.len() < k {
         return Err(RuntimeError::lost(
             None::<SpanAddr>,
@@ -304,7 +311,6 @@ fn survivors(far: &FarMemory, place: &Placement, lost: &Lost) -> Result<Vec<usiz
             },
         ));
     }
-    cands.sort_by_key(|&p| (grp.present(p), far.is_suspect(grp.nodes[p]), p >= k));
     let zeros = cands.iter().filter(|&&p| !grp.present(p)).count();
     if attempt > 0 && cands.len() > k && cands.len() > zeros {
         let out = cands.remove(zeros + (attempt - 1) % (cands.len() - zeros));
