@@ -374,6 +374,39 @@ fn swap_out_shortens_below_k_plus_m_and_waits_below_m_plus_1() {
         after.spansets_written - before.spansets_written > after.partial_spansets - before.partial_spansets,
         "full 4+2 spansets once six nodes live: {after:?}"
     );
+    // The short groups are given the sixth node at their empty position:
+    // full width again (their 3+2 spansets can fold into full ones).
+    let sixth = c.memnodes()[5].addr.clone();
+    let start = Instant::now();
+    while !rt.stripe_groups().iter().all(|g| g.len() == 6) {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "short groups never widened: {:?}",
+            rt.stripe_groups()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(rt.stats().short_spansets, 0, "{:?}", rt.stats());
+    // Lose the widened position: it is rebuilt on a seventh node, and
+    // every object, in short spansets and in full ones, reads back.
+    c.add_memnode().unwrap();
+    c.kill_memnode(5).unwrap();
+    let start = Instant::now();
+    while rt.regions().iter().any(|(_, g)| g.addr == sixth) {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "never rebuilt: {:?}",
+            rt.stats()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    {
+        let scope = rt.scope();
+        for (i, o) in objs.iter().enumerate() {
+            assert!(Words::is(o.deref(&scope).unwrap(), i as u64, 7));
+        }
+    }
+    assert_eq!(rt.stats().lost_positions, 0, "{:?}", rt.stats());
     drop(objs);
     drop(rt);
     drop(c);

@@ -81,9 +81,11 @@ pub struct Stats {
     /// Members left in doubt by a fold's unacknowledged commit, since
     /// rebuilt in place from the members that agree.
     pub doubt_repairs: u64,
-    /// Spansets now written short, with fewer than k data spans because
-    /// fewer than k+m memory nodes were live: they tolerate m losses at a
-    /// parity overhead of (k'+m)/k'.
+    /// Spansets in a short stripe group (one with an empty position), written
+    /// with fewer than k data spans because fewer than k+m memory nodes were
+    /// live: they tolerate m losses at a parity overhead of (k'+m)/k'. Once
+    /// the group is given a node at its empty position they count as
+    /// partial spansets of a full group, and fold into full ones.
     pub short_spansets: u64,
     /// Far spans brought back to be written again on live nodes, because
     /// their stripe group lost a position with no node left to rebuild on.

@@ -28,7 +28,16 @@
 //! of (k'+m)/k' for k' data members instead of (k+m)/k.
 //! [`Placement::data_width`] says how many data members new spansets take;
 //! while it is short, placement asks the manager for a full group once a
-//! second, and full spansets come back as soon as one is granted.
+//! second, and full spansets come back as soon as one is granted. Then
+//! each short group is *widened* ([`Placement::widen`]): its empty
+//! positions get regions on live nodes outside it, so it takes full
+//! spansets again and compaction can fold its short ones into them.
+//!
+//! Positions are recorded under placement's lock, and a node's liveness is
+//! checked under it too: a death declared before finds the region refused,
+//! a death declared after finds the position recorded and fails it. Adding,
+//! widening and giving back groups hold `growing` throughout, so a group
+//! slot seen is still the same group when its position is recorded.
 //!
 //! Lock order: a scheme's own state lock may be held while calling
 //! [`Placement::group`] or [`Placement::free`]
@@ -182,6 +191,104 @@ impl Placement {
             }
         }
         self.data_width.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Gives the empty positions of short groups regions on live nodes the
+    /// groups do not use, while the manager has them and every position is
+    /// live: such a group is full width again, so it takes full spansets,
+    /// and a fold can fill its short spansets' empty members on the new
+    /// node. Returns the positions filled. Asks the manager at most once
+    /// per [`WIDEN_EVERY`] while full groups are placed again; never call
+    /// it with a scheme lock held.
+    pub(crate) fn widen(&self, far: &FarMemory) -> usize {
+        let Some((k, _)) = self.short else { return 0 };
+        if self.data_width.load(std::sync::atomic::Ordering::Acquire) < k {
+            return 0;
+        }
+        {
+            let mut t = lock(&self.widen_tried);
+            if t.is_some_and(|t| t.elapsed() < WIDEN_EVERY) {
+                return 0;
+            }
+            *t = Some(Instant::now());
+        }
+        // No group is added, retired or given back meanwhile (a retired
+        // slot is reused by the next group added).
+        let _one = lock(&self.growing);
+        let short: Vec<(usize, Vec<usize>)> = {
+            let st = lock(&self.st);
+            st.groups
+                .iter()
+                .enumerate()
+                .filter(|(_, g)| !g.retired && !g.degraded())
+                .map(|(gi, g)| (gi, (0..self.width).filter(|&p| !g.present(p)).collect::<Vec<usize>>()))
+                .filter(|(_, empty)| !empty.is_empty())
+                .collect()
+        };
+        let mut filled = 0;
+        for (gi, empty) in short {
+            let g = self.group(gi);
+            let Some(&first) = g.present_regions().collect::<Vec<_>>().first() else {
+                continue;
+            };
+            let pages = far.pages().usage(first).1;
+            let mut exclude: Vec<NodeId> = g.nodes.iter().copied().filter(|&n| n != NO_NODE).collect();
+            exclude.extend(far.detector().suspects.list());
+            for pos in empty {
+                let grant = match far.backend().alloc(1, false, &exclude) {
+                    Ok(v) => match v.into_iter().next() {
+                        Some(grant) => grant,
+                        None => return filled,
+                    },
+                    Err(e) => {
+                        tracing::debug!("{}: widening stripe group {gi}: {e}", self.scheme);
+                        return filled;
+                    }
+                };
+                if grant.size / (PAGE_SIZE as u64) < pages as u64 {
+                    far.give_back(grant.cap.region);
+                    return filled;
+                }
+                let node = grant.node;
+                let idx = match far.regions().add(grant.clone()) {
+                    Ok(idx) => idx,
+                    Err(e) => {
+                        far.give_back(grant.cap.region);
+                        tracing::debug!("{}: widening stripe group {gi}: {e}", self.scheme);
+                        return filled;
+                    }
+                };
+                far.pages().add_region(idx, pages);
+                let mut st = lock(&self.st);
+                // Checked under the groups' lock: a death declared after
+                // this finds the position recorded and fails it. A group
+                // that lost a position meanwhile is rebuilt or re-striped
+                // as it is.
+                let grp = &st.groups[gi];
+                if far.is_dead(node) || grp.retired || grp.degraded() || grp.present(pos) {
+                    drop(st);
+                    far.pages().remove_if_empty(idx);
+                    far.regions().vacate(idx);
+                    if !far.is_dead(node) {
+                        far.give_back(grant.cap.region);
+                    }
+                    return filled;
+                }
+                st.groups[gi].regions[pos] = idx;
+                st.groups[gi].nodes[pos] = node;
+                drop(st);
+                exclude.push(node);
+                filled += 1;
+            }
+            tracing::debug!("{}: stripe group {gi} is full width again", self.scheme);
+        }
+        if filled > 0 {
+            tracing::info!(
+                "{}: {filled} empty positions of short stripe groups given regions on live nodes",
+                self.scheme
+            );
+        }
+        filled
     }
 
     /// Per group (by index): whether it is short (has empty positions),
@@ -484,6 +591,23 @@ impl Placement {
             far.pages().add_region(r, pages);
         }
         let mut st = lock(&self.st);
+        // Checked under the groups' lock: a death declared after this
+        // finds the group recorded and fails its position.
+        if nodes.iter().any(|&n| n != NO_NODE && far.is_dead(n)) {
+            drop(st);
+            for (&r, g) in regions.iter().filter(|&&r| r != NO_REGION).zip(&grants) {
+                far.pages().remove_if_empty(r);
+                far.regions().vacate(r);
+                if !far.is_dead(g.node) {
+                    far.give_back(g.cap.region);
+                }
+            }
+            tracing::debug!(
+                "{}: a node of a new stripe group died before it was placed",
+                self.scheme
+            );
+            return Ok(true);
+        }
         let group = Group {
             regions,
             nodes,
@@ -638,6 +762,15 @@ impl Placement {
         far.regions().rebind(idx, grant)?;
         let mut st = lock(&self.st);
         st.groups[g].nodes[pos] = node;
+        // Checked under the groups' lock: a death declared after this
+        // finds the position recorded and fails it again.
+        if far.is_dead(node) {
+            return Err(RpcError::Broken {
+                addr: far.regions().get(idx).grant.addr.clone(),
+                reason: format!("{node} died while group {g} position {pos} was rebuilt on it"),
+            }
+            .into());
+        }
         st.groups[g].failed[pos] = false;
         Ok(())
     }

@@ -217,6 +217,9 @@ pub(super) fn run(sh: &Arc<Shared>, far: &Arc<FarMemory>, stop: &AtomicBool) {
             a.tick(far, gate);
         }
         sh.repair_doubtful(far);
+        // Short groups full width again: their short spansets can then be
+        // folded into the full ones written there.
+        sh.c.place.widen(far);
         let folds = sh.pick_folds(far, BATCH);
         if folds.is_empty() {
             drop(in_flight);
