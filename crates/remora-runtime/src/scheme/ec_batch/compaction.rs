@@ -63,7 +63,7 @@ const WALK_AGAIN: Duration = Duration::from_millis(200);
 /// How long an idle compaction thread sleeps before looking again.
 const IDLE: Duration = Duration::from_millis(20);
 /// How long the commits of a decided fold are asked again while no more
-/// than m of them fail.
+/// than m of them fail, none because its node's lease lapsed.
 const COMMIT_DEADLINE: Duration = Duration::from_secs(2);
 
 /// A scheme's compaction: its mode, threads and counters.
@@ -625,21 +625,29 @@ impl Shared {
             attempt += 1;
             let waited = start.elapsed();
             // Members left in doubt are read around and repaired, which
-            // needs k trusted members: with at most m in doubt a short
-            // wait will do; with more (every lease lapsed: the manager is
-            // down) the commits are asked again up to the outage deadline.
-            // A runtime shutting down does not wait: its members are read
-            // around, as after any commit left unacknowledged.
-            let deadline = if failed.len() <= self.c.codec.m() {
-                COMMIT_DEADLINE
-            } else {
-                far.outage_deadline()
-            };
-            let overdue = |e: &RpcError| matches!(e, RpcError::Timeout { .. });
-            let give_up = far.is_stopping() || waited >= deadline;
+            // needs k trusted members: with at most m failing a short wait
+            // will do; with more, the commits are asked again up to the
+            // outage deadline. A node that refuses because its lease lapsed
+            // (the manager is down) is alive and keeps its staged change:
+            // it is asked up to the outage deadline too, since leaving its
+            // members in doubt would make it a suspect, and its stripe
+            // groups unusable, until a manager that has just restarted
+            // vouches for it. A runtime shutting down does not wait: its
+            // members are read around, as after any commit left
+            // unacknowledged; nor does one whose node was declared dead.
+            let short = failed.len() <= self.c.codec.m();
             pending.clear();
             for ((p, r, c), e) in failed {
-                if give_up || overdue(&e) {
+                let deadline = match e {
+                    RpcError::Remote(remora_proto::RemoteError::Unavailable) => far.outage_deadline(),
+                    _ if short => COMMIT_DEADLINE,
+                    _ => far.outage_deadline(),
+                };
+                let give_up = far.is_stopping()
+                    || far.is_dead(r.grant.node)
+                    || waited >= deadline
+                    || matches!(e, RpcError::Timeout { .. });
+                if give_up {
                     tracing::warn!(
                         "{}: commit on {} failed {attempt} times in {waited:?} ({e}); its members are read around",
                         self.c.name,
