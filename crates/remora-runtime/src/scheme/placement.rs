@@ -116,6 +116,18 @@ struct State {
     grown: usize,
 }
 
+/// Lets go of region `idx`, added but never recorded in a group: out of
+/// the far page heap and the region table, and back to the manager unless
+/// its node was declared dead (the manager took it back then).
+fn let_go(far: &FarMemory, idx: u16) {
+    far.pages().remove_if_empty(idx);
+    if let Some(grant) = far.regions().vacate(idx)
+        && !far.is_dead(grant.node)
+    {
+        far.give_back(grant.cap.region);
+    }
+}
+
 /// Share of group `g`'s pages in use.
 fn fill(far: &FarMemory, g: &Group) -> f64 {
     let (used, all) = g.present_regions().fold((0u64, 0u64), |(u, a), r| {
@@ -267,11 +279,7 @@ impl Placement {
                 let grp = &st.groups[gi];
                 if far.is_dead(node) || grp.retired || grp.degraded() || grp.present(pos) {
                     drop(st);
-                    far.pages().remove_if_empty(idx);
-                    far.regions().vacate(idx);
-                    if !far.is_dead(node) {
-                        far.give_back(grant.cap.region);
-                    }
+                    let_go(far, idx);
                     return filled;
                 }
                 st.groups[gi].regions[pos] = idx;
@@ -595,12 +603,8 @@ impl Placement {
         // finds the group recorded and fails its position.
         if nodes.iter().any(|&n| n != NO_NODE && far.is_dead(n)) {
             drop(st);
-            for (&r, g) in regions.iter().filter(|&&r| r != NO_REGION).zip(&grants) {
-                far.pages().remove_if_empty(r);
-                far.regions().vacate(r);
-                if !far.is_dead(g.node) {
-                    far.give_back(g.cap.region);
-                }
+            for &r in regions.iter().filter(|&&r| r != NO_REGION) {
+                let_go(far, r);
             }
             tracing::debug!(
                 "{}: a node of a new stripe group died before it was placed",
