@@ -185,18 +185,16 @@ fn manager_restart_keeps_assignments() {
     c.restart_manager().unwrap();
     let after = s.my_regions().unwrap();
     assert_eq!(after, before, "same regions, same capabilities");
-    // The session notices the restart and is still alive well past the timeout.
-    let mut resynced = false;
+    // The session is still alive well past the timeout, and has nothing to
+    // re-read: its events are in the replicated state, which the restart kept.
     let deadline = Instant::now() + Duration::from_secs(3);
     while Instant::now() < deadline {
         match ev.recv_timeout(Duration::from_millis(100)) {
-            Ok(SessionEvent::Resync) => resynced = true,
             Ok(other) => panic!("unexpected event {other:?}"),
             Err(RecvTimeoutError::Timeout) => {}
             Err(e) => panic!("{e}"),
         }
     }
-    assert!(resynced, "the session was told the manager restarted");
     let st = c.status().unwrap();
     assert_eq!(st.compute_nodes, status_before.compute_nodes);
     // Load is a live figure (and the manager learns it only from heartbeats):

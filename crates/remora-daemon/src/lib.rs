@@ -30,8 +30,16 @@ pub struct SignalsError(#[source] pub std::io::Error);
 /// Sends tracing logs to stderr with the given filter (RUST_LOG syntax); a
 /// bad filter is reported and replaced by `info` rather than refused, since
 /// losing a daemon over its log level helps nobody.
+///
+/// The Raft library logs every step of every election at info and debug:
+/// it logs warnings only, unless the filter names it (`openraft=debug`).
 pub fn init_logging(filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|e| {
+    let filter = if filter.contains("openraft") {
+        filter.to_string()
+    } else {
+        format!("{filter},openraft=warn")
+    };
+    let filter = tracing_subscriber::EnvFilter::try_new(&filter).unwrap_or_else(|e| {
         eprintln!("warning: bad log filter {filter:?} ({e}); using info");
         tracing_subscriber::EnvFilter::new("info")
     });

@@ -1,51 +1,18 @@
-//! Handing out regions: picking free ones across live memory nodes,
-//! granting them (the grant is stored before the memory node hears of it),
-//! and the admin calls that grant and revoke on a memory node.
+//! Handing regions out and taking them back, as the leader: the decision
+//! is a command applied through the log (the regions picked and their
+//! epochs bumped, module `machine`), then the leader tells the memory nodes.
+//! Telling them is idempotent, so a grant retried after a change of leader
+//! (the same request number, answered from the log) is simply told again.
 
 use super::*;
 
-/// Picks `count` free regions on live, non-draining nodes not in `exclude`;
-/// with `distinct`, on `count` different nodes. Spreads over the nodes with
-/// the most free regions.
-fn pick(st: &State, count: u32, distinct: bool, exclude: &[NodeId]) -> Result<Vec<RegionId>, RemoteError> {
-    let mut free: BTreeMap<NodeId, Vec<RegionId>> = BTreeMap::new();
-    for (id, r) in &st.regions {
-        if r.owner.is_none()
-            && !exclude.contains(&r.node)
-            && st.nodes.get(&r.node).is_some_and(|n| n.rec.state == NodeState::Alive)
-        {
-            free.entry(r.node).or_default().push(*id);
-        }
-    }
-    let available = if distinct {
-        free.len()
-    } else {
-        free.values().map(Vec::len).sum()
-    };
-    if available < count as usize {
-        return Err(RemoteError::NoCapacity {
-            wanted: count,
-            available: available as u32,
-        });
-    }
-    let mut out = Vec::with_capacity(count as usize);
-    while out.len() < count as usize {
-        let (&node, _) = free
-            .iter()
-            .max_by_key(|(n, v)| (v.len(), std::cmp::Reverse(**n)))
-            .expect("checked capacity");
-        let v = free.get_mut(&node).expect("present");
-        out.push(v.remove(0));
-        if distinct || v.is_empty() {
-            free.remove(&node);
-        }
-    }
-    Ok(out)
-}
+/// Regions one request may ask for.
+const MAX_ALLOC: u32 = 4096;
 
 pub(crate) fn alloc(
     shared: &Shared,
     session: Session,
+    seq: u64,
     count: u32,
     distinct: bool,
     mut exclude: Vec<NodeId>,
@@ -53,87 +20,78 @@ pub(crate) fn alloc(
     if count == 0 {
         return Ok(MgrResponse::Regions(Vec::new()));
     }
-    // Reserve under the lock, grant on the memory nodes without it (a slow
-    // node must not stall heartbeats), then commit.
+    if count > MAX_ALLOC {
+        return Err(RemoteError::BadRequest(format!(
+            "at most {MAX_ALLOC} regions per request"
+        )));
+    }
     for _attempt in 0..3 {
-        let (picked, ahead): (Vec<(RegionId, NodeId, Token, u64)>, Batch) = {
-            let mut st = lock(&shared.state);
-            check_session(&st, &session)?;
-            let ids = pick(&st, count, distinct, &exclude)?;
-            let mut ahead = Batch::default();
-            let picked = ids
-                .into_iter()
-                .map(|id| {
-                    let token = Token::random();
-                    let r = st.regions.get_mut(&id).expect("picked from the table");
-                    r.epoch += 1;
-                    // Stored before the grant leaves: a manager restarted
-                    // after it must not issue the same epoch again.
-                    ahead.region(
-                        id,
-                        &RegionRec {
-                            owner: None,
-                            ..r.clone()
-                        },
-                    );
-                    r.owner = Some((session.id, token));
-                    (id, r.node, token, r.epoch)
-                })
-                .collect();
-            (picked, ahead)
+        let tokens = (0..count).map(|_| Token::random()).collect();
+        let o = shared.propose(Command::Grant {
+            session,
+            seq,
+            count,
+            distinct,
+            exclude: exclude.clone(),
+            tokens,
+        })?;
+        let Outcome::Granted(granted) = o else {
+            return Err(RemoteError::Internal(format!("grant answered {o:?}")));
         };
-        if let Err(e) = shared.store.commit(&ahead) {
-            let mut st = lock(&shared.state);
-            for (id, _, _, _) in &picked {
-                if let Some(r) = st.regions.get_mut(id) {
-                    r.owner = None;
-                }
-            }
-            return Err(internal(e));
-        }
         let mut failed = Vec::new();
-        for (id, node, token, epoch) in &picked {
-            if let Err(e) = admin_call(shared, *node, |c, k| c.grant(k, *id, session.id, *token, *epoch)) {
-                tracing::warn!("grant of {id} on {node} failed: {e}");
-                failed.push(*node);
+        for g in &granted {
+            if let Err(e) = admin_call(shared, g.node, |c, k| {
+                c.grant(k, g.region, session.id, g.token, g.epoch)
+            }) {
+                tracing::warn!("grant of {} on {} failed: {e}", g.region, g.node);
+                failed.push(g.node);
             }
         }
-        let mut st = lock(&shared.state);
         if failed.is_empty() {
-            let mut b = Batch::default();
-            for (id, _, _, _) in &picked {
-                b.region(*id, &st.regions[id]);
-            }
-            if let Err(e) = shared.store.commit(&b) {
-                for (id, _, _, _) in &picked {
-                    if let Some(r) = st.regions.get_mut(id) {
-                        r.owner = None;
-                    }
-                }
-                return Err(internal(e));
-            }
             tracing::info!(
                 "allocated {count} regions to {}: {:?}",
                 session.id,
-                picked.iter().map(|p| p.0.0).collect::<Vec<_>>()
+                granted.iter().map(|g| g.region.0).collect::<Vec<_>>()
             );
+            let st = shared.machine();
             return Ok(MgrResponse::Regions(
-                picked
+                granted
                     .iter()
-                    .filter_map(|(id, _, _, _)| grant_of(&st, *id, &st.regions[id]))
+                    .filter_map(|g| {
+                        let r = st.machine.regions.get(&g.region)?;
+                        // Taken back meanwhile (its node died): not granted after all.
+                        (r.owner == Some((session.id, g.token)) && r.epoch == g.epoch)
+                            .then(|| grant_of(&st.machine, g.region, r))
+                            .flatten()
+                    })
                     .collect(),
             ));
         }
-        for (id, _, _, _) in &picked {
-            if let Some(r) = st.regions.get_mut(id) {
-                r.owner = None;
-            }
-        }
+        shared.propose(Command::Ungrant {
+            session,
+            seq,
+            regions: granted.iter().map(|g| (g.region, g.token)).collect(),
+        })?;
         exclude.extend(failed);
     }
     Err(RemoteError::Internal(
         "memory nodes did not accept the grants; try again".into(),
     ))
+}
+
+pub(crate) fn free(shared: &Shared, session: Session, seq: u64, region: RegionId) -> Result<MgrResponse, RemoteError> {
+    let o = shared.propose(Command::Free { session, seq, region })?;
+    let Outcome::Freeing { node, region, epoch } = o else {
+        return Err(RemoteError::Internal(format!("free answered {o:?}")));
+    };
+    // Revoked while still taken; if the revoke fails, the leader's
+    // monitor tries again before the region goes back to the pool.
+    if revoke(shared, node, region, epoch) {
+        shared.propose(Command::Released {
+            regions: vec![(region, epoch)],
+        })?;
+    }
+    Ok(MgrResponse::Ok)
 }
 
 /// Calls an admin method on a memory node, reconnecting once if needed.
@@ -143,12 +101,13 @@ fn admin_call(
     f: impl Fn(&MemNodeClient, Token) -> Result<(), remora_proto::RpcError>,
 ) -> Result<(), remora_proto::RpcError> {
     let (addr, key) = {
-        let st = lock(&shared.state);
+        let st = shared.machine();
         let n = st
+            .machine
             .nodes
             .get(&node)
             .ok_or(remora_proto::RpcError::Remote(RemoteError::Unknown))?;
-        (n.rec.addr.clone(), n.rec.admin)
+        (n.addr.clone(), n.admin)
     };
     let opts = ConnOptions {
         connect_timeout: Duration::from_millis(500),
@@ -171,8 +130,13 @@ fn admin_call(
     f(&client, key)
 }
 
-pub(crate) fn revoke(shared: &Shared, node: NodeId, region: RegionId, epoch: u64) {
-    if let Err(e) = admin_call(shared, node, |c, k| c.revoke(k, region, epoch)) {
-        tracing::warn!("revoking {region} on {node} failed: {e}");
+/// Revokes `region` at `epoch` on `node`: true if the node confirmed it.
+pub(crate) fn revoke(shared: &Shared, node: NodeId, region: RegionId, epoch: u64) -> bool {
+    match admin_call(shared, node, |c, k| c.revoke(k, region, epoch)) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!("revoking {region} on {node} failed: {e}");
+            false
+        }
     }
 }

@@ -1,5 +1,6 @@
 //! `remora manager`: the manager daemon's flags and main loop.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -25,6 +26,41 @@ pub enum DaemonError {
     Manager(#[from] ManagerError),
 }
 
+/// The members named by `--peers`.
+#[derive(Debug, Clone, Default)]
+pub struct Peers(pub BTreeMap<u64, String>);
+
+/// Parses `ID=ADDR,...`.
+pub fn parse_peers(s: &str) -> Result<Peers, String> {
+    let mut out = BTreeMap::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (id, addr) = part
+            .split_once('=')
+            .ok_or_else(|| format!("`{part}`: expected ID=ADDR, e.g. 1=127.0.0.1:7400"))?;
+        let id: u64 = id
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{part}`: the member id `{id}` is not a number"))?;
+        if id == 0 {
+            return Err(format!("`{part}`: member ids start at 1"));
+        }
+        if addr.trim().is_empty() {
+            return Err(format!("`{part}`: no address"));
+        }
+        if out.insert(id, addr.trim().to_string()).is_some() {
+            return Err(format!("member {id} is named twice"));
+        }
+    }
+    if out.len() == 2 || out.len() == 4 {
+        tracing::warn!(
+            "a manager group of {} tolerates no more failures than one of {}: use 3 or 5",
+            out.len(),
+            out.len() - 1
+        );
+    }
+    Ok(Peers(out))
+}
+
 /// Flags of `remora manager`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ManagerArgs {
@@ -34,6 +70,19 @@ pub struct ManagerArgs {
     /// Directory for the manager's persistent state.
     #[arg(long)]
     pub data_dir: PathBuf,
+    /// This manager's member id in its group (with `--peers`).
+    #[arg(long, default_value_t = 1)]
+    pub id: u64,
+    /// Every member of the manager group, this one included, as
+    /// `ID=ADDR,...` (e.g. `1=10.0.0.1:7400,2=10.0.0.2:7400,3=10.0.0.3:7400`):
+    /// a group of 3 or 5 keeps serving while a minority is down. Without
+    /// it, this manager is a group of one.
+    #[arg(long, value_parser = parse_peers, default_value = "")]
+    pub peers: Peers,
+    /// Take a snapshot of the group's state (and purge the log behind it)
+    /// every this many log entries.
+    #[arg(long, default_value_t = crate::DEFAULT_SNAPSHOT_EVERY, hide = true)]
+    pub snapshot_every: u64,
     /// Declare a node dead after this long without a heartbeat.
     #[arg(long, default_value = "3s", value_parser = parse_duration)]
     pub heartbeat_timeout: Duration,
@@ -59,6 +108,9 @@ pub fn run(a: ManagerArgs) -> Result<(), DaemonError> {
         heartbeat_timeout: a.heartbeat_timeout,
         cluster_key,
         tls,
+        id: a.id,
+        peers: a.peers.0.clone(),
+        snapshot_every: a.snapshot_every,
     })?;
     tracing::info!(
         "manager listening on {} (data in {}, heartbeat timeout {:?})",

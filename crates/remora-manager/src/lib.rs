@@ -6,44 +6,55 @@
 //! dead, its regions leave the pool and every compute node holding one is
 //! told; a compute node that goes silent has its regions revoked on the
 //! memory nodes and returned to the pool. A draining memory node gets no new
-//! allocations and its owners are told to move away. All assignments live in
-//! an embedded store (module `store`, redb) and survive a restart.
+//! allocations and its owners are told to move away.
 //!
-//! Modules by job: `allocation` hands regions out, `liveness` declares
-//! nodes dead and reaps dead compute nodes' regions, `suspect` weighs a
-//! compute node's report that a memory node failed it, `store` persists.
+//! The paper assumes the manager does not fail, as a replicated state
+//! machine; here it is one: a group of 1, 3 or 5 managers (a Raft group,
+//! module `consensus`) applying the same commands (module `machine`) in the
+//! same order. The leader serves; the others refuse with `NotLeader`, naming
+//! it, and clients follow. Every change is in the log, on a majority's disks,
+//! before it is answered; heartbeats are not: they are the leader's own
+//! observations, and a new leader starts its clock afresh.
+//!
+//! Modules by job: `machine` is the replicated state and its commands,
+//! `consensus` the Raft group (log, snapshots, messages), `allocation` hands
+//! regions out and takes them back, `liveness` declares nodes dead and
+//! reaps dead compute nodes' regions, `suspect` weighs a compute node's
+//! report that a memory node failed it, `store` opens the member's file.
 
 #![forbid(unsafe_code)]
 
 mod allocation;
+mod consensus;
 pub mod daemon;
 mod liveness;
+mod machine;
 mod store;
 mod suspect;
 
-use allocation::{alloc, revoke};
-use liveness::{monitor, node_gone, notify_owners};
-
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use remora_proto::frame::{FrameKind, FrameReader, ReadError};
+use openraft::{LogId, StoredMembership};
+use remora_proto::frame::{FrameKind, FrameReader, MAX_PAYLOAD_LEN, ReadError};
 use remora_proto::msg::{
-    ClusterStatus, ComputeState, ComputeStatus, Event, EventKind, MemNodeStatus, MgrRequest, MgrResponse, NodeLoad,
+    ClusterStatus, ComputeStatus, Event, ManagerRole, ManagerStatus, MemNodeStatus, MgrRequest, MgrResponse, NodeLoad,
     PeerTraffic, decode,
 };
 use remora_proto::server::{ConnGuard, Listener, Responder};
 use remora_proto::{
     Cap, ClusterKey, ComputeId, ConnOptions, MemNodeClient, NodeId, NodeState, Plane, RegionGrant, RegionId,
-    RemoteError, Rights, Session, Stream, TlsConfig, Token,
+    RemoteError, Rights, RpcConn, Session, Stream, TlsConfig, Token,
 };
 
-use store::{Batch, ComputeRec, Meta, NodeRec, RegionRec, Store};
+use consensus::{Member, Raft};
+use machine::{Command, Gone, Machine, Outcome, Proposal, Region};
+use store::Store;
 pub use store::{SCHEMA_VERSION, StoreError};
 
 /// How the manager is set up.
@@ -56,12 +67,24 @@ pub struct Config {
     /// A node silent for this long is declared dead.
     pub heartbeat_timeout: Duration,
     /// Every connection must prove this key, and the manager proves it to
-    /// memory nodes in turn; `None` serves anyone (`--insecure-no-auth`).
+    /// memory nodes and the other managers in turn; `None` serves anyone
+    /// (`--insecure-no-auth`).
     pub cluster_key: Option<ClusterKey>,
     /// TLS (`--tls`, `--tls-dir`): in any mode but off every client must
     /// use it, and the manager's own connections to memory nodes do.
     pub tls: Option<TlsConfig>,
+    /// This manager's member id in its group.
+    pub id: u64,
+    /// Every member of the group, this one included, by id: the addresses
+    /// the members reach each other at. Empty: a group of one.
+    pub peers: BTreeMap<u64, String>,
+    /// A snapshot is taken (and the log behind it purged) every this many
+    /// log entries ([`DEFAULT_SNAPSHOT_EVERY`]).
+    pub snapshot_every: u64,
 }
+
+/// Log entries between snapshots unless configured otherwise.
+pub const DEFAULT_SNAPSHOT_EVERY: u64 = 5000;
 
 /// Why the manager could not start.
 #[derive(Debug, thiserror::Error)]
@@ -80,46 +103,119 @@ pub enum ManagerError {
     /// Bad configuration.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// The Raft group could not start.
+    #[error("manager group: {0}")]
+    Group(String),
 }
 
-struct Node {
-    rec: NodeRec,
-    last_seen: Instant,
-    /// As of its last heartbeat (not persisted: a statistic).
+/// The replicated state as this member has applied it.
+pub(crate) struct Applied {
+    pub(crate) machine: Machine,
+    pub(crate) applied: Option<LogId<u64>>,
+    pub(crate) membership: StoredMembership<u64, Member>,
+}
+
+/// The state machine's state, shared with the request handlers.
+pub(crate) struct Replica {
+    pub(crate) state: Mutex<Applied>,
+    /// Notified after every apply (long polls for events wait on it).
+    pub(crate) changed: Condvar,
+}
+
+/// When a memory node was last heard from, and what it said.
+struct Seen {
+    at: Instant,
     peer: PeerTraffic,
-    /// Its CPU use as of its last heartbeat (likewise).
     load: NodeLoad,
 }
 
-struct Compute {
-    rec: ComputeRec,
-    last_seen: Instant,
-    events: VecDeque<Event>,
-    next_seq: u64,
+/// What the leader observes itself: not replicated. A new leader starts
+/// with none of it and its own clock: it declares no node dead before a
+/// full heartbeat timeout has passed since it took over.
+struct Live {
+    /// The term it leads in (0: not leading).
+    term: u64,
+    /// When it took over.
+    since: Instant,
+    nodes: HashMap<NodeId, Seen>,
+    computes: HashMap<ComputeId, Instant>,
 }
 
-struct State {
-    nodes: BTreeMap<NodeId, Node>,
-    regions: BTreeMap<RegionId, RegionRec>,
-    computes: BTreeMap<ComputeId, Compute>,
-    meta: Meta,
+impl Live {
+    fn node_seen(&self, n: NodeId) -> Instant {
+        self.nodes.get(&n).map_or(self.since, |s| s.at)
+    }
+    fn compute_seen(&self, c: ComputeId) -> Instant {
+        self.computes.get(&c).copied().unwrap_or(self.since)
+    }
 }
 
 struct Shared {
-    state: Mutex<State>,
-    events_cv: Condvar,
-    store: Store,
+    replica: Arc<Replica>,
+    live: Mutex<Live>,
+    raft: Raft,
+    rt: tokio::runtime::Handle,
+    /// This member's id and address.
+    id: u64,
+    addr: String,
     timeout: Duration,
-    /// When this manager process started: it declares no memory node it has
-    /// not heard from since dead before a full heartbeat timeout has passed
-    /// (nodes loaded from the store start with `last_seen` at this instant),
-    /// so nodes that were waiting out its outage can reconnect and renew.
-    started: Instant,
-    incarnation: u64,
     stop: AtomicBool,
     admin_conns: Mutex<HashMap<NodeId, MemNodeClient>>,
     cluster_key: Option<ClusterKey>,
     tls: Option<TlsConfig>,
+    /// Members cut off by fault injection.
+    isolation: consensus::network::Isolation,
+    /// When this member last failed to confirm its lead, and in which term.
+    unconfirmed: Mutex<Option<(u64, Instant)>>,
+}
+
+impl Shared {
+    /// Proposes `cmd` to the group and waits for its answer.
+    fn propose(&self, cmd: Command) -> machine::Answer {
+        // A leader that just failed to hear from a quorum would only time out.
+        let term = self.raft.metrics().borrow().current_term;
+        if lock(&self.unconfirmed).is_some_and(|(t, at)| t == term && at.elapsed() < consensus::UNCONFIRMED_FOR) {
+            return Err(RemoteError::NotLeader { leader: None });
+        }
+        let at_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        consensus::propose(&self.rt, &self.raft, Proposal { at_ms, cmd })
+    }
+
+    /// Confirms leadership (see [`consensus::confirm_leader`]).
+    fn confirm_leader(&self) -> Result<(), RemoteError> {
+        consensus::confirm_leader(&self.rt, &self.raft, &self.unconfirmed)
+    }
+
+    fn machine(&self) -> MutexGuard<'_, Applied> {
+        lock(&self.replica.state)
+    }
+
+    /// The leader's observations, started afresh if it took over since.
+    fn live(&self) -> MutexGuard<'_, Live> {
+        let term = self.raft.metrics().borrow().current_term;
+        let mut l = lock(&self.live);
+        if l.term != term {
+            *l = Live {
+                term,
+                since: Instant::now(),
+                nodes: HashMap::new(),
+                computes: HashMap::new(),
+            };
+        }
+        l
+    }
+
+    fn conn_options(&self, timeout: Duration) -> ConnOptions {
+        ConnOptions {
+            connect_timeout: timeout,
+            call_timeout: timeout,
+            stall_limit: timeout * 2,
+            cluster_key: self.cluster_key,
+            tls: self.tls.clone(),
+        }
+    }
 }
 
 /// A running manager.
@@ -127,84 +223,100 @@ pub struct Manager {
     shared: Arc<Shared>,
     listener: Listener,
     monitor: Option<thread::JoinHandle<()>>,
+    runtime: Option<tokio::runtime::Runtime>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-const MAX_EVENTS_KEPT: usize = 4096;
-
 impl Manager {
-    /// Opens the store, binds and starts serving.
+    /// Opens the store, binds, joins (or forms) the group and starts serving.
     pub fn start(cfg: Config) -> Result<Self, ManagerError> {
         if cfg.heartbeat_timeout < Duration::from_millis(100) {
             return Err(ManagerError::Config("heartbeat timeout must be at least 100ms".into()));
         }
-        let store = Store::open(&cfg.data_dir)?;
-        let loaded = store.load()?;
-        let mut meta = loaded.meta;
-        meta.incarnation += 1;
-        let now = Instant::now();
-        let state = State {
-            nodes: loaded
-                .nodes
-                .into_iter()
-                .map(|(id, rec)| {
-                    (
-                        id,
-                        Node {
-                            rec,
-                            last_seen: now,
-                            peer: PeerTraffic::default(),
-                            load: NodeLoad::default(),
-                        },
-                    )
-                })
-                .collect(),
-            regions: loaded.regions.into_iter().collect(),
-            computes: loaded
-                .computes
-                .into_iter()
-                .map(|(id, rec)| {
-                    (
-                        id,
-                        Compute {
-                            rec,
-                            last_seen: now,
-                            events: VecDeque::new(),
-                            next_seq: 1,
-                        },
-                    )
-                })
-                .collect(),
-            meta,
-        };
-        store.commit(Batch::default().meta(meta))?;
-        tracing::info!(
-            "manager state loaded from {}: {} memory nodes, {} regions ({} allocated), {} compute nodes; incarnation {}",
-            cfg.data_dir.display(),
-            state.nodes.len(),
-            state.regions.len(),
-            state.regions.values().filter(|r| r.owner.is_some()).count(),
-            state.computes.len(),
-            meta.incarnation
-        );
+        if !cfg.peers.is_empty() && !cfg.peers.contains_key(&cfg.id) {
+            return Err(ManagerError::Config(format!(
+                "--peers names members {:?} but not this one (--id {})",
+                cfg.peers.keys().collect::<Vec<_>>(),
+                cfg.id
+            )));
+        }
+        let mut store = Store::open(&cfg.data_dir)?;
         let sock = TcpListener::bind(&cfg.listen).map_err(|source| ManagerError::Listen {
             addr: cfg.listen.clone(),
             source,
         })?;
+        let bound = sock.local_addr().map_err(|source| ManagerError::Listen {
+            addr: cfg.listen.clone(),
+            source,
+        })?;
+        let members = if cfg.peers.is_empty() {
+            BTreeMap::from([(cfg.id, bound.to_string())])
+        } else {
+            cfg.peers.clone()
+        };
+        let addr = members[&cfg.id].clone();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("manager-raft")
+            .enable_all()
+            .build()
+            .map_err(|e| ManagerError::Group(format!("cannot start its runtime: {e}")))?;
+        let rt = runtime.handle().clone();
+        let replica = Arc::new(Replica {
+            state: Mutex::new(Applied {
+                machine: Machine::default(),
+                applied: None,
+                membership: StoredMembership::default(),
+            }),
+            changed: Condvar::new(),
+        });
+        let group_err = |e: &dyn std::fmt::Display| ManagerError::Group(e.to_string());
+        let log = consensus::storage::LogStore::new(store.db());
+        let restarted = log.has_state().map_err(|e| group_err(&e))?;
+        let sm = consensus::storage::StateMachine::open(store.db(), Arc::clone(&replica)).map_err(|e| group_err(&e))?;
+        let opts = ConnOptions {
+            connect_timeout: Duration::from_millis(300),
+            call_timeout: Duration::from_secs(1),
+            stall_limit: Duration::from_secs(2),
+            cluster_key: cfg.cluster_key,
+            tls: cfg.tls.clone(),
+        };
+        let isolation = consensus::network::Isolation::default();
+        let network = consensus::network::Network {
+            me: cfg.id,
+            opts: opts.clone(),
+            isolation: isolation.clone(),
+        };
+        let raft_cfg = Arc::new(
+            consensus::config(cfg.snapshot_every)
+                .validate()
+                .map_err(|e| group_err(&e))?,
+        );
+        let raft = rt
+            .block_on(Raft::new(cfg.id, raft_cfg, network, log, sm))
+            .map_err(|e| group_err(&e))?;
         let shared = Arc::new(Shared {
-            state: Mutex::new(state),
-            events_cv: Condvar::new(),
-            store,
+            replica,
+            live: Mutex::new(Live {
+                term: 0,
+                since: Instant::now(),
+                nodes: HashMap::new(),
+                computes: HashMap::new(),
+            }),
+            raft,
+            rt: rt.clone(),
+            id: cfg.id,
+            addr,
             timeout: cfg.heartbeat_timeout,
-            started: now,
-            incarnation: meta.incarnation,
             stop: AtomicBool::new(false),
             admin_conns: Mutex::new(HashMap::new()),
             cluster_key: cfg.cluster_key,
             tls: cfg.tls.clone(),
+            isolation,
+            unconfirmed: Mutex::new(None),
         });
         let s2 = Arc::clone(&shared);
         let server_tls = cfg.tls.as_ref().map(|t| t.server(Plane::Control));
@@ -215,15 +327,60 @@ impl Manager {
             addr: cfg.listen.clone(),
             source,
         })?;
+        let initializes = !restarted && cfg.id == *members.keys().next().expect("one member at least");
+        if restarted {
+            let m = shared.raft.metrics().borrow().clone();
+            tracing::info!(
+                "manager {} restarted: rejoining its group (term {}, last log index {:?}, {} members)",
+                cfg.id,
+                m.current_term,
+                m.last_log_index,
+                m.membership_config.membership().nodes().count()
+            );
+        } else if initializes {
+            if let Some(other) = group_exists(&members, cfg.id, &opts) {
+                tracing::warn!(
+                    "manager {}: empty store, but member {other} already belongs to a formed group: joining it \
+                     instead of forming a new one",
+                    cfg.id
+                );
+            } else {
+                rt.block_on(shared.raft.initialize(consensus::members(&members)))
+                    .map_err(|e| group_err(&e))?;
+                tracing::info!("manager {} formed a group of {}: {:?}", cfg.id, members.len(), members);
+            }
+        } else {
+            tracing::info!(
+                "manager {} joins the group {:?}: member {} forms it",
+                cfg.id,
+                members,
+                members.keys().next().expect("one member")
+            );
+        }
+        if let Some(legacy) = store.legacy().cloned() {
+            if initializes || restarted {
+                if let Err(e) = take_over(&shared, &mut store, legacy) {
+                    tracing::warn!("{e}; the next start tries again");
+                }
+            } else {
+                tracing::warn!(
+                    "manager {}: {} holds a single manager's state, but member {} forms this group: left unread",
+                    cfg.id,
+                    cfg.data_dir.display(),
+                    members.keys().next().expect("one member")
+                );
+            }
+        }
         let s3 = Arc::clone(&shared);
         let monitor = thread::Builder::new()
             .name("manager-monitor".into())
-            .spawn(move || monitor(&s3))
+            .spawn(move || liveness::monitor(&s3))
             .map_err(|e| ManagerError::Config(format!("cannot spawn monitor: {e}")))?;
         Ok(Self {
             shared,
             listener,
             monitor: Some(monitor),
+            runtime: Some(runtime),
         })
     }
 
@@ -232,9 +389,15 @@ impl Manager {
         self.listener.local_addr()
     }
 
-    /// The cluster's state as `remora status` shows it.
+    /// The cluster's state as this member has applied it.
     pub fn status(&self) -> ClusterStatus {
-        status(&lock(&self.shared.state))
+        let mut s = status(&self.shared.machine().machine, &lock(&self.shared.live));
+        s.managers = vec![consensus::member_status(
+            &self.shared.raft,
+            self.shared.id,
+            &self.shared.addr,
+        )];
+        s
     }
 
     /// Stops serving.
@@ -244,12 +407,16 @@ impl Manager {
 
     fn stop_inner(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
-        self.shared.events_cv.notify_all();
+        self.shared.replica.changed.notify_all();
         if let Some(m) = self.monitor.take() {
             m.thread().unpark();
             let _ = m.join();
         }
         self.listener.stop();
+        if let Some(rt) = self.runtime.take() {
+            let _ = rt.block_on(self.shared.raft.shutdown());
+            rt.shutdown_timeout(Duration::from_secs(2));
+        }
     }
 }
 
@@ -257,6 +424,45 @@ impl Drop for Manager {
     fn drop(&mut self) {
         self.stop_inner();
     }
+}
+
+/// Asks the other members whether a group already exists (one has a
+/// term): a member whose store was lost must not form a second one.
+fn group_exists(members: &BTreeMap<u64, String>, me: u64, opts: &ConnOptions) -> Option<u64> {
+    members.iter().filter(|(id, _)| **id != me).find_map(|(id, addr)| {
+        let conn = RpcConn::connect(addr, opts.clone()).ok()?;
+        let t = conn.send(&MgrRequest::Member, &[]).ok()?;
+        let r = conn.wait(t, None, opts.call_timeout).ok()?;
+        match decode::<MgrResponse>(&r.head) {
+            Ok(MgrResponse::Member(m)) if m.term > 0 => Some(*id),
+            _ => None,
+        }
+    })
+}
+
+/// Takes over a single manager's store (see `store`): proposed once this
+/// member leads (within 30 s), then the old tables go.
+fn take_over(shared: &Shared, store: &mut Store, legacy: store::Loaded) -> Result<(), ManagerError> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut m = Machine::from_store(legacy);
+    // Its clients saw events numbered by the old manager: a new
+    // incarnation tells them to re-read their regions.
+    m.meta.incarnation += 1;
+    let (nodes, regions) = (m.nodes.len(), m.regions.len());
+    loop {
+        match shared.propose(Command::Import(Box::new(m.clone()))) {
+            Ok(_) => break,
+            Err(RemoteError::NotLeader { .. }) if Instant::now() < deadline => thread::sleep(Duration::from_millis(50)),
+            Err(e) => {
+                return Err(ManagerError::Group(format!(
+                    "taking over the single manager's store: {e}"
+                )));
+            }
+        }
+    }
+    store.finish_import()?;
+    tracing::info!("took over a single manager's store: {nodes} memory nodes, {regions} regions");
+    Ok(())
 }
 
 /// How often memory nodes heartbeat: a sixth of the timeout. A memory node's
@@ -287,15 +493,23 @@ fn serve(shared: &Arc<Shared>, sock: Stream, _guard: ConnGuard) {
                 return;
             }
         };
-        if hdr.kind != FrameKind::Request || hdr.payload_len != 0 {
+        if hdr.kind != FrameKind::Request || hdr.payload_len > MAX_PAYLOAD_LEN {
             tracing::warn!("closing connection from {peer}: unexpected frame {hdr:?}");
             return;
         }
-        let req: MgrRequest = match rd
+        let read = rd
             .read_vec(hdr.head_len as usize)
             .map_err(|e| e.to_string())
-            .and_then(|h| decode(&h).map_err(|e| e.to_string()))
-        {
+            .and_then(|h| {
+                let req: MgrRequest = decode(&h).map_err(|e| e.to_string())?;
+                let body = match (&req, hdr.payload_len) {
+                    (_, 0) => Vec::new(),
+                    (MgrRequest::Raft { .. }, n) => rd.read_vec(n as usize).map_err(|e| e.to_string())?,
+                    (_, n) => return Err(format!("a payload of {n} bytes on a request that takes none")),
+                };
+                Ok((req, body))
+            });
+        let (req, body) = match read {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!("closing connection from {peer}: {e}");
@@ -303,45 +517,28 @@ fn serve(shared: &Arc<Shared>, sock: Stream, _guard: ConnGuard) {
             }
         };
         let id = hdr.id;
-        if let MgrRequest::Suspect { session, node } = req {
-            // Probing takes up to the node's lease: its own thread, so this
-            // connection keeps serving.
-            let (s, o) = (Arc::clone(shared), out.clone());
-            let spawned = thread::Builder::new().name("manager-suspect".into()).spawn(move || {
-                let _ = match suspect::rule(&s, session, node) {
-                    Ok(m) => o.ok(id, &m, &[]),
-                    Err(e) => o.err(id, &e),
-                };
-            });
-            if let Err(e) = spawned {
-                let _ = out.err(id, &RemoteError::Internal(e.to_string()));
-            }
-            continue;
-        }
-        if let MgrRequest::WaitEvents {
-            session,
-            after,
-            timeout_ms,
-        } = req
-        {
-            // Long poll: answered from its own thread so this connection keeps serving.
-            let (s, o) = (Arc::clone(shared), out.clone());
-            let spawned = thread::Builder::new().name("manager-poll".into()).spawn(move || {
-                let r = wait_events(&s, session, after, Duration::from_millis(timeout_ms.min(30_000) as u64));
-                let _ = match r {
-                    Ok(m) => o.ok(id, &m, &[]),
-                    Err(e) => o.err(id, &e),
-                };
-            });
-            if let Err(e) = spawned {
-                let _ = out.err(id, &RemoteError::Internal(e.to_string()));
-            }
-            continue;
-        }
-        let res = handle(shared, req);
-        let sent = match res {
-            Ok(m) => out.ok(id, &m, &[]),
-            Err(e) => out.err(id, &e),
+        let sent = match req {
+            MgrRequest::Raft { from, .. } if shared.isolation.cuts(from) => out.err(id, &RemoteError::Unavailable),
+            MgrRequest::Raft { rpc, .. } => match consensus::network::serve(&shared.rt, &shared.raft, rpc, &body) {
+                Ok(answer) => out.ok(id, &MgrResponse::Raft, &[&answer]),
+                Err(e) => out.err(id, &RemoteError::BadRequest(e)),
+            },
+            // Probing takes up to the node's lease, and a long poll up to
+            // its timeout: each on its own thread, so this connection keeps serving.
+            MgrRequest::Suspect { session, node } => aside(shared, &out, id, "manager-suspect", move |s| {
+                suspect::rule(s, session, node)
+            }),
+            MgrRequest::WaitEvents {
+                session,
+                after,
+                timeout_ms,
+            } => aside(shared, &out, id, "manager-poll", move |s| {
+                wait_events(s, session, after, Duration::from_millis(timeout_ms.min(30_000) as u64))
+            }),
+            req => match handle(shared, req) {
+                Ok(m) => out.ok(id, &m, &[]),
+                Err(e) => out.err(id, &e),
+            },
         };
         if let Err(e) = sent {
             tracing::debug!("reply to {peer} failed: {e}");
@@ -350,20 +547,25 @@ fn serve(shared: &Arc<Shared>, sock: Stream, _guard: ConnGuard) {
     }
 }
 
-fn internal(e: StoreError) -> RemoteError {
-    tracing::error!("{e}");
-    RemoteError::Internal(e.to_string())
-}
-
-fn check_session(st: &State, s: &Session) -> Result<(), RemoteError> {
-    let c = st.computes.get(&s.id).ok_or(RemoteError::Unknown)?;
-    if !c.rec.secret.ct_eq(&s.secret) {
-        return Err(RemoteError::Unauthorized);
+/// Answers one request from a thread of its own.
+fn aside(
+    shared: &Arc<Shared>,
+    out: &Responder,
+    id: u64,
+    name: &str,
+    f: impl FnOnce(&Shared) -> Result<MgrResponse, RemoteError> + Send + 'static,
+) -> std::io::Result<()> {
+    let (s, o) = (Arc::clone(shared), out.clone());
+    let spawned = thread::Builder::new().name(name.into()).spawn(move || {
+        let _ = match f(&s) {
+            Ok(m) => o.ok(id, &m, &[]),
+            Err(e) => o.err(id, &e),
+        };
+    });
+    match spawned {
+        Ok(_) => Ok(()),
+        Err(e) => out.err(id, &RemoteError::Internal(e.to_string())),
     }
-    if c.rec.state == ComputeState::Dead {
-        return Err(RemoteError::Unknown);
-    }
-    Ok(())
 }
 
 fn handle(shared: &Shared, req: MgrRequest) -> Result<MgrResponse, RemoteError> {
@@ -373,153 +575,197 @@ fn handle(shared: &Shared, req: MgrRequest) -> Result<MgrResponse, RemoteError> 
             capacity,
             region_size,
             admin,
-        } => register_node(shared, addr, capacity, region_size, admin),
+        } => {
+            let o = shared.propose(Command::RegisterNode {
+                addr: addr.clone(),
+                capacity,
+                region_size,
+                admin,
+            })?;
+            let Outcome::NodeRegistered { node, regions } = o else {
+                return Err(RemoteError::Internal(format!("registration answered {o:?}")));
+            };
+            shared.live().nodes.insert(
+                node,
+                Seen {
+                    at: Instant::now(),
+                    peer: PeerTraffic::default(),
+                    load: NodeLoad::default(),
+                },
+            );
+            tracing::info!(
+                "memory node {node} registered at {addr}: {} regions of {region_size} bytes",
+                regions.len()
+            );
+            Ok(MgrResponse::MemNodeRegistered {
+                node,
+                regions,
+                heartbeat_interval_ms: heartbeat_interval(shared.timeout),
+            })
+        }
         MgrRequest::MemNodeHeartbeat {
             node,
             admin,
             peer,
             load,
         } => {
-            let mut st = lock(&shared.state);
-            let n = st.nodes.get_mut(&node).ok_or(RemoteError::Unknown)?;
-            if !n.rec.admin.ct_eq(&admin) {
-                return Err(RemoteError::Unauthorized);
-            }
-            if n.rec.state == NodeState::Dead {
-                return Err(RemoteError::Fenced);
-            }
-            n.last_seen = Instant::now();
-            n.peer = peer;
-            n.load = load;
-            Ok(MgrResponse::HeartbeatAck { state: n.rec.state })
+            // Renewing a lease is a promise that no other leader has taken
+            // over: a quorum must still follow this one.
+            shared.confirm_leader()?;
+            let state = {
+                let st = shared.machine();
+                let n = st.machine.nodes.get(&node).ok_or(RemoteError::Unknown)?;
+                if !n.admin.ct_eq(&admin) {
+                    return Err(RemoteError::Unauthorized);
+                }
+                if n.state == NodeState::Dead {
+                    return Err(RemoteError::Fenced);
+                }
+                n.state
+            };
+            shared.live().nodes.insert(
+                node,
+                Seen {
+                    at: Instant::now(),
+                    peer,
+                    load,
+                },
+            );
+            Ok(MgrResponse::HeartbeatAck { state })
         }
         MgrRequest::Deregister { node, admin } => {
-            let mut st = lock(&shared.state);
-            let n = st.nodes.get(&node).ok_or(RemoteError::Unknown)?;
-            if !n.rec.admin.ct_eq(&admin) {
-                return Err(RemoteError::Unauthorized);
-            }
-            tracing::info!("memory node {node} at {} deregistered", n.rec.addr);
-            node_gone(shared, &mut st, node).map_err(internal)?;
+            let addr = {
+                let st = shared.machine();
+                let n = st.machine.nodes.get(&node).ok_or(RemoteError::Unknown)?;
+                if !n.admin.ct_eq(&admin) {
+                    return Err(RemoteError::Unauthorized);
+                }
+                n.addr.clone()
+            };
+            shared.propose(Command::NodeGone { node, why: Gone::Left })?;
+            lock(&shared.admin_conns).remove(&node);
+            tracing::info!("memory node {node} at {addr} deregistered");
             Ok(MgrResponse::Ok)
         }
         MgrRequest::Drain { addr } => {
-            let mut st = lock(&shared.state);
-            let (id, n) = st
-                .nodes
-                .iter_mut()
-                .find(|(_, n)| n.rec.addr == addr && n.rec.state != NodeState::Dead)
-                .ok_or_else(|| RemoteError::BadRequest(format!("no live memory node registered at {addr}")))?;
-            let id = *id;
-            if n.rec.state == NodeState::Draining {
-                return Ok(MgrResponse::Ok);
-            }
-            n.rec.state = NodeState::Draining;
-            let rec = n.rec.clone();
-            shared.store.commit(Batch::default().node(id, &rec)).map_err(internal)?;
-            tracing::info!("memory node {id} at {addr} is draining");
-            notify_owners(&mut st, &rec, |regions| EventKind::NodeDraining {
-                node: id,
-                addr: rec.addr.clone(),
-                regions,
-            });
-            shared.events_cv.notify_all();
+            shared.propose(Command::Drain { addr: addr.clone() })?;
+            tracing::info!("memory node at {addr} is draining");
             Ok(MgrResponse::Ok)
         }
         MgrRequest::RegisterCompute { name } => {
-            let mut st = lock(&shared.state);
-            st.meta.next_compute += 1;
-            let id = ComputeId(st.meta.next_compute);
-            let rec = ComputeRec {
-                name,
+            let o = shared.propose(Command::RegisterCompute {
+                name: name.clone(),
                 secret: Token::random(),
-                state: ComputeState::Alive,
+            })?;
+            let Outcome::ComputeRegistered(session) = o else {
+                return Err(RemoteError::Internal(format!("registration answered {o:?}")));
             };
-            shared
-                .store
-                .commit(Batch::default().compute(id, &rec).meta(st.meta))
-                .map_err(internal)?;
-            tracing::info!("compute node {id} ({}) registered", rec.name);
-            let session = Session { id, secret: rec.secret };
-            st.computes.insert(
-                id,
-                Compute {
-                    rec,
-                    last_seen: Instant::now(),
-                    events: VecDeque::new(),
-                    next_seq: 1,
-                },
-            );
+            shared.live().computes.insert(session.id, Instant::now());
+            tracing::info!("compute node {} ({name}) registered", session.id);
             Ok(MgrResponse::ComputeRegistered {
                 session,
                 heartbeat_interval_ms: heartbeat_interval(shared.timeout),
-                incarnation: shared.incarnation,
+                incarnation: shared.machine().machine.meta.incarnation,
             })
         }
         MgrRequest::ComputeHeartbeat { session } => {
-            let mut st = lock(&shared.state);
-            check_session(&st, &session)?;
-            if let Some(c) = st.computes.get_mut(&session.id) {
-                c.last_seen = Instant::now();
-            }
+            shared.confirm_leader()?;
+            shared.machine().machine.check_session(&session)?;
+            shared.live().computes.insert(session.id, Instant::now());
             Ok(MgrResponse::Ok)
         }
         MgrRequest::Alloc {
             session,
+            seq,
             count,
             distinct,
             exclude,
-        } => alloc(shared, session, count, distinct, exclude),
-        MgrRequest::Free { session, region } => {
-            let (node, epoch) = {
-                let mut st = lock(&shared.state);
-                check_session(&st, &session)?;
-                let r = st
-                    .regions
-                    .get_mut(&region)
-                    .ok_or(RemoteError::NoSuchRegion { region })?;
-                if r.owner.map(|(c, _)| c) != Some(session.id) {
-                    return Err(RemoteError::BadCapability { region });
-                }
-                r.epoch += 1;
-                (r.node, r.epoch)
-            };
-            // Revoke while the region is still owned, so it cannot be handed
-            // to someone else before the old contents and token are gone.
-            revoke(shared, node, region, epoch);
-            let mut st = lock(&shared.state);
-            if let Some(r) = st.regions.get_mut(&region) {
-                if r.owner.map(|(c, _)| c) == Some(session.id) {
-                    r.owner = None;
-                    let rec = r.clone();
-                    shared
-                        .store
-                        .commit(Batch::default().region(region, &rec))
-                        .map_err(internal)?;
-                }
-            }
-            Ok(MgrResponse::Ok)
-        }
+        } => allocation::alloc(shared, session, seq, count, distinct, exclude),
+        MgrRequest::Free { session, seq, region } => allocation::free(shared, session, seq, region),
         MgrRequest::MyRegions { session } => {
-            let st = lock(&shared.state);
-            check_session(&st, &session)?;
+            shared.confirm_leader()?;
+            let st = shared.machine();
+            let m = &st.machine;
+            m.check_session(&session)?;
             Ok(MgrResponse::Regions(
-                st.regions
+                m.regions
                     .iter()
-                    .filter(|(_, r)| r.owner.map(|(c, _)| c) == Some(session.id))
-                    .filter_map(|(id, r)| grant_of(&st, *id, r))
+                    .filter(|(_, r)| !r.freeing && r.owner.map(|(c, _)| c) == Some(session.id))
+                    .filter_map(|(id, r)| grant_of(m, *id, r))
                     .collect(),
             ))
         }
-        MgrRequest::WaitEvents { .. } => Err(RemoteError::BadRequest("long poll handled elsewhere".into())),
-        MgrRequest::Status => Ok(MgrResponse::Status(status(&lock(&shared.state)))),
-        MgrRequest::Suspect { .. } => Err(RemoteError::BadRequest("Suspect is answered on its own thread".into())),
+        MgrRequest::Status => {
+            shared.confirm_leader()?;
+            let mut s = status(&shared.machine().machine, &shared.live());
+            s.managers = managers(shared);
+            Ok(MgrResponse::Status(s))
+        }
+        MgrRequest::Member => Ok(MgrResponse::Member(consensus::member_status(
+            &shared.raft,
+            shared.id,
+            &shared.addr,
+        ))),
+        MgrRequest::Isolate { peers, for_ms } => isolate(shared, peers, for_ms),
+        MgrRequest::WaitEvents { .. } | MgrRequest::Suspect { .. } | MgrRequest::Raft { .. } => {
+            Err(RemoteError::BadRequest("answered on its own path".into()))
+        }
     }
 }
 
-fn grant_of(st: &State, id: RegionId, r: &RegionRec) -> Option<RegionGrant> {
+#[cfg(feature = "fault-injection")]
+fn isolate(shared: &Shared, peers: Vec<u64>, for_ms: u32) -> Result<MgrResponse, RemoteError> {
+    tracing::warn!("fault injection: cut off from members {peers:?} for {for_ms} ms");
+    shared.isolation.cut(peers, Duration::from_millis(u64::from(for_ms)));
+    Ok(MgrResponse::Ok)
+}
+
+#[cfg(not(feature = "fault-injection"))]
+fn isolate(_: &Shared, _: Vec<u64>, _: u32) -> Result<MgrResponse, RemoteError> {
+    Err(RemoteError::Unsupported(
+        "fault injection (build with --features fault-injection)".into(),
+    ))
+}
+
+/// Every member's row of `remora status`, each asked for its own.
+fn managers(shared: &Shared) -> Vec<ManagerStatus> {
+    let members: Vec<(u64, String)> = shared
+        .machine()
+        .membership
+        .membership()
+        .nodes()
+        .map(|(id, n)| (*id, n.addr.clone()))
+        .collect();
+    let opts = shared.conn_options(Duration::from_millis(300));
+    members
+        .into_iter()
+        .map(|(id, addr)| {
+            if id == shared.id {
+                return consensus::member_status(&shared.raft, id, &shared.addr);
+            }
+            let asked = RpcConn::connect(&addr, opts.clone()).and_then(|c| {
+                let t = c.send(&MgrRequest::Member, &[])?;
+                let r = c.wait(t, None, opts.call_timeout)?;
+                decode::<MgrResponse>(&r.head).map_err(|e| remora_proto::RpcError::Unexpected(e.to_string()))
+            });
+            match asked {
+                Ok(MgrResponse::Member(m)) => m,
+                _ => ManagerStatus {
+                    id,
+                    addr,
+                    role: ManagerRole::Unreachable,
+                    term: 0,
+                    last_applied: 0,
+                    leader: None,
+                },
+            }
+        })
+        .collect()
+}
+
+fn grant_of(m: &Machine, id: RegionId, r: &Region) -> Option<RegionGrant> {
     let (_, token) = r.owner?;
-    let n = st.nodes.get(&r.node)?;
+    let n = m.nodes.get(&r.node)?;
     Some(RegionGrant {
         cap: Cap {
             region: id,
@@ -528,149 +774,77 @@ fn grant_of(st: &State, id: RegionId, r: &RegionRec) -> Option<RegionGrant> {
             epoch: r.epoch,
         },
         node: r.node,
-        addr: n.rec.addr.clone(),
+        addr: n.addr.clone(),
         size: r.size,
-        node_state: n.rec.state,
-    })
-}
-
-fn register_node(
-    shared: &Shared,
-    addr: String,
-    capacity: u64,
-    region_size: u64,
-    admin: Token,
-) -> Result<MgrResponse, RemoteError> {
-    if region_size == 0 || capacity < region_size {
-        return Err(RemoteError::BadRequest("capacity must hold at least one region".into()));
-    }
-    let count = capacity / region_size;
-    if count > 1 << 20 {
-        return Err(RemoteError::BadRequest(
-            "too many regions (use a larger region size)".into(),
-        ));
-    }
-    let mut st = lock(&shared.state);
-    // A node registering again at an address whose old incarnation still
-    // counts as live has restarted: whatever the old one held is gone.
-    let stale: Vec<NodeId> = st
-        .nodes
-        .iter()
-        .filter(|(_, n)| n.rec.addr == addr && n.rec.state != NodeState::Dead)
-        .map(|(id, _)| *id)
-        .collect();
-    for id in stale {
-        tracing::warn!("memory node at {addr} re-registered: its previous incarnation {id} is dead");
-        node_gone(shared, &mut st, id).map_err(internal)?;
-    }
-    st.meta.next_node += 1;
-    let node = NodeId(st.meta.next_node);
-    let first = st.meta.next_region + 1;
-    st.meta.next_region += count;
-    let regions: Vec<RegionId> = (first..first + count).map(RegionId).collect();
-    let rec = NodeRec {
-        addr: addr.clone(),
-        capacity,
-        region_size,
-        admin,
-        state: NodeState::Alive,
-        regions: regions.clone(),
-    };
-    let mut b = Batch::default();
-    b.node(node, &rec).meta(st.meta);
-    let rrec = RegionRec {
-        node,
-        size: region_size,
-        owner: None,
-        epoch: 0,
-    };
-    for r in &regions {
-        b.region(*r, &rrec);
-    }
-    shared.store.commit(&b).map_err(internal)?;
-    for r in &regions {
-        st.regions.insert(*r, rrec.clone());
-    }
-    st.nodes.insert(
-        node,
-        Node {
-            rec,
-            last_seen: Instant::now(),
-            peer: PeerTraffic::default(),
-            load: NodeLoad::default(),
-        },
-    );
-    tracing::info!("memory node {node} registered at {addr}: {count} regions of {region_size} bytes");
-    Ok(MgrResponse::MemNodeRegistered {
-        node,
-        regions,
-        heartbeat_interval_ms: heartbeat_interval(shared.timeout),
+        node_state: n.state,
     })
 }
 
 fn wait_events(shared: &Shared, session: Session, after: u64, timeout: Duration) -> Result<MgrResponse, RemoteError> {
+    if !consensus::leads(&shared.raft) {
+        return Err(consensus::not_leader(&shared.raft));
+    }
     let deadline = Instant::now() + timeout;
-    let mut st = lock(&shared.state);
+    let mut st = shared.machine();
     loop {
-        check_session(&st, &session)?;
-        let events: Vec<Event> = st.computes[&session.id]
-            .events
-            .iter()
-            .filter(|e| e.seq > after)
-            .cloned()
-            .collect();
+        let c = st.machine.check_session(&session)?;
+        let events: Vec<Event> = c.events.iter().filter(|e| e.seq > after).cloned().collect();
         let now = Instant::now();
         if !events.is_empty() || now >= deadline || shared.stop.load(Ordering::Acquire) {
             return Ok(MgrResponse::Events {
-                incarnation: shared.incarnation,
+                incarnation: st.machine.meta.incarnation,
                 events,
             });
         }
         st = shared
-            .events_cv
+            .replica
+            .changed
             .wait_timeout(st, deadline - now)
             .unwrap_or_else(|p| p.into_inner())
             .0;
     }
 }
 
-fn status(st: &State) -> ClusterStatus {
+fn status(m: &Machine, live: &Live) -> ClusterStatus {
     ClusterStatus {
-        memory_nodes: st
+        memory_nodes: m
             .nodes
             .iter()
-            .map(|(id, n)| MemNodeStatus {
-                id: *id,
-                addr: n.rec.addr.clone(),
-                state: n.rec.state,
-                regions_total: n.rec.regions.len() as u64,
-                regions_free: if n.rec.state == NodeState::Dead {
-                    0
-                } else {
-                    n.rec
-                        .regions
-                        .iter()
-                        .filter(|r| st.regions.get(r).is_some_and(|r| r.owner.is_none()))
-                        .count() as u64
-                },
-                capacity_bytes: n.rec.capacity,
-                peer: n.peer,
-                load: n.load,
+            .map(|(id, n)| {
+                let seen = live.nodes.get(id);
+                MemNodeStatus {
+                    id: *id,
+                    addr: n.addr.clone(),
+                    state: n.state,
+                    regions_total: n.regions.len() as u64,
+                    regions_free: if n.state == NodeState::Dead {
+                        0
+                    } else {
+                        n.regions
+                            .iter()
+                            .filter(|r| m.regions.get(r).is_some_and(|r| r.owner.is_none() && !r.freeing))
+                            .count() as u64
+                    },
+                    capacity_bytes: n.capacity,
+                    peer: seen.map(|s| s.peer).unwrap_or_default(),
+                    load: seen.map(|s| s.load).unwrap_or_default(),
+                }
             })
             .collect(),
-        compute_nodes: st
+        compute_nodes: m
             .computes
             .iter()
             .map(|(id, c)| ComputeStatus {
                 id: *id,
                 name: c.rec.name.clone(),
                 state: c.rec.state,
-                regions: st
+                regions: m
                     .regions
                     .values()
                     .filter(|r| r.owner.map(|(o, _)| o) == Some(*id))
                     .count() as u64,
             })
             .collect(),
+        managers: Vec::new(),
     }
 }

@@ -1,10 +1,12 @@
-//! Durable manager state in an embedded redb database.
+//! Durable manager state in an embedded redb database, `manager.redb`.
 //!
-//! One table per record kind, keyed by id, values postcard-encoded. Every
-//! change is committed before the request that caused it is answered, so a
-//! manager killed at any point restarts with every region assignment it ever
-//! acknowledged. Liveness timestamps and event queues are not stored: after a
-//! restart every node gets a fresh timeout to heartbeat again.
+//! Since schema version 3 the file holds a member's Raft log, its vote and
+//! its latest snapshot (module `consensus`): the state itself is the
+//! snapshot plus the log applied to it. The tables of versions 1 and 2 (one
+//! table per record kind, keyed by id, values postcard-encoded) were a
+//! single manager's state; they are read once, when such a store is taken
+//! over by a group (see [`Store::legacy`]), and removed when the state they
+//! hold has been applied through the log.
 //!
 //! **Schema version.** The `meta` table holds [`SCHEMA_VERSION`] under
 //! `schema_version`, written when the store is created. A store with another
@@ -24,6 +26,13 @@
 //!   epochs has. A crash during the migration leaves version 1 and the old
 //!   records (redb commits atomically), so the next start migrates again.
 //!   Only version 1 is migrated; any other version is refused as above.
+//! - 3: the Raft tables (`raft_log`, `raft_meta`). A version-1 or -2 store
+//!   with records is a single manager's: its records are loaded as
+//!   [`Store::legacy`], proposed as one `Import` command by the member that
+//!   initializes the group, and only after that command is applied are the
+//!   old tables dropped and version 3 stamped ([`Store::finish_import`]),
+//!   in one transaction. A crash in between imports again, and `Import`
+//!   applies only to a state that has seen nothing else.
 
 use std::path::{Path, PathBuf};
 
@@ -36,11 +45,17 @@ const NODES: TableDefinition<u64, &[u8]> = TableDefinition::new("memory_nodes");
 const REGIONS: TableDefinition<u64, &[u8]> = TableDefinition::new("regions");
 const COMPUTES: TableDefinition<u64, &[u8]> = TableDefinition::new("compute_nodes");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+/// A member's Raft log: entry index to postcard of the entry.
+pub(crate) const RAFT_LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
+/// A member's vote, last purged and committed log ids, and snapshot.
+pub(crate) const RAFT_META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_meta");
 
 /// The layout of the tables and of the records in them. Any change to
 /// either needs a new number, and the manager then refuses stores written
 /// with the old one.
-pub const SCHEMA_VERSION: u64 = 2;
+pub const SCHEMA_VERSION: u64 = 3;
+/// The last version of a single manager's records (see the module docs).
+const LEGACY_VERSION: u64 = 2;
 const SCHEMA_KEY: &str = "schema_version";
 
 /// A store failure: the manager cannot promise durability, so it refuses the
@@ -81,7 +96,7 @@ fn se(e: impl std::fmt::Display) -> StoreError {
 }
 
 /// A memory node as stored.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct NodeRec {
     pub(crate) addr: String,
     pub(crate) capacity: u64,
@@ -137,7 +152,7 @@ fn migrate_v1(w: &redb::WriteTransaction) -> Result<(), StoreError> {
 }
 
 /// A compute node as stored.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct ComputeRec {
     pub(crate) name: String,
     pub(crate) secret: Token,
@@ -145,7 +160,7 @@ pub(crate) struct ComputeRec {
 }
 
 /// Counters.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Meta {
     pub(crate) next_node: u64,
     pub(crate) next_region: u64,
@@ -153,8 +168,8 @@ pub(crate) struct Meta {
     pub(crate) incarnation: u64,
 }
 
-/// Everything loaded at startup.
-#[derive(Debug, Default)]
+/// A single manager's records.
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Loaded {
     pub(crate) nodes: Vec<(NodeId, NodeRec)>,
     pub(crate) regions: Vec<(RegionId, RegionRec)>,
@@ -162,37 +177,11 @@ pub(crate) struct Loaded {
     pub(crate) meta: Meta,
 }
 
-/// A batch of changes committed together.
-#[derive(Debug, Default)]
-pub(crate) struct Batch {
-    nodes: Vec<(NodeId, NodeRec)>,
-    regions: Vec<(RegionId, RegionRec)>,
-    computes: Vec<(ComputeId, ComputeRec)>,
-    meta: Option<Meta>,
-}
-
-impl Batch {
-    pub(crate) fn node(&mut self, id: NodeId, r: &NodeRec) -> &mut Self {
-        self.nodes.push((id, r.clone()));
-        self
-    }
-    pub(crate) fn region(&mut self, id: RegionId, r: &RegionRec) -> &mut Self {
-        self.regions.push((id, r.clone()));
-        self
-    }
-    pub(crate) fn compute(&mut self, id: ComputeId, r: &ComputeRec) -> &mut Self {
-        self.computes.push((id, r.clone()));
-        self
-    }
-    pub(crate) fn meta(&mut self, m: Meta) -> &mut Self {
-        self.meta = Some(m);
-        self
-    }
-}
-
 /// The database.
 pub(crate) struct Store {
-    db: Database,
+    db: std::sync::Arc<Database>,
+    /// A single manager's records, not yet taken over by the group.
+    legacy: Option<Loaded>,
 }
 
 impl Store {
@@ -203,20 +192,27 @@ impl Store {
         let path = dir.join("manager.redb");
         let db = Database::create(&path).map_err(|e| se(format!("{}: {e}", path.display())))?;
         let w = db.begin_write().map_err(se)?;
+        let mut legacy = false;
         {
             let nodes = w.open_table(NODES).map_err(se)?;
             let regions = w.open_table(REGIONS).map_err(se)?;
             let computes = w.open_table(COMPUTES).map_err(se)?;
             let mut meta = w.open_table(META).map_err(se)?;
+            w.open_table(RAFT_LOG).map_err(se)?;
+            w.open_table(RAFT_META).map_err(se)?;
             let found = meta.get(SCHEMA_KEY).map_err(se)?.map(|v| v.value());
+            let empty =
+                nodes.is_empty().map_err(se)? && regions.is_empty().map_err(se)? && computes.is_empty().map_err(se)?;
             match found {
                 Some(SCHEMA_VERSION) => {}
                 Some(1) => {
                     drop(regions);
                     migrate_v1(&w)?;
-                    meta.insert(SCHEMA_KEY, SCHEMA_VERSION).map_err(se)?;
+                    meta.insert(SCHEMA_KEY, LEGACY_VERSION).map_err(se)?;
                     tracing::info!("manager store {}: migrated from schema version 1 to 2", path.display());
+                    legacy = !empty;
                 }
+                Some(LEGACY_VERSION) => legacy = !empty,
                 // Returning drops the transaction uncommitted: the store is left as it was.
                 Some(found) => {
                     return Err(StoreError::SchemaMismatch {
@@ -228,26 +224,60 @@ impl Store {
                 None => {
                     // Empty (new, or created by a run that died before its
                     // first commit): it is ours to stamp.
-                    let empty = nodes.is_empty().map_err(se)?
-                        && regions.is_empty().map_err(se)?
-                        && computes.is_empty().map_err(se)?
-                        && meta.is_empty().map_err(se)?;
-                    if !empty {
+                    if !(empty && meta.is_empty().map_err(se)?) {
                         return Err(StoreError::NoSchemaVersion {
                             path,
                             expected: SCHEMA_VERSION,
                         });
                     }
-                    meta.insert(SCHEMA_KEY, SCHEMA_VERSION).map_err(se)?;
                 }
+            }
+            if !legacy && found != Some(SCHEMA_VERSION) {
+                meta.insert(SCHEMA_KEY, SCHEMA_VERSION).map_err(se)?;
             }
         }
         w.commit().map_err(se)?;
-        Ok(Self { db })
+        let mut store = Self {
+            db: std::sync::Arc::new(db),
+            legacy: None,
+        };
+        if legacy {
+            store.legacy = Some(store.load()?);
+        }
+        Ok(store)
     }
 
-    /// Reads everything.
-    pub(crate) fn load(&self) -> Result<Loaded, StoreError> {
+    /// The database, for the Raft log and state machine.
+    pub(crate) fn db(&self) -> std::sync::Arc<Database> {
+        std::sync::Arc::clone(&self.db)
+    }
+
+    /// A single manager's records awaiting their takeover by the group.
+    pub(crate) fn legacy(&self) -> Option<&Loaded> {
+        self.legacy.as_ref()
+    }
+
+    /// The legacy records were applied through the log: drops their
+    /// tables and stamps the current schema version, in one transaction.
+    pub(crate) fn finish_import(&mut self) -> Result<(), StoreError> {
+        let w = self.db.begin_write().map_err(se)?;
+        w.delete_table(NODES).map_err(se)?;
+        w.delete_table(REGIONS).map_err(se)?;
+        w.delete_table(COMPUTES).map_err(se)?;
+        {
+            let mut meta = w.open_table(META).map_err(se)?;
+            for k in ["next_node", "next_region", "next_compute", "incarnation"] {
+                meta.remove(k).map_err(se)?;
+            }
+            meta.insert(SCHEMA_KEY, SCHEMA_VERSION).map_err(se)?;
+        }
+        w.commit().map_err(se)?;
+        self.legacy = None;
+        Ok(())
+    }
+
+    /// Reads a single manager's records.
+    fn load(&self) -> Result<Loaded, StoreError> {
         let r = self.db.begin_read().map_err(se)?;
         let mut out = Loaded::default();
         for e in r.open_table(NODES).map_err(se)?.iter().map_err(se)? {
@@ -274,36 +304,6 @@ impl Store {
             incarnation: get("incarnation")?,
         };
         Ok(out)
-    }
-
-    /// Commits a batch durably.
-    pub(crate) fn commit(&self, b: &Batch) -> Result<(), StoreError> {
-        let w = self.db.begin_write().map_err(se)?;
-        {
-            let mut t = w.open_table(NODES).map_err(se)?;
-            for (id, r) in &b.nodes {
-                t.insert(id.0, postcard::to_allocvec(r).map_err(se)?.as_slice())
-                    .map_err(se)?;
-            }
-            let mut t = w.open_table(REGIONS).map_err(se)?;
-            for (id, r) in &b.regions {
-                t.insert(id.0, postcard::to_allocvec(r).map_err(se)?.as_slice())
-                    .map_err(se)?;
-            }
-            let mut t = w.open_table(COMPUTES).map_err(se)?;
-            for (id, r) in &b.computes {
-                t.insert(id.0, postcard::to_allocvec(r).map_err(se)?.as_slice())
-                    .map_err(se)?;
-            }
-            if let Some(m) = b.meta {
-                let mut t = w.open_table(META).map_err(se)?;
-                t.insert("next_node", m.next_node).map_err(se)?;
-                t.insert("next_region", m.next_region).map_err(se)?;
-                t.insert("next_compute", m.next_compute).map_err(se)?;
-                t.insert("incarnation", m.incarnation).map_err(se)?;
-            }
-        }
-        w.commit().map_err(se)
     }
 }
 
@@ -336,25 +336,52 @@ mod tests {
         }
     }
 
+    /// Writes what a single manager (schema version 2) left behind.
+    fn write_legacy(dir: &Path) {
+        let db = Database::create(dir.join("manager.redb")).unwrap();
+        let w = db.begin_write().unwrap();
+        {
+            let mut t = w.open_table(NODES).unwrap();
+            t.insert(4, postcard::to_allocvec(&node()).unwrap().as_slice()).unwrap();
+            let mut m = w.open_table(META).unwrap();
+            m.insert(SCHEMA_KEY, LEGACY_VERSION).unwrap();
+            m.insert("next_node", 5).unwrap();
+        }
+        w.commit().unwrap();
+    }
+
     #[test]
     fn fresh_store_is_stamped_and_reopens() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
-        let mut b = Batch::default();
-        b.node(NodeId(4), &node()).meta(Meta {
-            next_node: 5,
-            ..Meta::default()
-        });
-        store.commit(&b).unwrap();
+        assert!(store.legacy().is_none());
         drop(store);
         assert_eq!(stored_version(dir.path()), Some(SCHEMA_VERSION));
-        let loaded = Store::open(dir.path()).unwrap().load().unwrap();
-        assert_eq!(loaded.nodes.len(), 1);
-        assert_eq!(loaded.nodes[0].0, NodeId(4));
-        assert_eq!(loaded.nodes[0].1.addr, "h:9");
-        assert_eq!(loaded.meta.next_node, 5);
+        assert!(Store::open(dir.path()).unwrap().legacy().is_none());
         // Reopening does not disturb the version.
         assert_eq!(stored_version(dir.path()), Some(SCHEMA_VERSION));
+    }
+
+    #[test]
+    fn single_manager_store_is_kept_until_imported() {
+        let dir = tempfile::tempdir().unwrap();
+        write_legacy(dir.path());
+        let store = Store::open(dir.path()).unwrap();
+        let legacy = store.legacy().expect("legacy records loaded");
+        assert_eq!(legacy.nodes.len(), 1);
+        assert_eq!(legacy.nodes[0].0, NodeId(4));
+        assert_eq!(legacy.nodes[0].1, node());
+        assert_eq!(legacy.meta.next_node, 5);
+        drop(store);
+        // Not imported yet (a crash before the import was applied): still there.
+        assert_eq!(stored_version(dir.path()), Some(LEGACY_VERSION));
+        let mut store = Store::open(dir.path()).unwrap();
+        assert!(store.legacy().is_some());
+        store.finish_import().unwrap();
+        assert!(store.legacy().is_none());
+        drop(store);
+        assert_eq!(stored_version(dir.path()), Some(SCHEMA_VERSION));
+        assert!(Store::open(dir.path()).unwrap().legacy().is_none());
     }
 
     #[test]
@@ -429,8 +456,8 @@ mod tests {
             }
             w.commit().unwrap();
         }
-        let loaded = Store::open(dir.path()).unwrap().load().unwrap();
-        assert_eq!(stored_version(dir.path()), Some(SCHEMA_VERSION));
+        let loaded = Store::open(dir.path()).unwrap().legacy().cloned().unwrap();
+        assert_eq!(stored_version(dir.path()), Some(LEGACY_VERSION));
         assert_eq!(loaded.meta.next_region, 8);
         let r: std::collections::BTreeMap<RegionId, RegionRec> = loaded.regions.into_iter().collect();
         assert_eq!(r.len(), 2);
@@ -440,7 +467,7 @@ mod tests {
         assert_eq!(r[&RegionId(8)].owner, None);
         assert_eq!(r[&RegionId(8)].epoch, 0);
         // Reopening a migrated store changes nothing.
-        assert_eq!(Store::open(dir.path()).unwrap().load().unwrap().regions.len(), 2);
+        assert_eq!(Store::open(dir.path()).unwrap().legacy().unwrap().regions.len(), 2);
     }
 
     fn unhex(s: &str) -> Vec<u8> {
@@ -458,7 +485,7 @@ mod tests {
     /// SCHEMA_VERSION (and a new golden).
     #[test]
     fn record_golden_bytes() {
-        assert_eq!(SCHEMA_VERSION, 2, "a new schema version needs new golden records");
+        assert_eq!(LEGACY_VERSION, 2, "a new schema version needs new golden records");
         assert_eq!(
             hex(&postcard::to_allocvec(&node()).unwrap()),
             format!("03683a39 8080808004 80808020 {} 01 02 01 02", "07".repeat(16)).replace(' ', "")

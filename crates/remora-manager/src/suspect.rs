@@ -14,9 +14,12 @@
 //!   the heartbeat timeout) and at least [`MIN_SILENT_PROBES`] probes went
 //!   unanswered. A paused or cut-off node has stopped serving by then, and a
 //!   scheduling hiccup shorter than the lease never fences a live node;
-//! - in the first heartbeat timeout after the manager started, a node it
-//!   has not heard from since is not declared dead: nodes that waited out
-//!   its outage reconnect meanwhile.
+//! - in the first heartbeat timeout after this manager took the lead, a
+//!   node it has not heard from since is not declared dead: nodes that
+//!   waited out the change of leader reconnect meanwhile.
+//!
+//! Only the leader rules, and a verdict of alive is given only once a
+//! quorum still follows it.
 
 use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
@@ -29,7 +32,8 @@ use remora_proto::{
     ClusterKey, ConnOptions, MemNodeClient, MemTransport, NodeId, NodeState, RemoteError, Session, TlsConfig,
 };
 
-use super::{Shared, check_session, heartbeat_interval, lock, node_gone};
+use super::{Shared, heartbeat_interval, lock};
+use crate::machine::{Command, Gone};
 
 /// How long one probe may take (connect, hello and ping).
 const PROBE_TIMEOUT: Duration = Duration::from_millis(300);
@@ -75,46 +79,49 @@ fn probe(addr: &str, key: Option<ClusterKey>, tls: Option<TlsConfig>) -> Probe {
 pub(super) fn rule(shared: &Shared, session: Session, node: NodeId) -> Result<MgrResponse, RemoteError> {
     let start = Instant::now();
     let lease = Duration::from_millis(u64::from(heartbeat_interval(shared.timeout))) * LEASE_INTERVALS;
-    let addr = {
-        let st = lock(&shared.state);
-        check_session(&st, &session)?;
-        let n = st.nodes.get(&node).ok_or(RemoteError::Unknown)?;
-        if n.rec.state == NodeState::Dead {
-            return Ok(MgrResponse::Verdict { alive: false });
-        }
-        n.rec.addr.clone()
+    let node_state = |shared: &Shared| -> Result<(NodeState, String), RemoteError> {
+        let st = shared.machine();
+        st.machine.check_session(&session)?;
+        let n = st.machine.nodes.get(&node).ok_or(RemoteError::Unknown)?;
+        Ok((n.state, n.addr.clone()))
     };
+    shared.confirm_leader()?;
+    let (state, addr) = node_state(shared)?;
+    if state == NodeState::Dead {
+        return Ok(MgrResponse::Verdict { alive: false });
+    }
     let mut silent = 0;
     loop {
         let found = probe(&addr, shared.cluster_key, shared.tls.clone());
-        let mut st = lock(&shared.state);
-        let n = st.nodes.get(&node).ok_or(RemoteError::Unknown)?;
-        if n.rec.state == NodeState::Dead {
+        if node_state(shared)?.0 == NodeState::Dead {
             return Ok(MgrResponse::Verdict { alive: false });
         }
-        let heard = n.last_seen > start;
-        let quiet_for = n.last_seen.elapsed();
+        let (last_seen, since) = {
+            let live = shared.live();
+            (live.node_seen(node), live.since)
+        };
+        let heard = last_seen > start;
+        let quiet_for = last_seen.elapsed();
         match found {
-            Probe::Answered => {
+            Probe::Answered | Probe::Silent | Probe::Refused if heard || found == Probe::Answered => {
+                let how = if found == Probe::Answered {
+                    "it answers"
+                } else {
+                    "it heartbeats"
+                };
+                // Alive only as long as this member still leads.
+                shared.confirm_leader()?;
                 tracing::info!(
-                    "compute node {} suspected memory node {node} at {addr}: it answers",
+                    "compute node {} suspected memory node {node} at {addr}: {how}",
                     session.id
                 );
                 return Ok(MgrResponse::Verdict { alive: true });
             }
-            _ if heard => {
-                tracing::info!(
-                    "compute node {} suspected memory node {node} at {addr}: it heartbeats",
-                    session.id
-                );
-                return Ok(MgrResponse::Verdict { alive: true });
-            }
-            // Just restarted and not heard from since: the node may still
-            // be reconnecting after the outage (a refused port can be a
+            // Just took over and not heard from since: the node may still
+            // be reconnecting after the change (a refused port can be a
             // restarting daemon). Its heartbeats or the monitor decide once
-            // a full timeout has passed since the start.
-            _ if n.last_seen <= shared.started && shared.started.elapsed() < shared.timeout => {
-                drop(st);
+            // a full timeout has passed since.
+            _ if last_seen <= since && since.elapsed() < shared.timeout => {
                 if shared.stop.load(Ordering::Acquire) {
                     return Err(RemoteError::Internal("the manager is shutting down".into()));
                 }
@@ -127,10 +134,9 @@ pub(super) fn rule(shared: &Shared, session: Session, node: NodeId) -> Result<Mg
                     session.id
                 );
             }
-            Probe::Silent => {
+            _ => {
                 silent += 1;
                 if silent < MIN_SILENT_PROBES || quiet_for < lease {
-                    drop(st);
                     if shared.stop.load(Ordering::Acquire) {
                         return Err(RemoteError::Internal("the manager is shutting down".into()));
                     }
@@ -144,7 +150,8 @@ pub(super) fn rule(shared: &Shared, session: Session, node: NodeId) -> Result<Mg
                 );
             }
         }
-        node_gone(shared, &mut st, node).map_err(super::internal)?;
+        shared.propose(Command::NodeGone { node, why: Gone::Dead })?;
+        lock(&shared.admin_conns).remove(&node);
         return Ok(MgrResponse::Verdict { alive: false });
     }
 }

@@ -16,6 +16,9 @@ fn config(dir: &Path) -> Config {
         heartbeat_timeout: Duration::from_secs(5),
         cluster_key: None,
         tls: None,
+        id: 1,
+        peers: Default::default(),
+        snapshot_every: remora_manager::DEFAULT_SNAPSHOT_EVERY,
     }
 }
 

@@ -135,63 +135,163 @@ impl MemTransport for MemNodeClient {
     }
 }
 
-/// A connection to the manager that reconnects after the manager restarts.
+/// A connection to the manager group that follows its leader.
+///
+/// It is given every manager's address (`a,b,c`; one address is a group of
+/// one). A follower refuses with [`RemoteError::NotLeader`] naming the
+/// leader, and the call goes there at once; while an election is under way
+/// (no leader named) it asks again every [`ELECTION_POLL`] until the call's
+/// deadline. A manager that cannot be reached is passed over for the next
+/// one. The connection also reconnects after a manager restarts.
 pub struct ManagerConn {
-    addr: String,
+    addrs: Vec<String>,
     opts: ConnOptions,
-    conn: Mutex<Option<Arc<RpcConn>>>,
+    cur: Mutex<Target>,
 }
 
+struct Target {
+    /// The manager asked first: the last one that answered or was named leader.
+    addr: String,
+    conn: Option<Arc<RpcConn>>,
+}
+
+/// How often a call asks again while the manager group elects a leader.
+pub const ELECTION_POLL: Duration = Duration::from_millis(50);
+
 impl ManagerConn {
-    /// Connects to the manager at `addr`.
-    pub fn connect(addr: &str, opts: ConnOptions) -> Result<Self, RpcError> {
-        let conn = RpcConn::connect(addr, opts.clone())?;
-        Ok(Self {
-            addr: addr.to_string(),
+    /// Connects to the manager group at `addrs` (comma-separated), to the
+    /// first manager that accepts.
+    pub fn connect(addrs: &str, opts: ConnOptions) -> Result<Self, RpcError> {
+        let addrs: Vec<String> = addrs
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(String::from)
+            .collect();
+        let Some(first) = addrs.first().cloned() else {
+            return Err(RpcError::Connect {
+                addr: String::new(),
+                reason: "no manager address given".into(),
+            });
+        };
+        let me = Self {
+            addrs,
             opts,
-            conn: Mutex::new(Some(conn)),
-        })
+            cur: Mutex::new(Target {
+                addr: first,
+                conn: None,
+            }),
+        };
+        me.current()?;
+        Ok(me)
     }
 
-    /// The manager's address.
-    pub fn addr(&self) -> &str {
-        &self.addr
+    /// The address of the manager asked first (the leader, as far as known).
+    pub fn addr(&self) -> String {
+        lock(&self.cur).addr.clone()
     }
 
+    /// Every manager's address.
+    pub fn addrs(&self) -> &[String] {
+        &self.addrs
+    }
+
+    /// The connection to the current target, or to the next manager that
+    /// accepts one (each tried once).
     fn current(&self) -> Result<Arc<RpcConn>, RpcError> {
-        let mut c = lock(&self.conn);
-        if let Some(conn) = c.as_ref() {
+        let mut t = lock(&self.cur);
+        if let Some(conn) = t.conn.as_ref() {
             if !conn.is_broken() {
                 return Ok(Arc::clone(conn));
             }
         }
-        let conn = RpcConn::connect(&self.addr, self.opts.clone())?;
-        *c = Some(Arc::clone(&conn));
-        Ok(conn)
+        t.conn = None;
+        let start = self.addrs.iter().position(|a| *a == t.addr);
+        let order = std::iter::once(t.addr.clone())
+            .chain((1..self.addrs.len()).map(|i| self.addrs[(start.unwrap_or(0) + i) % self.addrs.len()].clone()));
+        let mut last = None;
+        for addr in order {
+            match RpcConn::connect(&addr, self.opts.clone()) {
+                Ok(conn) => {
+                    t.addr = addr;
+                    t.conn = Some(Arc::clone(&conn));
+                    return Ok(conn);
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.expect("at least one address"))
+    }
+
+    /// Points the connection at `addr` (named leader) or, with `None`, at
+    /// the next manager after one that failed.
+    fn retarget(&self, addr: Option<String>) {
+        let mut t = lock(&self.cur);
+        if let Some(c) = t.conn.take() {
+            c.close();
+        }
+        t.addr = match addr {
+            Some(a) => a,
+            None => {
+                let i = self.addrs.iter().position(|a| *a == t.addr).map_or(0, |i| i + 1);
+                self.addrs[i % self.addrs.len()].clone()
+            }
+        };
     }
 
     /// Breaks the current connection, so calls in flight on it fail now
     /// instead of at their timeout (a session shutting down). A call that
     /// is connecting meanwhile keeps its connection.
     pub fn close(&self) {
-        if let Ok(c) = self.conn.try_lock() {
-            if let Some(conn) = c.as_ref() {
+        if let Ok(t) = self.cur.try_lock() {
+            if let Some(conn) = t.conn.as_ref() {
                 conn.close();
             }
         }
     }
 
-    /// One attempt, reconnecting first if the last connection broke.
+    /// One attempt (following the leader), reconnecting first if the last
+    /// connection broke.
     pub fn call(&self, req: &MgrRequest) -> Result<MgrResponse, RpcError> {
         self.call_timeout(req, self.opts.call_timeout)
     }
 
-    /// One attempt with a specific reply deadline.
+    /// One attempt with a specific reply deadline, following the leader:
+    /// redirects and elections are waited out within `timeout`; a manager
+    /// that fails is passed over for the next one when there is another.
     pub fn call_timeout(&self, req: &MgrRequest, timeout: Duration) -> Result<MgrResponse, RpcError> {
-        let conn = self.current()?;
-        let t = conn.send(req, &[])?;
-        let reply = conn.wait(t, None, timeout)?;
-        crate::msg::decode(&reply.head).map_err(|e| RpcError::Unexpected(e.to_string()))
+        let deadline = Instant::now() + timeout;
+        let mut failed = 0;
+        loop {
+            let result = self.current().and_then(|conn| {
+                let t = conn.send(req, &[])?;
+                let left = deadline
+                    .saturating_duration_since(Instant::now())
+                    .max(Duration::from_millis(1));
+                let reply = conn.wait(t, None, left)?;
+                crate::msg::decode(&reply.head).map_err(|e| RpcError::Unexpected(e.to_string()))
+            });
+            match result {
+                Err(RpcError::Remote(RemoteError::NotLeader { leader })) if Instant::now() < deadline => {
+                    if leader.is_none() {
+                        thread::sleep(ELECTION_POLL.min(deadline.saturating_duration_since(Instant::now())));
+                    }
+                    self.retarget(leader);
+                }
+                // Another manager may lead now: each is asked once. (A
+                // connect error means none accepted a connection.)
+                Err(e @ (RpcError::Broken { .. } | RpcError::Timeout { .. }))
+                    if self.addrs.len() > 1 && failed + 1 < self.addrs.len() =>
+                {
+                    failed += 1;
+                    if Instant::now() >= deadline {
+                        return Err(e);
+                    }
+                    self.retarget(None);
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Retries transport failures (the manager restarting) until `patience`
@@ -200,8 +300,11 @@ impl ManagerConn {
         let start = Instant::now();
         loop {
             match self.call(req) {
-                Err(e) if e.is_transport() && start.elapsed() < patience => {
-                    thread::sleep(Duration::from_millis(50));
+                Err(e)
+                    if (e.is_transport() || matches!(e, RpcError::Remote(RemoteError::NotLeader { .. })))
+                        && start.elapsed() < patience =>
+                {
+                    thread::sleep(ELECTION_POLL);
                 }
                 other => return other,
             }
@@ -243,6 +346,8 @@ struct SessionShared {
     stop: AtomicBool,
     heartbeats_suspended: AtomicBool,
     interval_ms: AtomicU64,
+    /// The number of the session's next `Alloc` or `Free`.
+    next_seq: AtomicU64,
 }
 
 /// A compute node's session with the manager: registration, heartbeats in
@@ -273,6 +378,7 @@ impl ComputeSession {
             stop: AtomicBool::new(false),
             heartbeats_suspended: AtomicBool::new(false),
             interval_ms: AtomicU64::new(interval as u64),
+            next_seq: AtomicU64::new(1),
         });
         let (tx, rx) = mpsc::channel();
         let mut threads = Vec::new();
@@ -309,15 +415,23 @@ impl ComputeSession {
     }
 
     /// Allocates `count` regions, on distinct memory nodes if `distinct`,
-    /// avoiding the nodes in `exclude`.
+    /// avoiding the nodes in `exclude`. In a group of managers it is asked
+    /// again (the same request, applied once) while the group changes
+    /// leader; a lone manager's outage is the caller's to wait out.
     pub fn alloc(&self, count: u32, distinct: bool, exclude: &[NodeId]) -> Result<Vec<RegionGrant>, RpcError> {
         let req = MgrRequest::Alloc {
             session: self.shared.session,
+            seq: self.shared.next_seq.fetch_add(1, Ordering::Relaxed),
             count,
             distinct,
             exclude: exclude.to_vec(),
         };
-        match self.shared.mgr.call(&req)? {
+        let answer = if self.shared.mgr.addrs().len() > 1 {
+            self.shared.mgr.call_retrying(&req, Duration::from_secs(10))?
+        } else {
+            self.shared.mgr.call(&req)?
+        };
+        match answer {
             MgrResponse::Regions(r) => Ok(r),
             other => Err(unexpected(other)),
         }
@@ -327,6 +441,7 @@ impl ComputeSession {
     pub fn free(&self, region: RegionId) -> Result<(), RpcError> {
         let req = MgrRequest::Free {
             session: self.shared.session,
+            seq: self.shared.next_seq.fetch_add(1, Ordering::Relaxed),
             region,
         };
         match self.shared.mgr.call_retrying(&req, Duration::from_secs(5))? {

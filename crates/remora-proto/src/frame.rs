@@ -51,8 +51,10 @@ pub const MAGIC: u16 = u16::from_le_bytes(*b"Rm");
 /// capabilities, `Grant`, `Revoke` and the `StaleEpoch` refusal) and the
 /// `Stats` request; 7, compute nodes report suspected memory nodes to the
 /// manager (`Suspect`, `Verdict`); 8, `Stats` answers carry the node's peer
-/// traffic, and `PrepareMany`.
-pub const VERSION: u8 = 8;
+/// traffic, and `PrepareMany`; 9, the manager group: `Alloc` and `Free`
+/// carry a request number, `Raft`, `Member` and `Isolate` requests, the
+/// `NotLeader` refusal, and `managers` in the cluster status.
+pub const VERSION: u8 = 9;
 /// The `kind` byte of a hello frame (see the module docs).
 pub const HELLO_KIND: u8 = 4;
 /// Size of the fixed header in bytes.
@@ -446,8 +448,8 @@ mod tests {
         b[0] = b'X';
         assert!(matches!(FrameHeader::decode(&b), Err(FrameError::BadMagic(_))));
         let mut b = good;
-        b[2] = 9;
-        assert_eq!(FrameHeader::decode(&b), Err(FrameError::BadVersion(9)));
+        b[2] = VERSION + 1;
+        assert_eq!(FrameHeader::decode(&b), Err(FrameError::BadVersion(VERSION + 1)));
         let mut b = good;
         b[3] = 0;
         assert_eq!(FrameHeader::decode(&b), Err(FrameError::BadKind(0)));

@@ -563,6 +563,9 @@ pub struct ClusterStatus {
     pub memory_nodes: Vec<MemNodeStatus>,
     /// Compute nodes, by id.
     pub compute_nodes: Vec<ComputeStatus>,
+    /// The manager group, by member id, as the leader sees it (each member
+    /// asked for its own role, term and applied index).
+    pub managers: Vec<ManagerStatus>,
 }
 
 /// Requests the manager serves.
@@ -616,6 +619,9 @@ pub enum MgrRequest {
     Alloc {
         /// The compute node.
         session: Session,
+        /// The session's request number: a retry (after a lost answer or a
+        /// change of leader) repeats it and is applied once.
+        seq: u64,
         /// How many regions.
         count: u32,
         /// Place them on `count` distinct memory nodes.
@@ -627,6 +633,8 @@ pub enum MgrRequest {
     Free {
         /// The compute node.
         session: Session,
+        /// The session's request number (see `Alloc`).
+        seq: u64,
         /// The region.
         region: RegionId,
     },
@@ -658,6 +666,73 @@ pub enum MgrRequest {
         /// The node it suspects.
         node: NodeId,
     },
+    /// Manager to manager: one Raft message, its body (postcard of the
+    /// Raft library's request) in the payload. Answered with
+    /// [`MgrResponse::Raft`].
+    Raft {
+        /// Which message.
+        rpc: RaftRpc,
+        /// The sender's member id.
+        from: u64,
+    },
+    /// This manager's own place in its group: answered by every member,
+    /// leader or not.
+    Member,
+    /// Fault injection (daemons built with the `fault-injection` feature;
+    /// others refuse with `Unsupported`): for `for_ms`, this manager drops
+    /// every group message to and from the members `peers`, as if the
+    /// network between them were cut. Clients still reach it.
+    Isolate {
+        /// The member ids cut off.
+        peers: Vec<u64>,
+        /// For how long.
+        for_ms: u32,
+    },
+}
+
+/// The Raft messages managers exchange (see [`MgrRequest::Raft`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RaftRpc {
+    /// Append entries (and the leader's heartbeat).
+    Append,
+    /// Request a vote.
+    Vote,
+    /// Install a whole snapshot.
+    Snapshot,
+}
+
+/// A manager's role in its Raft group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ManagerRole {
+    /// Serves requests and replicates.
+    Leader,
+    /// Replicates; forwards clients to the leader.
+    Follower,
+    /// Standing for election.
+    Candidate,
+    /// Replicates without a vote.
+    Learner,
+    /// Stopped.
+    Shutdown,
+    /// Did not answer the leader's question.
+    Unreachable,
+}
+
+/// One member of the manager group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManagerStatus {
+    /// Its member id (`--id`).
+    pub id: u64,
+    /// Its address.
+    pub addr: String,
+    /// Its role.
+    pub role: ManagerRole,
+    /// Its current term.
+    pub term: u64,
+    /// The index of the last log entry it applied.
+    pub last_applied: u64,
+    /// Whom it follows.
+    pub leader: Option<u64>,
 }
 
 /// Heartbeat intervals a memory node's lease lasts from a heartbeat's send:
@@ -711,6 +786,11 @@ pub enum MgrResponse {
         /// was wrong); false if it is dead (declared now or before).
         alive: bool,
     },
+    /// Answer to `Raft`: the body (postcard of the Raft library's answer)
+    /// is in the payload.
+    Raft,
+    /// Answer to `Member`.
+    Member(ManagerStatus),
 }
 
 /// A typed error sent back in an error frame.
@@ -807,6 +887,14 @@ pub enum RemoteError {
         presented: Epoch,
         /// The region's epoch on this node.
         current: Epoch,
+    },
+    /// This manager does not lead its group: ask `leader` (a manager
+    /// address), or, when it names none (an election is under way), any
+    /// manager again shortly.
+    #[error("not the manager group's leader (leader: {leader:?})")]
+    NotLeader {
+        /// The leader's address, if known.
+        leader: Option<String>,
     },
 }
 

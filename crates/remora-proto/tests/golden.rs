@@ -22,9 +22,9 @@ use remora_proto::frame::{
     FrameHeader, FrameKind, HEADER_LEN, HELLO_KIND, MAGIC, VERSION, check_hello, hello, parse_frames, write_frame,
 };
 use remora_proto::msg::{
-    ClusterStatus, ComputeState, ComputeStatus, DeltaTarget, Event, EventKind, Fault, MemNodeStats, MemNodeStatus,
-    MemRequest, MemResponse, Member, MgrRequest, MgrResponse, NodeLoad, NodeState, PeerTraffic, Range, RebuildRow,
-    RebuildSource, RegionGrant, RemoteError, TxnId, TxnOp, decode, encode,
+    ClusterStatus, ComputeState, ComputeStatus, DeltaTarget, Event, EventKind, Fault, ManagerRole, ManagerStatus,
+    MemNodeStats, MemNodeStatus, MemRequest, MemResponse, Member, MgrRequest, MgrResponse, NodeLoad, NodeState,
+    PeerTraffic, RaftRpc, Range, RebuildRow, RebuildSource, RegionGrant, RemoteError, TxnId, TxnOp, decode, encode,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -555,6 +555,9 @@ fn mgr_request_index(m: &MgrRequest) -> u32 {
         MgrRequest::WaitEvents { .. } => 9,
         MgrRequest::Status => 10,
         MgrRequest::Suspect { .. } => 11,
+        MgrRequest::Raft { .. } => 12,
+        MgrRequest::Member => 13,
+        MgrRequest::Isolate { .. } => 14,
     }
 }
 
@@ -602,18 +605,20 @@ fn mgr_request() {
             (
                 MgrRequest::Alloc {
                     session: session(),
+                    seq: 300,
                     count: 6,
                     distinct: true,
                     exclude: vec![NodeId(1), NodeId(2)],
                 },
-                "06 | 05 {T} | 06 | 01 | 02 01 02",
+                "06 | 05 {T} | ac02 | 06 | 01 | 02 01 02",
             ),
             (
                 MgrRequest::Free {
                     session: session(),
+                    seq: 4,
                     region: RegionId(3),
                 },
-                "07 | 05 {T} | 03",
+                "07 | 05 {T} | 04 | 03",
             ),
             (MgrRequest::MyRegions { session: session() }, "08 | 05 {T}"),
             (
@@ -632,9 +637,35 @@ fn mgr_request() {
                 },
                 "0b | 05 {T} | 02",
             ),
+            (
+                MgrRequest::Raft {
+                    rpc: RaftRpc::Vote,
+                    from: 3,
+                },
+                "0c | 01 | 03",
+            ),
+            (MgrRequest::Member, "0d"),
+            (
+                MgrRequest::Isolate {
+                    peers: vec![1, 3],
+                    for_ms: 300,
+                },
+                "0e | 02 01 03 | ac02",
+            ),
         ],
         mgr_request_index,
     );
+}
+
+fn manager_member() -> ManagerStatus {
+    ManagerStatus {
+        id: 2,
+        addr: "h:9".into(),
+        role: ManagerRole::Leader,
+        term: 7,
+        last_applied: 300,
+        leader: Some(2),
+    }
 }
 
 fn mgr_response_index(m: &MgrResponse) -> u32 {
@@ -647,6 +678,8 @@ fn mgr_response_index(m: &MgrResponse) -> u32 {
         MgrResponse::Status(_) => 5,
         MgrResponse::Ok => 6,
         MgrResponse::Verdict { .. } => 7,
+        MgrResponse::Raft => 8,
+        MgrResponse::Member(_) => 9,
     }
 }
 
@@ -722,11 +755,18 @@ fn mgr_response() {
                         state: ComputeState::Dead,
                         regions: 1,
                     }],
+                    managers: vec![manager_member()],
                 }),
-                "05 | 01 | 01 03683a39 00 10 0f 8080808004 00 00 00 00 01 02 | 01 | 05 03617070 01 01",
+                "05 | 01 | 01 03683a39 00 10 0f 8080808004 00 00 00 00 01 02 | 01 | 05 03617070 01 01 \
+                 | 01 | 02 03683a39 00 07 ac02 01 02",
             ),
             (MgrResponse::Ok, "06"),
             (MgrResponse::Verdict { alive: true }, "07 | 01"),
+            (MgrResponse::Raft, "08"),
+            (
+                MgrResponse::Member(manager_member()),
+                "09 | 02 03683a39 00 07 ac02 01 02",
+            ),
         ],
         mgr_response_index,
     );
@@ -749,6 +789,7 @@ fn remote_error_index(e: &RemoteError) -> u32 {
         RemoteError::TxnConflict { .. } => 12,
         RemoteError::UnknownTxn(_) => 13,
         RemoteError::StaleEpoch { .. } => 14,
+        RemoteError::NotLeader { .. } => 15,
     }
 }
 
@@ -807,6 +848,12 @@ fn remote_error() {
                 },
                 "0e | 03 | ac02 | 02",
             ),
+            (
+                RemoteError::NotLeader {
+                    leader: Some("h:9".into()),
+                },
+                "0f | 01 03683a39",
+            ),
         ],
         remote_error_index,
     );
@@ -840,7 +887,7 @@ fn frame_header_constants() {
 /// The hello: magic and version where every version keeps them, kind 4.
 #[test]
 fn hello_frame() {
-    let want = unhex("526d 08 04 0000 0000 | 0000000000000000 | 00000000 | 00000000");
+    let want = unhex("526d 09 04 0000 0000 | 0000000000000000 | 00000000 | 00000000");
     assert_eq!(hex(&hello()), hex(&want));
     assert_eq!(HELLO_KIND, 4);
     assert_eq!(check_hello(&hello()), Ok(()));
@@ -849,7 +896,7 @@ fn hello_frame() {
 /// A whole request frame and its error reply: header, head and payload.
 #[test]
 fn whole_frames() {
-    assert_eq!(VERSION, 8, "a new VERSION needs new golden frames");
+    assert_eq!(VERSION, 9, "a new VERSION needs new golden frames");
     let head = encode(&MemRequest::Write { cap: cap(), offset: 1 });
     let mut out = Vec::new();
     write_frame(
@@ -861,7 +908,7 @@ fn whole_frames() {
     )
     .unwrap();
     let want = golden(
-        "526d 08 01 0000 0000 | 0807060504030201 | 15000000 | 07000000 \
+        "526d 09 01 0000 0000 | 0807060504030201 | 15000000 | 07000000 \
          | 01 {CAP} 01 | 7061796c6f6164",
     );
     assert_eq!(hex(&out), hex(&want), "request frame");
@@ -876,6 +923,6 @@ fn whole_frames() {
     let head = encode(&RemoteError::NoSuchRegion { region: RegionId(3) });
     let mut out = Vec::new();
     write_frame(&mut out, FrameKind::Error, 0x0102_0304_0506_0708, &head, &[]).unwrap();
-    let want = unhex("526d 08 03 0000 0000 | 0807060504030201 | 02000000 | 00000000 | 01 03");
+    let want = unhex("526d 09 03 0000 0000 | 0807060504030201 | 02000000 | 00000000 | 01 03");
     assert_eq!(hex(&out), hex(&want), "error frame");
 }
