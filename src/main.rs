@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use remora_proto::msg::ManagerRole;
 use remora_proto::{ByteSize, ClusterKey, ConnOptions, ManagerConn, RemoteError, RpcError};
 
 #[derive(Parser)]
@@ -31,7 +32,7 @@ enum Cmd {
     Memnode(remora_memnode::daemon::MemnodeArgs),
     /// Mark a memory node draining (planned departure).
     Drain {
-        /// The manager's address.
+        /// The manager's address, or every manager's in a group (comma-separated).
         #[arg(long)]
         manager: String,
         /// The memory node's data address, as shown by `remora status`.
@@ -42,7 +43,7 @@ enum Cmd {
     },
     /// Show the manager's view of the cluster.
     Status {
-        /// The manager's address.
+        /// The manager's address, or every manager's in a group (comma-separated).
         #[arg(long)]
         manager: String,
         /// Print JSON instead of a table.
@@ -205,6 +206,10 @@ fn status(manager: &str, json: bool, key: &KeyArg) -> Result<()> {
         .context("asking for status")?;
     if json {
         let v = serde_json::json!({
+            "managers": s.managers.iter().map(|m| serde_json::json!({
+                "id": m.id, "addr": m.addr, "role": role_name(m.role), "term": m.term,
+                "last_applied": m.last_applied, "leader": m.leader,
+            })).collect::<Vec<_>>(),
             "memory_nodes": s.memory_nodes.iter().map(|m| serde_json::json!({
                 "id": m.id.0, "addr": m.addr, "state": m.state.as_str(),
                 "regions_total": m.regions_total, "regions_free": m.regions_free,
@@ -218,6 +223,21 @@ fn status(manager: &str, json: bool, key: &KeyArg) -> Result<()> {
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
+    }
+    println!("managers ({}):", s.managers.len());
+    println!(
+        "  {:<6} {:<22} {:<11} {:>8} {:>12}",
+        "id", "addr", "role", "term", "applied"
+    );
+    for m in &s.managers {
+        println!(
+            "  {:<6} {:<22} {:<11} {:>8} {:>12}",
+            m.id,
+            m.addr,
+            role_name(m.role),
+            m.term,
+            m.last_applied
+        );
     }
     println!("memory nodes ({}):", s.memory_nodes.len());
     println!(
@@ -250,4 +270,16 @@ fn status(manager: &str, json: bool, key: &KeyArg) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// A manager's role as `remora status` shows it.
+fn role_name(r: ManagerRole) -> &'static str {
+    match r {
+        ManagerRole::Leader => "leader",
+        ManagerRole::Follower => "follower",
+        ManagerRole::Candidate => "candidate",
+        ManagerRole::Learner => "learner",
+        ManagerRole::Shutdown => "shutdown",
+        ManagerRole::Unreachable => "unreachable",
+    }
 }

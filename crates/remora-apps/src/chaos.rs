@@ -59,11 +59,12 @@ pub struct ChaosArgs {
     #[arg(long)]
     pub seed: Option<u64>,
     /// Faults to draw from (comma-separated): `kill`, `pause` and
-    /// `partition` strike a memory node, `manager` kill -9s the manager for
-    /// 0.5–10 s, `shrink` kill -9s m nodes at once and lets none join for
-    /// 5–15 s (the cluster then starts at k+m+1 nodes, so a shrink leaves
-    /// fewer than k+m). `partition` needs a build with `--features
-    /// fault-injection` (it drops a node's traffic from inside it).
+    /// `partition` strike a memory node, `manager` kill -9s the manager (the
+    /// group's leader with `--managers` above 1) for 0.5–10 s, `shrink`
+    /// kill -9s m nodes at once and lets none join for 5–15 s (the cluster
+    /// then starts at k+m+1 nodes, so a shrink leaves fewer than k+m).
+    /// `partition` needs a build with `--features fault-injection` (it
+    /// drops a node's traffic from inside it).
     #[arg(long, value_delimiter = ',', default_value = "kill,pause,manager,shrink")]
     pub faults: Vec<FaultKind>,
     /// Mean time between faults.
@@ -93,6 +94,9 @@ pub struct ChaosArgs {
     /// Memory nodes beyond k+2m at the start (more join after each kill).
     #[arg(long, default_value_t = 2)]
     pub spares: usize,
+    /// Managers in the local cluster; more than one run as a Raft group (3 survive losing one).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=9))]
+    pub managers: u32,
     /// Where to draw the throughput timeline with the faults marked (SVG).
     #[arg(long, default_value = "remora-chaos.svg")]
     pub plot: PathBuf,
@@ -211,6 +215,7 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
     let budget = (data as f64 * args.local_ratio) as usize;
     let mut cfg = ClusterConfig::new(std::env::current_exe().context("locating the remora binary")?);
     cfg.memnodes = memnodes;
+    cfg.managers = args.managers as usize;
     cfg.tls = args.tls;
     cfg.region_size = 16 << 20;
     cfg.capacity = ((data * 4 / (k as u64) + (64 << 20)) / cfg.region_size + 1) * cfg.region_size;
@@ -417,15 +422,14 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
                 next += 1;
                 last_status = cluster.status().ok();
                 cluster.kill_manager();
-                say(
-                    t,
-                    format!("kill -9 the manager ({}) for {:.2}s", cluster.manager_addr(), p.hold),
-                );
+                // In a group, the leader it was.
+                let killed = cluster.manager_addrs()[cluster.last_killed_manager()].clone();
+                say(t, format!("kill -9 the manager ({killed}) for {:.2}s", p.hold));
                 outage = Some(Outage {
                     done: done.len(),
                     until: t + p.hold,
                 });
-                done.push(Done::new(p.kind, cluster.manager_addr().to_string(), t, p.hold));
+                done.push(Done::new(p.kind, killed, t, p.hold));
                 continue;
             }
             if p.kind == FaultKind::Shrink {

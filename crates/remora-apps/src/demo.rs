@@ -45,6 +45,9 @@ pub struct DemoArgs {
     /// Memory nodes (at least k+m+1 = 7, so a replacement exists).
     #[arg(long, default_value_t = 7)]
     pub memnodes: usize,
+    /// Managers in the local cluster; more than one run as a Raft group (3 survive losing one).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=9))]
+    pub managers: u32,
     /// Where to draw the throughput timeline (SVG).
     #[arg(long, default_value = "remora-demo.svg")]
     pub plot: PathBuf,
@@ -77,12 +80,17 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     let obj_bytes = 4096u64;
     let data = args.objects * obj_bytes;
     let budget = (data as f64 * args.local_ratio) as usize;
+    let managers = match args.managers {
+        1 => "manager".to_string(),
+        n => format!("{n} managers (a Raft group)"),
+    };
     say(format!(
-        "starting a local cluster: manager + {} memory nodes on loopback (RS 4+2 needs 6; one spare)",
+        "starting a local cluster: {managers} + {} memory nodes on loopback (RS 4+2 needs 6; one spare)",
         args.memnodes
     ));
     let mut cfg = ClusterConfig::new(std::env::current_exe().context("locating the remora binary")?);
     cfg.memnodes = args.memnodes;
+    cfg.managers = args.managers as usize;
     cfg.tls = args.tls;
     cfg.region_size = 32 << 20;
     // Room for the data with parity and holes, twice over, spread over the nodes.

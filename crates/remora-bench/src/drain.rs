@@ -80,6 +80,9 @@ pub struct DrainArgs {
     /// Spans per eviction batch (default: the runtime's default).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub eviction_batch: Option<u32>,
+    /// Managers in the local cluster; more than one run as a Raft group (3 survive losing one).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=9))]
+    pub managers: u32,
     /// Also write the results as JSON (`{"results":[...]}`, one record per scheme) to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -261,7 +264,7 @@ pub fn run(args: &DrainArgs) -> anyhow::Result<()> {
 
     // Far memory for every scheme's run, with room for the 1.5x of RS(4,2)
     // and for the holes verification leaves behind.
-    let cluster = crate::micro::start_cluster(span_bytes, args.schemes.len() as u64)?;
+    let cluster = crate::micro::start_cluster(span_bytes, args.schemes.len() as u64, args.managers as usize)?;
 
     let mut records = Vec::new();
     for scheme in &args.schemes {

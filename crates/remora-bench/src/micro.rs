@@ -284,6 +284,9 @@ pub struct MicroArgs {
     /// RS(4, 2) five live nodes
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub memnodes: Option<u32>,
+    /// Managers in the local cluster; more than one run as a Raft group (3 survive losing one).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=9))]
+    pub managers: u32,
     /// Kill -9 the manager this long into each remora scheme's first measured run, start it
     /// again `--manager-down` later on its port and data directory, and report how soon the
     /// throughput is back to 0.9x its level before the kill
@@ -422,7 +425,7 @@ pub fn run(args: &MicroArgs) -> anyhow::Result<()> {
         .saturating_mul(if auto { 2 } else { 1 })
         .saturating_mul(data_bytes);
     let cluster = if far_need > 0 {
-        Some(start_cluster_for(far_need, plan.memnodes)?)
+        Some(start_cluster_for(far_need, plan.memnodes, args.managers as usize)?)
     } else {
         None
     };
@@ -536,17 +539,18 @@ pub fn run(args: &MicroArgs) -> anyhow::Result<()> {
 
 /// The local cluster of [`MEMNODES`] nodes `bench drain` runs its schemes
 /// on, with far room for `schemes` runs at 3x redundancy each.
-pub(crate) fn start_cluster(data_bytes: u64, schemes: u64) -> anyhow::Result<LocalCluster> {
-    start_cluster_for(data_bytes.saturating_mul(3 * schemes), MEMNODES)
+pub(crate) fn start_cluster(data_bytes: u64, schemes: u64, managers: usize) -> anyhow::Result<LocalCluster> {
+    start_cluster_for(data_bytes.saturating_mul(3 * schemes), MEMNODES, managers)
 }
 
 /// A local cluster of `memnodes` memory nodes with `far_need` bytes of far
 /// memory in all, spread evenly, plus two spare regions per node.
-fn start_cluster_for(far_need: u64, memnodes: usize) -> anyhow::Result<LocalCluster> {
+fn start_cluster_for(far_need: u64, memnodes: usize, managers: usize) -> anyhow::Result<LocalCluster> {
     let per_node = far_need.div_ceil(memnodes as u64).div_ceil(REGION_SIZE) * REGION_SIZE + 2 * REGION_SIZE;
     let binary = std::env::current_exe().context("locating the remora binary")?;
     let mut cfg = ClusterConfig::new(&binary);
     cfg.memnodes = memnodes;
+    cfg.managers = managers;
     cfg.region_size = REGION_SIZE;
     cfg.capacity = per_node;
     cfg.log_level = "warn".into();

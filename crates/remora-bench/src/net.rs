@@ -112,6 +112,9 @@ pub struct NetArgs {
     /// Size of the region read and written (the working set of both sides).
     #[arg(long, default_value = "64MiB")]
     pub region_size: ByteSize,
+    /// Managers in the local cluster; more than one run as a Raft group (3 survive losing one).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=9))]
+    pub managers: u32,
     /// Where the memory node runs: a child process of a local cluster (the
     /// real deployment shape), or a thread of this process (to compare with
     /// an in-process baseline without a process boundary).
@@ -199,6 +202,7 @@ pub fn run(args: &NetArgs) -> anyhow::Result<()> {
     ));
     let mut cfg = ClusterConfig::new(&binary);
     cfg.memnodes = usize::from(args.memnode == Placement::Child);
+    cfg.managers = args.managers as usize;
     cfg.region_size = region;
     cfg.capacity = region.saturating_mul(4);
     cfg.log_level = "warn".into();

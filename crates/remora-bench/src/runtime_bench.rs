@@ -77,6 +77,9 @@ pub struct RuntimeArgs {
     /// Memory nodes of the local cluster.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
     pub memnodes: u32,
+    /// Managers in the local cluster; more than one run as a Raft group (3 survive losing one).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=9))]
+    pub managers: u32,
     /// CPU pinning: `split` runs this process's threads on one CPU and the memory nodes on
     /// another, so every READ (raw or swap-in) wakes its server on the other CPU, as with a
     /// remote node; `none` leaves placement to the scheduler, which makes the raw-READ
@@ -304,6 +307,7 @@ pub fn run(args: &RuntimeArgs) -> anyhow::Result<()> {
     let binary = std::env::current_exe().context("locating the remora binary")?;
     let mut cfg = ClusterConfig::new(&binary);
     cfg.memnodes = args.memnodes as usize;
+    cfg.managers = args.managers as usize;
     cfg.region_size = REGION_SIZE;
     // Each size's run keeps at most one round of spans far, plus the raw region.
     let largest = args.swap_sizes.iter().map(|s| s.0).max().unwrap_or(0);

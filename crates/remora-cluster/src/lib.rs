@@ -1,5 +1,6 @@
-//! A local remora cluster: one manager and N memory nodes started as child
-//! processes of the `remora` binary on loopback with ephemeral ports.
+//! A local remora cluster: a manager (or a Raft group of managers) and N
+//! memory nodes started as child processes of the `remora` binary on
+//! loopback with ephemeral ports.
 //!
 //! Used by integration tests, `remora bench` and `remora demo`. A child that
 //! dies is reported on [`LocalCluster::events`], never a reason to tear the
@@ -22,14 +23,14 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use remora_proto::auth::KeyFileError;
-use remora_proto::msg::PeerTraffic;
+use remora_proto::msg::{ManagerRole, MgrRequest, MgrResponse, PeerTraffic};
 use remora_proto::tls::{CertsError, TlsError, write_certs};
 use remora_proto::{
     AdminKey, ClusterKey, ClusterStatus, ConnOptions, Fault, ManagerConn, MemNodeClient, NodeState, RpcError,
@@ -63,9 +64,15 @@ pub enum ClusterError {
     /// No such memory node index.
     #[error("no memory node #{0}")]
     NoSuchNode(usize),
+    /// No such manager index (0-based; the member id is one more).
+    #[error("no manager #{0}")]
+    NoSuchManager(usize),
     /// A wait for a cluster condition timed out.
     #[error("timed out after {0:?} waiting for {1}")]
     Timeout(Duration, String),
+    /// No free loopback port could be had for a manager of a group.
+    #[error("cannot pick a free port: {0}")]
+    Port(std::io::Error),
     /// Filesystem trouble with the cluster's directory.
     #[error("cluster directory: {0}")]
     Dir(std::io::Error),
@@ -85,6 +92,9 @@ pub enum ClusterError {
 pub struct ClusterConfig {
     /// The `remora` binary to run.
     pub binary: PathBuf,
+    /// Number of managers: 1 is a manager on its own; more form a Raft
+    /// group (3 or 5 survive a minority's loss).
+    pub managers: usize,
     /// Number of memory nodes.
     pub memnodes: usize,
     /// Capacity of each memory node.
@@ -141,10 +151,12 @@ pub fn serve_if_child() {
 }
 
 impl ClusterConfig {
-    /// Defaults: 3 memory nodes of 256 MiB with 64 MiB regions, 1 s heartbeat timeout.
+    /// Defaults: one manager, 3 memory nodes of 256 MiB with 64 MiB regions,
+    /// 1 s heartbeat timeout.
     pub fn new(binary: impl Into<PathBuf>) -> Self {
         Self {
             binary: binary.into(),
+            managers: 1,
             memnodes: 3,
             capacity: 256 << 20,
             region_size: 64 << 20,
@@ -171,7 +183,7 @@ impl ClusterConfig {
 pub enum ClusterEvent {
     /// A child exited. `expected` is true if the cluster itself killed it.
     Exited {
-        /// "manager" or "memnode#i".
+        /// "manager" (or "manager#i", i from 1, in a group) or "memnode#i".
         name: String,
         /// Its exit status.
         status: ExitStatus,
@@ -209,9 +221,15 @@ pub struct LocalCluster {
     key: ClusterKey,
     key_file: PathBuf,
     tls: Option<TlsConfig>,
+    /// Every manager's address, comma-joined: what clients are given.
     manager_addr: String,
-    /// The manager's child slot (a restart puts it in a new one).
-    manager_slot: std::sync::atomic::AtomicUsize,
+    /// Each manager's address, by index.
+    manager_addrs: Vec<String>,
+    /// Each manager's child slot (a restart puts it in a new one).
+    manager_slots: Vec<AtomicUsize>,
+    /// The manager [`LocalCluster::kill_manager`] killed last, which
+    /// [`LocalCluster::start_manager_again`] brings back.
+    killed_manager: AtomicUsize,
     memnodes: Vec<MemNodeInfo>,
     children: Arc<Mutex<Vec<ChildSlot>>>,
     stop: Arc<AtomicBool>,
@@ -224,8 +242,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl LocalCluster {
-    /// Starts the manager, then the memory nodes, and waits until all are
-    /// registered.
+    /// Starts the manager (or the manager group, and waits for its leader),
+    /// then the memory nodes, and waits until all are registered.
     pub fn start(cfg: ClusterConfig) -> Result<Self, ClusterError> {
         let dir = tempfile::Builder::new()
             .prefix("remora-cluster-")
@@ -262,14 +280,16 @@ impl LocalCluster {
             key_file,
             tls,
             manager_addr: String::new(),
-            manager_slot: std::sync::atomic::AtomicUsize::new(0),
+            manager_addrs: Vec::new(),
+            manager_slots: Vec::new(),
+            killed_manager: AtomicUsize::new(0),
             memnodes: Vec::new(),
             children,
             stop,
             events: Mutex::new(Some(rx)),
             monitor: Some(monitor),
         };
-        me.start_manager("127.0.0.1:0")?;
+        me.start_managers()?;
         for _ in 0..me.cfg.memnodes {
             me.add_memnode()?;
         }
@@ -280,9 +300,20 @@ impl LocalCluster {
         Ok(me)
     }
 
-    /// The manager's address.
+    /// The manager's address; with a group, every member's, comma-separated
+    /// (what [`ManagerConn::connect`] and the daemons' `--manager` take).
     pub fn manager_addr(&self) -> &str {
         &self.manager_addr
+    }
+
+    /// Each manager's address, by index (member id minus one).
+    pub fn manager_addrs(&self) -> Vec<String> {
+        self.manager_addrs.clone()
+    }
+
+    /// The number of managers.
+    pub fn managers(&self) -> usize {
+        self.manager_addrs.len()
     }
 
     /// The memory nodes started so far (including dead ones), by index.
@@ -378,27 +409,115 @@ impl LocalCluster {
         }
     }
 
-    fn start_manager(&mut self, listen: &str) -> Result<(), ClusterError> {
-        self.manager_addr = self.spawn_manager(listen)?;
+    fn start_managers(&mut self) -> Result<(), ClusterError> {
+        let n = self.cfg.managers.max(1);
+        if n == 1 {
+            let (slot, addr) = self.spawn_manager(0, "127.0.0.1:0")?;
+            self.manager_addrs = vec![addr];
+            self.manager_slots = vec![AtomicUsize::new(slot)];
+            self.manager_addr = self.manager_addrs[0].clone();
+            return Ok(());
+        }
+        // Every member's `--peers` names all the addresses up front, so the
+        // ports are chosen here rather than by each child; the listeners are
+        // held until all are bound, so that no port comes up twice.
+        let listeners = (0..n)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(ClusterError::Port)?;
+        let addrs = listeners
+            .iter()
+            .map(|l| l.local_addr().map(|a| a.to_string()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(ClusterError::Port)?;
+        drop(listeners);
+        self.manager_addr = addrs.join(",");
+        self.manager_addrs = addrs;
+        for i in 0..n {
+            let listen = self.manager_addrs[i].clone();
+            let (slot, _) = self.spawn_manager(i, &listen)?;
+            self.manager_slots.push(AtomicUsize::new(slot));
+        }
+        self.wait_for_leader(Duration::from_secs(10))?;
         Ok(())
     }
 
-    /// Starts the manager listening on `listen`; returns its address.
-    fn spawn_manager(&self, listen: &str) -> Result<String, ClusterError> {
-        let data = self.dir.path().join("manager-data");
+    /// Starts manager `i` listening on `listen`; returns its child slot and
+    /// address.
+    fn spawn_manager(&self, i: usize, listen: &str) -> Result<(usize, String), ClusterError> {
+        let group = self.cfg.managers > 1;
+        let (name, data) = if group {
+            (format!("manager#{}", i + 1), format!("manager-data-{}", i + 1))
+        } else {
+            ("manager".to_string(), "manager-data".to_string())
+        };
+        let data = self.dir.path().join(data);
         let timeout = format!("{}ms", self.cfg.heartbeat_timeout.as_millis());
-        let args = [
-            "manager",
-            "--listen",
-            listen,
-            "--data-dir",
-            data.to_str().unwrap_or("manager-data"),
-            "--heartbeat-timeout",
-            &timeout,
+        let mut args = vec![
+            "manager".to_string(),
+            "--listen".into(),
+            listen.into(),
+            "--data-dir".into(),
+            data.to_string_lossy().into_owned(),
+            "--heartbeat-timeout".into(),
+            timeout,
         ];
-        let (slot, addr) = self.spawn("manager", &args)?;
-        self.manager_slot.store(slot, std::sync::atomic::Ordering::Release);
-        Ok(addr)
+        if group {
+            let peers: Vec<String> = self
+                .manager_addrs
+                .iter()
+                .enumerate()
+                .map(|(j, a)| format!("{}={a}", j + 1))
+                .collect();
+            args.extend(["--id".into(), (i + 1).to_string(), "--peers".into(), peers.join(",")]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.spawn(&name, &args)
+    }
+
+    fn manager_slot(&self, i: usize) -> Result<usize, ClusterError> {
+        self.manager_slots
+            .get(i)
+            .map(|s| s.load(Ordering::Acquire))
+            .ok_or(ClusterError::NoSuchManager(i))
+    }
+
+    /// What manager `i` says of its own place in the group, if it answers
+    /// within a short while.
+    fn member_status(&self, i: usize) -> Option<remora_proto::msg::ManagerStatus> {
+        let mut opts = self.conn_options();
+        // A dead or stopped member must not hold up the others' answers.
+        opts.connect_timeout = Duration::from_millis(300);
+        opts.call_timeout = Duration::from_millis(500);
+        let conn = ManagerConn::connect(self.manager_addrs.get(i)?, opts).ok()?;
+        match conn.call(&MgrRequest::Member).ok()? {
+            MgrResponse::Member(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The index of the manager that says it leads the group (the one with
+    /// the highest term, should a deposed leader not know it yet), if any.
+    pub fn leader(&self) -> Option<usize> {
+        (0..self.managers())
+            .filter_map(|i| self.member_status(i).map(|s| (i, s)))
+            .filter(|(_, s)| s.role == ManagerRole::Leader)
+            .max_by_key(|(_, s)| s.term)
+            .map(|(i, _)| i)
+    }
+
+    /// Waits until some manager leads the group; returns its index.
+    pub fn wait_for_leader(&self, timeout: Duration) -> Result<usize, ClusterError> {
+        let start = Instant::now();
+        loop {
+            if let Some(i) = self.leader() {
+                return Ok(i);
+            }
+            if start.elapsed() > timeout {
+                return Err(ClusterError::Timeout(timeout, "a manager group leader".into()));
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Starts one more memory node and returns its index.
@@ -589,27 +708,63 @@ impl LocalCluster {
     }
 
     /// Kills the manager (`kill -9`) and starts it again on the same port
-    /// with the same data directory.
+    /// with the same data directory; in a group, the leader.
     pub fn restart_manager(&self) -> Result<(), ClusterError> {
         self.kill_manager();
         self.start_manager_again()
     }
 
     /// Kills the manager (`kill -9`); [`LocalCluster::start_manager_again`]
-    /// brings it back.
+    /// brings it back. In a group it kills the leader, or member 0 when none
+    /// is elected within 5 s: the caller asked for an outage either way.
     pub fn kill_manager(&self) {
-        self.kill_slot(self.manager_slot.load(std::sync::atomic::Ordering::Acquire));
+        let i = if self.managers() > 1 {
+            self.wait_for_leader(Duration::from_secs(5)).unwrap_or(0)
+        } else {
+            0
+        };
+        self.killed_manager.store(i, Ordering::Release);
+        if let Ok(slot) = self.manager_slot(i) {
+            self.kill_slot(slot);
+        }
     }
 
-    /// Starts the manager again on its port with its data directory (after
-    /// [`LocalCluster::kill_manager`]).
+    /// Starts the manager that [`LocalCluster::kill_manager`] killed again,
+    /// on its port with its data directory.
     pub fn start_manager_again(&self) -> Result<(), ClusterError> {
-        let addr = self.manager_addr.clone();
+        self.start_manager_member_again(self.killed_manager.load(Ordering::Acquire))
+    }
+
+    /// The index of the manager [`LocalCluster::kill_manager`] killed last
+    /// (0 before any).
+    pub fn last_killed_manager(&self) -> usize {
+        self.killed_manager.load(Ordering::Acquire)
+    }
+
+    /// `kill -9` manager `i` (0-based; its member id is `i + 1`).
+    ///
+    /// # Panics
+    ///
+    /// If there is no manager `i`, as indexing would.
+    pub fn kill_manager_member(&self, i: usize) {
+        match self.manager_slot(i) {
+            Ok(slot) => self.kill_slot(slot),
+            Err(e) => panic!("{e} (the cluster has {})", self.managers()),
+        }
+    }
+
+    /// Starts manager `i` again on its port with its data directory (after
+    /// [`LocalCluster::kill_manager_member`]).
+    pub fn start_manager_member_again(&self, i: usize) -> Result<(), ClusterError> {
+        let addr = self.manager_addrs.get(i).ok_or(ClusterError::NoSuchManager(i))?.clone();
         let start = Instant::now();
         // The port may take a moment to be free again.
         loop {
-            match self.spawn_manager(&addr) {
-                Ok(_) => return Ok(()),
+            match self.spawn_manager(i, &addr) {
+                Ok((slot, _)) => {
+                    self.manager_slots[i].store(slot, Ordering::Release);
+                    return Ok(());
+                }
                 Err(e) if start.elapsed() < Duration::from_secs(10) => {
                     tracing::debug!("manager restart: {e}");
                     thread::sleep(Duration::from_millis(100));

@@ -68,6 +68,9 @@ pub struct LanesArgs {
     /// The region both read and written (reads in its first half, writes in its second).
     #[arg(long, default_value = "64MiB")]
     pub region_size: ByteSize,
+    /// Managers in the local cluster; more than one run as a Raft group (3 survive losing one).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=9))]
+    pub managers: u32,
     /// Also write the results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -97,6 +100,7 @@ pub fn run(args: &LanesArgs) -> anyhow::Result<()> {
     let binary = std::env::current_exe().context("locating the remora binary")?;
     let mut cfg = ClusterConfig::new(&binary);
     cfg.memnodes = 1;
+    cfg.managers = args.managers as usize;
     cfg.region_size = region;
     cfg.capacity = region.saturating_mul(2);
     cfg.log_level = "warn".into();
