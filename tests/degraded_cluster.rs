@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
@@ -46,18 +46,6 @@ fn count_warnings() -> Warnings {
     w
 }
 
-/// The shared state of [`uniform_worker`]s.
-struct Load<'a> {
-    rt: &'a Runtime,
-    objs: &'a [RwLock<RemBox<Obj>>],
-    versions: &'a [AtomicU64],
-    stop: AtomicBool,
-    errors: Mutex<Vec<String>>,
-    /// Operations done in each 100 ms window since `start`.
-    windows: Vec<AtomicU64>,
-    start: Instant,
-}
-
 /// One cluster of seven memory nodes at a time in this binary: two at once
 /// on two cores would slow each other past the timings these tests rule on.
 fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
@@ -79,77 +67,6 @@ fn filled(name: &str) -> Filled {
     let versions: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
     rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
     (c, rt, objs, versions)
-}
-
-impl<'a> Load<'a> {
-    /// A load on `objs`, counted in `windows` 100 ms windows from now.
-    fn new(rt: &'a Runtime, objs: &'a [RwLock<RemBox<Obj>>], versions: &'a [AtomicU64], windows: usize) -> Self {
-        Self {
-            rt,
-            objs,
-            versions,
-            stop: AtomicBool::new(false),
-            errors: Mutex::new(Vec::new()),
-            windows: (0..windows).map(|_| AtomicU64::new(0)).collect(),
-            start: Instant::now(),
-        }
-    }
-
-    fn window(&self, at: Duration) -> usize {
-        (at.as_millis() / 100) as usize
-    }
-
-    /// Fails the test if any operation failed.
-    fn assert_no_errors(&self) {
-        let errors = self.errors.lock().unwrap();
-        assert!(
-            errors.is_empty(),
-            "{} errors, first: {:?}",
-            errors.len(),
-            &errors[..errors.len().min(5)]
-        );
-    }
-
-    fn ops_between(&self, from: Duration, to: Duration) -> u64 {
-        let (a, b) = (self.window(from), self.window(to).min(self.windows.len()));
-        self.windows[a..b].iter().map(|w| w.load(Ordering::Relaxed)).sum()
-    }
-}
-
-/// Reads (and one time in five writes) objects chosen uniformly, so most
-/// operations need far memory; every read is checked.
-fn uniform_worker(t: u64, w: &Load<'_>) {
-    let n = w.objs.len() as u64;
-    let mut x = (t + 1).wrapping_mul(0x2545_F491_4F6C_DD1D) | 1;
-    while !w.stop.load(Ordering::Relaxed) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let i = (x >> 8) % n;
-        if let Err(e) = access(w.rt, w.objs, w.versions, i as usize, x % 5 == 0) {
-            w.errors.lock().unwrap().push(e);
-        }
-        let slot = w.window(w.start.elapsed()).min(w.windows.len() - 1);
-        w.windows[slot].fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-fn verify_all(rt: &Runtime, objs: &[RwLock<RemBox<Obj>>], versions: &[AtomicU64]) {
-    let mut scope = rt.scope();
-    for (i, o) in objs.iter().enumerate() {
-        let v = versions[i].load(Ordering::Relaxed);
-        let g = o.read().unwrap();
-        let got = g.deref(&scope).unwrap_or_else(|e| panic!("object {i}: {e}"));
-        assert!(
-            got.is(i as u64, v),
-            "object {i}: got id {} v{}, want v{v}",
-            got.id,
-            got.version
-        );
-        if i % 64 == 0 {
-            scope.renew();
-        }
-    }
 }
 
 /// What [`outage`] saw.
@@ -175,13 +92,13 @@ fn outage(kill_memnode: bool) -> Outage {
     let _one = one_at_a_time();
     let warnings = warnings();
     let (c, rt, objs, versions) = filled("manager-outage");
-    let w = Load::new(&rt, &objs, &versions, 400);
+    let w = Uniform::new(&rt, &objs, &versions, 400);
     let kill_at = Duration::from_secs(3);
     let down_for = Duration::from_secs(10);
     let (warn_during, swap_ins_after) = std::thread::scope(|s| {
         for t in 0..2 {
             let w = &w;
-            s.spawn(move || uniform_worker(t, w));
+            s.spawn(move || w.run(t));
         }
         std::thread::sleep(kill_at);
         let warn_before = warnings.0.load(Ordering::Relaxed);
@@ -219,7 +136,7 @@ fn outage(kill_memnode: bool) -> Outage {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
-    verify_all(&rt, &objs, &versions);
+    w.verify_all();
     // The restarted manager kept every node that renewed in time: only the
     // one killed is dead.
     let status = c.status().unwrap();
@@ -289,12 +206,12 @@ fn two_of_seven_memory_nodes_dying_at_once_keep_serving_and_restripe() {
     let _one = one_at_a_time();
     let _ = warnings();
     let (c, rt, objs, versions) = filled("two-die");
-    let w = Load::new(&rt, &objs, &versions, 600);
+    let w = Uniform::new(&rt, &objs, &versions, 600);
     let kill_at = Duration::from_secs(3);
     let (restored_after, at_kill, short_seen) = std::thread::scope(|s| {
         for t in 0..2 {
             let w = &w;
-            s.spawn(move || uniform_worker(t, w));
+            s.spawn(move || w.run(t));
         }
         std::thread::sleep(kill_at);
         let at_kill = rt.stats();
@@ -336,7 +253,7 @@ fn two_of_seven_memory_nodes_dying_at_once_keep_serving_and_restripe() {
     // swap-in re-evicts into a live group): re-striping itself is checked
     // at an exact step in-process (`failures_in_process.rs`).
     assert_eq!(st.lost_positions, 0, "nothing may be lost: {st:?}");
-    verify_all(&rt, &objs, &versions);
+    w.verify_all();
     drop(objs);
     let t = Instant::now();
     drop(rt);

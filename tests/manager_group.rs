@@ -155,60 +155,6 @@ fn assert_nothing_forgotten(s: &ComputeSession, h: &History) {
     assert_eq!(known, held, "the group's record of the session's regions");
 }
 
-/// A uniform read/write load on far-memory objects, counted per 100 ms.
-struct Load<'a> {
-    rt: &'a Runtime,
-    objs: &'a [RwLock<RemBox<Obj>>],
-    versions: &'a [AtomicU64],
-    stop: AtomicBool,
-    errors: Mutex<Vec<String>>,
-    windows: Vec<AtomicU64>,
-    start: Instant,
-}
-
-impl Load<'_> {
-    fn run(&self, t: u64) {
-        let n = self.objs.len() as u64;
-        let mut x = (t + 1).wrapping_mul(0x2545_F491_4F6C_DD1D) | 1;
-        while !self.stop.load(Ordering::Relaxed) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            if let Err(e) = access(self.rt, self.objs, self.versions, ((x >> 8) % n) as usize, x % 5 == 0) {
-                self.errors.lock().unwrap().push(e);
-            }
-            let w = (self.start.elapsed().as_millis() / 100) as usize;
-            self.windows[w.min(self.windows.len() - 1)].fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    fn windows_between(&self, from: Duration, to: Duration) -> Vec<u64> {
-        let (a, b) = ((from.as_millis() / 100) as usize, (to.as_millis() / 100) as usize);
-        self.windows[a..b.min(self.windows.len())]
-            .iter()
-            .map(|w| w.load(Ordering::Relaxed))
-            .collect()
-    }
-}
-
-fn verify_all(rt: &Runtime, objs: &[RwLock<RemBox<Obj>>], versions: &[AtomicU64]) {
-    let mut scope = rt.scope();
-    for (i, o) in objs.iter().enumerate() {
-        let v = versions[i].load(Ordering::Relaxed);
-        let g = o.read().unwrap();
-        let got = g.deref(&scope).unwrap_or_else(|e| panic!("object {i}: {e}"));
-        assert!(
-            got.is(i as u64, v),
-            "object {i}: got id {} v{}, want v{v}",
-            got.id,
-            got.version
-        );
-        if i % 64 == 0 {
-            scope.renew();
-        }
-    }
-}
-
 /// An ec-batch runtime on the cluster holding 8 MiB of 1 KiB objects, 4x
 /// its local budget, evicted.
 fn filled(c: &LocalCluster, name: &str) -> (Runtime, Vec<RwLock<RemBox<Obj>>>, Vec<AtomicU64>) {
@@ -239,15 +185,7 @@ fn the_leader_killed_over_and_over_loses_nothing() {
     let (rt, objs, versions) = filled(&c, "leader-kills");
     let s = session(&c, "grants");
     let history = Mutex::new(History::default());
-    let load = Load {
-        rt: &rt,
-        objs: &objs,
-        versions: &versions,
-        stop: AtomicBool::new(false),
-        errors: Mutex::new(Vec::new()),
-        windows: (0..(kills * 60 + 100)).map(|_| AtomicU64::new(0)).collect(),
-        start: Instant::now(),
-    };
+    let load = Uniform::new(&rt, &objs, &versions, kills * 60 + 100);
     let stop_grants = AtomicBool::new(false);
     let mut elections = Vec::new();
     let (first_kill, last_restart) = std::thread::scope(|sc| {
@@ -257,7 +195,7 @@ fn the_leader_killed_over_and_over_loses_nothing() {
         }
         sc.spawn(|| grant_churn(&c, &s, &history, &stop_grants));
         std::thread::sleep(Duration::from_secs(2));
-        let first_kill = load.start.elapsed();
+        let first_kill = load.elapsed();
         for k in 0..kills {
             let old = c.wait_for_leader(Duration::from_secs(10)).expect("a leader");
             let killed = Instant::now();
@@ -269,19 +207,13 @@ fn the_leader_killed_over_and_over_loses_nothing() {
             c.start_manager_member_again(old).expect("restarted as a follower");
             std::thread::sleep(Duration::from_secs(1));
         }
-        let last_restart = load.start.elapsed();
+        let last_restart = load.elapsed();
         std::thread::sleep(Duration::from_secs(2));
         stop_grants.store(true, Ordering::Relaxed);
         load.stop.store(true, Ordering::Relaxed);
         (first_kill, last_restart)
     });
-    let errors = load.errors.lock().unwrap();
-    assert!(
-        errors.is_empty(),
-        "{} errors, first: {:?}",
-        errors.len(),
-        &errors[..errors.len().min(5)]
-    );
+    load.assert_no_errors();
     let windows = load.windows_between(first_kill, last_restart);
     let zero = windows.iter().filter(|w| **w == 0).count();
     let per_second: Vec<u64> = windows.chunks(10).map(|c| c.iter().sum()).collect();
@@ -290,14 +222,13 @@ fn the_leader_killed_over_and_over_loses_nothing() {
          second {per_second:?}",
         windows.len()
     );
-    assert!(
-        per_second.iter().all(|s| *s > 0),
-        "a whole second without far-memory progress: {per_second:?}"
-    );
-    for (k, e) in elections.iter().enumerate() {
-        assert!(*e < Duration::from_secs(2), "kill {k}: a new leader only after {e:?}");
-    }
+    // What was granted, and every byte, first: those must hold however
+    // slow the machine.
     let h = history.into_inner().unwrap();
+    eprintln!(
+        "{} grants, {} frees, {} writes refused while a lease had lapsed",
+        h.grants, h.frees, h.unavailable
+    );
     assert!(h.violations.is_empty(), "grant history: {:?}", h.violations);
     assert!(
         h.grants > 10 && h.frees > 5,
@@ -306,8 +237,15 @@ fn the_leader_killed_over_and_over_loses_nothing() {
         h.frees
     );
     assert_nothing_forgotten(&s, &h);
-    verify_all(&rt, &objs, &versions);
+    load.verify_all();
     assert_eq!(rt.stats().lost_positions, 0, "{:?}", rt.stats());
+    assert!(
+        per_second.iter().all(|s| *s > 0),
+        "a whole second without far-memory progress: {per_second:?}"
+    );
+    for (k, e) in elections.iter().enumerate() {
+        assert!(*e < Duration::from_secs(2), "kill {k}: a new leader only after {e:?}");
+    }
     let st = c.status().unwrap();
     assert_eq!(st.managers.len(), 3);
     assert!(
@@ -357,15 +295,7 @@ fn a_follower_and_then_the_leaders_machine_lost() {
     c.kill_manager_member(leader);
     let new = c.wait_for_leader(Duration::from_secs(5)).unwrap();
     assert_ne!(new, leader);
-    let load = Load {
-        rt: &rt,
-        objs: &objs,
-        versions: &versions,
-        stop: AtomicBool::new(false),
-        errors: Mutex::new(Vec::new()),
-        windows: (0..400).map(|_| AtomicU64::new(0)).collect(),
-        start: Instant::now(),
-    };
+    let load = Uniform::new(&rt, &objs, &versions, 400);
     let stop_grants = AtomicBool::new(false);
     std::thread::scope(|sc| {
         for t in 0..2 {
@@ -388,17 +318,11 @@ fn a_follower_and_then_the_leaders_machine_lost() {
         stop_grants.store(true, Ordering::Relaxed);
         load.stop.store(true, Ordering::Relaxed);
     });
-    let errors = load.errors.lock().unwrap();
-    assert!(
-        errors.is_empty(),
-        "{} errors, first: {:?}",
-        errors.len(),
-        &errors[..errors.len().min(5)]
-    );
+    load.assert_no_errors();
     let h = history.into_inner().unwrap();
     assert!(h.violations.is_empty(), "grant history: {:?}", h.violations);
     assert_nothing_forgotten(&s, &h);
-    verify_all(&rt, &objs, &versions);
+    load.verify_all();
     assert_eq!(rt.stats().lost_positions, 0, "{:?}", rt.stats());
     let st = c.status().unwrap();
     let dead: Vec<&str> = st
@@ -461,15 +385,7 @@ fn the_leader_partitioned_from_the_others() {
     let s = session(&c, "grants");
     let history = Mutex::new(History::default());
     let old = c.wait_for_leader(Duration::from_secs(10)).unwrap();
-    let load = Load {
-        rt: &rt,
-        objs: &objs,
-        versions: &versions,
-        stop: AtomicBool::new(false),
-        errors: Mutex::new(Vec::new()),
-        windows: (0..400).map(|_| AtomicU64::new(0)).collect(),
-        start: Instant::now(),
-    };
+    let load = Uniform::new(&rt, &objs, &versions, 400);
     let stop_grants = AtomicBool::new(false);
     let cut = Duration::from_secs(6);
     let (elected, cut_at) = std::thread::scope(|sc| {
@@ -479,7 +395,7 @@ fn the_leader_partitioned_from_the_others() {
         }
         sc.spawn(|| grant_churn(&c, &s, &history, &stop_grants));
         std::thread::sleep(Duration::from_secs(2));
-        let cut_at = load.start.elapsed();
+        let cut_at = load.elapsed();
         let t0 = Instant::now();
         partition(&c, old, cut);
         let elected = loop {
@@ -504,13 +420,7 @@ fn the_leader_partitioned_from_the_others() {
         windows.iter().filter(|w| **w == 0).count(),
         windows.len()
     );
-    let errors = load.errors.lock().unwrap();
-    assert!(
-        errors.is_empty(),
-        "{} errors, first: {:?}",
-        errors.len(),
-        &errors[..errors.len().min(5)]
-    );
+    load.assert_no_errors();
     assert!(took < Duration::from_secs(2), "a new leader only after {took:?}");
     assert!(
         per_second.iter().all(|s| *s > 0),
@@ -519,7 +429,7 @@ fn the_leader_partitioned_from_the_others() {
     let h = history.into_inner().unwrap();
     assert!(h.violations.is_empty(), "grant history: {:?}", h.violations);
     assert_nothing_forgotten(&s, &h);
-    verify_all(&rt, &objs, &versions);
+    load.verify_all();
     assert_eq!(rt.stats().lost_positions, 0, "{:?}", rt.stats());
     let r = roles(&c);
     assert_eq!(

@@ -158,6 +158,17 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
     if args.faults.is_empty() {
         bail!("--faults names no fault");
     }
+    // A group has no one manager to take down: killing its leader is what
+    // `manager` means there.
+    let mut args = args.clone();
+    for f in &mut args.faults {
+        match (*f, args.managers > 1) {
+            (FaultKind::Manager, true) => *f = FaultKind::ManagerLeader,
+            (FaultKind::ManagerLeader, false) => bail!("--faults manager-leader needs a group: --managers 3"),
+            _ => {}
+        }
+    }
+    let args = &args;
     if !(0.01..=1.0).contains(&args.local_ratio) || !(0.0..=1.0).contains(&args.write_ratio) || args.threads == 0 {
         bail!("--local-ratio must be in (0, 1], --write-ratio in [0, 1], --threads at least 1");
     }
@@ -207,6 +218,10 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
                 p.at, p.hold
             ),
             FaultKind::Manager => println!("  {:7.2}s  kill -9 the manager, back after {:.2}s", p.at, p.hold),
+            FaultKind::ManagerLeader => println!(
+                "  {:7.2}s  kill -9 the managers' leader, back as a follower after {:.2}s",
+                p.at, p.hold
+            ),
             _ => println!("  {:7.2}s  {} for {:.2}s", p.at, p.kind.name(), p.hold),
         }
     }
@@ -367,7 +382,12 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
                         let back = now();
                         let d = &mut done[o.done];
                         d.hold = back - d.at;
-                        say(back, format!("the manager is back ({:.2}s down)", d.hold));
+                        let how = if d.kind == FaultKind::ManagerLeader {
+                            ", as a follower"
+                        } else {
+                            ""
+                        };
+                        say(back, format!("the manager is back{how} ({:.2}s down)", d.hold));
                         outage = None;
                         for _ in 0..std::mem::take(&mut joins_owed) {
                             join(&mut cluster, back);
@@ -415,7 +435,7 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
             if p.at > t {
                 continue;
             }
-            if p.kind == FaultKind::Manager {
+            if p.kind.is_manager() {
                 if outage.is_some() {
                     continue;
                 }
@@ -424,7 +444,12 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
                 cluster.kill_manager();
                 // In a group, the leader it was.
                 let killed = cluster.manager_addrs()[cluster.last_killed_manager()].clone();
-                say(t, format!("kill -9 the manager ({killed}) for {:.2}s", p.hold));
+                let who = if p.kind == FaultKind::ManagerLeader {
+                    "the managers' leader"
+                } else {
+                    "the manager"
+                };
+                say(t, format!("kill -9 {who} ({killed}) for {:.2}s", p.hold));
                 outage = Some(Outage {
                     done: done.len(),
                     until: t + p.hold,
@@ -512,7 +537,7 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
                 done.push(Done::new(p.kind, addr, t, p.hold));
                 match p.kind {
                     FaultKind::Kill => dead.push(node),
-                    FaultKind::Manager | FaultKind::Shrink => {}
+                    FaultKind::Manager | FaultKind::ManagerLeader | FaultKind::Shrink => {}
                     kind => holds.push(Hold {
                         node,
                         kind,
@@ -612,7 +637,7 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
         );
     }
     println!(
-        "  faults             kind        node                   at s    end s   dip (mean during / 5 s before)   back after (manager: its restart)"
+        "  faults             kind            node                   at s    end s   dip (mean during / 5 s before)   back after (manager: its restart)"
     );
     let mut dips = Vec::new();
     for d in &done {
@@ -620,14 +645,14 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
             FaultKind::Kill | FaultKind::Shrink => d.rebuilt_at.unwrap_or(duration),
             _ => d.at + d.hold,
         };
-        let back_from = if d.kind == FaultKind::Manager { end } else { d.at };
+        let back_from = if d.kind.is_manager() { end } else { d.at };
         let dip = report::dip(&windows, d.at, end, back_from);
         let shown = dip.map_or("-".to_string(), |x| format!("{:.2}", x.ratio));
         let back = dip
             .and_then(|x| x.back_after)
             .map_or("not within the run".to_string(), |b| format!("{b:.2}s"));
         println!(
-            "                     {:<10}  {:<20} {:>7.2} {:>7.2}   {shown:>31}   {back}",
+            "                     {:<14}  {:<20} {:>7.2} {:>7.2}   {shown:>31}   {back}",
             d.kind.name(),
             d.node,
             d.at,
@@ -781,7 +806,7 @@ fn strike(cluster: &mut LocalCluster, p: Planned, cands: &[usize]) -> Result<(us
             cluster.fault(node, Fault::Pause)?;
             cluster.fault(node, Fault::DropConnections)?;
         }
-        FaultKind::Manager => bail!("the manager is not a memory node"),
+        FaultKind::Manager | FaultKind::ManagerLeader => bail!("a manager is not a memory node"),
         FaultKind::Shrink => bail!("a shrink strikes several nodes"),
     }
     Ok((node, addr))

@@ -5,6 +5,7 @@
 //! (the same request number, answered from the log) is simply told again.
 
 use super::*;
+use crate::requests::grant_of;
 
 /// Regions one request may ask for.
 const MAX_ALLOC: u32 = 4096;

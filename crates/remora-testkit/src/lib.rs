@@ -9,7 +9,8 @@
 //! - [`verify`](mod@verify): reading objects back and comparing them, and waiting on
 //!   the runtime's stats.
 //! - [`workload`]: the skewed multi-threaded workload failure tests run
-//!   while nodes die, and a churning workload that makes compaction fold.
+//!   while nodes die, a uniform one counted per 100 ms window, and a
+//!   churning workload that makes compaction fold.
 //! - [`in_process`]: a runtime on in-process memory nodes.
 //! - `cluster` and `cli` (feature `processes`): a real cluster of child
 //!   processes started from the `remora` binary, and runs of that binary.
@@ -32,7 +33,7 @@ pub mod cluster;
 pub use objects::{MARK, Node, Obj, Obj2K, Obj4K, Text, Words, obj, word};
 pub use pattern::{assert_bytes_eq, fill_pattern, pattern};
 pub use verify::{recovered, verify, wait_stats, wait_until};
-pub use workload::{Churn, Skewed, access, skewed_worker};
+pub use workload::{Churn, Skewed, Uniform, access, skewed_worker};
 
 /// One KiB, in the `usize` object sizes and budgets are given in.
 pub const KIB: usize = 1 << 10;

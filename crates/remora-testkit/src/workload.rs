@@ -175,3 +175,106 @@ impl<const N: usize> Churn<N> {
         verify(rt, &self.objs, |i| self.versions[i], what);
     }
 }
+
+/// A load of reads (and one write in five) on objects chosen uniformly, so
+/// most need far memory, its operations counted per 100 ms window since it
+/// began: for tests that judge how far memory rides out a fault.
+pub struct Uniform<'a, const N: usize> {
+    /// The runtime the objects live in.
+    pub rt: &'a Runtime,
+    /// Object `i` is `i` at `versions[i]`.
+    pub objs: &'a [RwLock<RemBox<Words<N>>>],
+    /// The version each object was last written at.
+    pub versions: &'a [AtomicU64],
+    /// Set to stop the workers.
+    pub stop: AtomicBool,
+    /// Every failed or wrong read or write.
+    pub errors: Mutex<Vec<String>>,
+    windows: Vec<AtomicU64>,
+    start: Instant,
+}
+
+impl<'a, const N: usize> Uniform<'a, N> {
+    /// The load's state, counting `windows` windows of 100 ms from now.
+    pub fn new(
+        rt: &'a Runtime,
+        objs: &'a [RwLock<RemBox<Words<N>>>],
+        versions: &'a [AtomicU64],
+        windows: usize,
+    ) -> Self {
+        Self {
+            rt,
+            objs,
+            versions,
+            stop: AtomicBool::new(false),
+            errors: Mutex::new(Vec::new()),
+            windows: (0..windows).map(|_| AtomicU64::new(0)).collect(),
+            start: Instant::now(),
+        }
+    }
+
+    /// Time since the load began.
+    pub fn elapsed(&self) -> Duration {
+        self.start.elapsed()
+    }
+
+    /// One worker, until `stop` (`t` seeds its choices).
+    pub fn run(&self, t: u64) {
+        let n = self.objs.len() as u64;
+        let mut x = (t + 1).wrapping_mul(0x2545_F491_4F6C_DD1D) | 1;
+        while !self.stop.load(Ordering::Relaxed) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if let Err(e) = access(self.rt, self.objs, self.versions, ((x >> 8) % n) as usize, x % 5 == 0) {
+                self.errors.lock().unwrap_or_else(|p| p.into_inner()).push(e);
+            }
+            let w = (self.start.elapsed().as_millis() / 100) as usize;
+            self.windows[w.min(self.windows.len() - 1)].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The operations of each 100 ms window between `from` and `to` since the start.
+    pub fn windows_between(&self, from: Duration, to: Duration) -> Vec<u64> {
+        let (a, b) = ((from.as_millis() / 100) as usize, (to.as_millis() / 100) as usize);
+        self.windows[a.min(self.windows.len())..b.min(self.windows.len())]
+            .iter()
+            .map(|w| w.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// The operations between `from` and `to` since the start.
+    pub fn ops_between(&self, from: Duration, to: Duration) -> u64 {
+        self.windows_between(from, to).iter().sum()
+    }
+
+    /// Fails the test if any operation failed.
+    pub fn assert_no_errors(&self) {
+        let errors = self.errors.lock().unwrap_or_else(|p| p.into_inner());
+        assert!(
+            errors.is_empty(),
+            "{} errors, first: {:?}",
+            errors.len(),
+            &errors[..errors.len().min(5)]
+        );
+    }
+
+    /// Reads every object back and checks it is at its latest version.
+    pub fn verify_all(&self) {
+        let mut scope = self.rt.scope();
+        for (i, o) in self.objs.iter().enumerate() {
+            let v = self.versions[i].load(Ordering::Relaxed);
+            let g = o.read().unwrap_or_else(|p| p.into_inner());
+            let got = g.deref(&scope).unwrap_or_else(|e| panic!("object {i}: {e}"));
+            assert!(
+                got.is(i as u64, v),
+                "object {i}: got id {} v{}, want v{v}",
+                got.id,
+                got.version
+            );
+            if i % renew_every::<Words<N>>() == 0 {
+                scope.renew();
+            }
+        }
+    }
+}

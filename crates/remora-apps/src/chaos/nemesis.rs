@@ -22,6 +22,11 @@ pub enum FaultKind {
     /// directory after 0.5–10 s: within the memory nodes' leases, or long
     /// after they lapsed, when far memory must wait the outage out.
     Manager,
+    /// kill -9 of the manager group's leader (`--managers` 3 or 5), started
+    /// again as a follower after 0.5–10 s: no outage, since the others
+    /// elect a new leader within the memory nodes' leases. What `manager`
+    /// means in a group.
+    ManagerLeader,
     /// kill -9 of m memory nodes at once with none joining for a hold of
     /// 5–15 s: a phase with fewer than k+m live nodes (the cluster starts
     /// with k+m+1 when this fault is on), in which `ec-batch` writes short
@@ -36,12 +41,18 @@ impl FaultKind {
         matches!(self, Self::Kill | Self::Shrink)
     }
 
+    /// Whether it kills a manager (the only one, or the group's leader).
+    pub(crate) fn is_manager(self) -> bool {
+        matches!(self, Self::Manager | Self::ManagerLeader)
+    }
+
     pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Kill => "kill",
             Self::Pause => "pause",
             Self::Partition => "partition",
             Self::Manager => "manager",
+            Self::ManagerLeader => "manager-leader",
             Self::Shrink => "shrink",
         }
     }
@@ -91,7 +102,7 @@ pub(crate) fn plan(seed: u64, duration: f64, warm: f64, tail: f64, mean_gap: f64
         let hold = match kind {
             FaultKind::Kill => 0.0,
             FaultKind::Pause | FaultKind::Partition => rng.random_range(MIN_HOLD..MAX_HOLD),
-            FaultKind::Manager => rng.random_range(MANAGER_MIN..MANAGER_MAX),
+            FaultKind::Manager | FaultKind::ManagerLeader => rng.random_range(MANAGER_MIN..MANAGER_MAX),
             FaultKind::Shrink => rng.random_range(SHRINK_MIN..SHRINK_MAX),
         };
         out.push(Planned {

@@ -121,6 +121,7 @@ pub(crate) fn longest_zero(windows: &[(f64, f64)], skip: &[(f64, f64)]) -> f64 {
 pub(crate) fn manager_outages(faults: &[Done]) -> Vec<(f64, f64)> {
     faults
         .iter()
+        // A group's leader killed is no outage: the others go on.
         .filter(|d| d.kind == FaultKind::Manager)
         .map(|d| (d.at, d.at + d.hold))
         .collect()
@@ -132,6 +133,7 @@ fn colour(kind: FaultKind) -> RGBColor {
         FaultKind::Pause => RGBColor(255, 127, 14),
         FaultKind::Partition => RGBColor(148, 103, 189),
         FaultKind::Manager => RGBColor(44, 160, 44),
+        FaultKind::ManagerLeader => RGBColor(23, 190, 207),
         FaultKind::Shrink => RGBColor(140, 86, 75),
     }
 }
@@ -173,6 +175,7 @@ pub(crate) fn draw(path: &Path, windows: &[(f64, f64)], faults: &[Done], title: 
         FaultKind::Pause,
         FaultKind::Partition,
         FaultKind::Manager,
+        FaultKind::ManagerLeader,
         FaultKind::Shrink,
     ] {
         let marks: Vec<&Done> = faults.iter().filter(|f| f.kind == kind).collect();
@@ -193,6 +196,8 @@ pub(crate) fn draw(path: &Path, windows: &[(f64, f64)], faults: &[Done], title: 
             }
             let label = if kind == FaultKind::Manager {
                 format!(" manager down {:.1}s", f.hold)
+            } else if kind == FaultKind::ManagerLeader {
+                format!(" leader down {:.1}s", f.hold)
             } else {
                 format!(" {} {}", kind.name(), f.node)
             };

@@ -41,15 +41,17 @@ pub(crate) type Raft = openraft::Raft<TypeConfig>;
 /// heartbeat timeout (2 s by default) from the send of its last renewal,
 /// so a new leader must be elected and confirmed well inside 1.5 s. The
 /// library's followers refuse votes for `election_timeout_max` after they
-/// last heard from a leader (its lease), so that bounds the election's
-/// start: 500 ms, with heartbeats every 60 ms (slow enough for a busy
-/// two-core machine not to depose a live leader).
+/// last heard from a leader (its lease), so a candidate whose timer fires
+/// earlier is refused and tries again: a leader's death is followed by a
+/// new one after one to two times `election_timeout_max`. Heartbeats every
+/// 50 ms leave a busy two-core machine 400 ms before it deposes a live
+/// leader.
 pub(crate) fn config(snapshot_every: u64) -> openraft::Config {
     openraft::Config {
         cluster_name: "remora-managers".into(),
-        heartbeat_interval: 60,
-        election_timeout_min: 250,
-        election_timeout_max: 500,
+        heartbeat_interval: 50,
+        election_timeout_min: 200,
+        election_timeout_max: 400,
         install_snapshot_timeout: 2000,
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(snapshot_every.max(1)),
         max_in_snapshot_log_to_keep: snapshot_every / 5,
