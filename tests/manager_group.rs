@@ -142,6 +142,42 @@ fn grant_churn(c: &LocalCluster, s: &ComputeSession, h: &Mutex<History>, stop: &
     }
 }
 
+/// Opens a session under a new name until `stop` (each open is one
+/// registration, retried across elections by the client) and closes it
+/// again: the names of those acknowledged, and the count refused.
+fn registration_churn(c: &LocalCluster, stop: &AtomicBool) -> (Vec<String>, u64) {
+    let (mut acked, mut refused) = (Vec::new(), 0);
+    for i in 0.. {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        let name = format!("churn-{i}");
+        match ComputeSession::open(c.manager_addr(), &name, c.conn_options()) {
+            Ok(_) => acked.push(name),
+            Err(e) => {
+                eprintln!("registration {name}: {e}");
+                refused += 1;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (acked, refused)
+}
+
+/// Every acknowledged registration is in the group's state once, and none
+/// was applied twice (each name is used once).
+fn assert_registered_once(c: &LocalCluster, acked: &[String]) {
+    let st = c.status().unwrap();
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for n in st.compute_nodes.iter().filter(|n| n.name.starts_with("churn-")) {
+        *seen.entry(n.name.as_str()).or_default() += 1;
+    }
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "registered more than once: {twice:?}");
+    let lost: Vec<_> = acked.iter().filter(|n| !seen.contains_key(n.as_str())).collect();
+    assert!(lost.is_empty(), "acknowledged registrations lost: {lost:?}");
+}
+
 /// Every grant the manager group remembers for `s` is one the workload
 /// holds, at the same epoch and token, and the other way round.
 fn assert_nothing_forgotten(s: &ComputeSession, h: &History) {
@@ -170,10 +206,11 @@ fn filled(c: &LocalCluster, name: &str) -> (Runtime, Vec<RwLock<RemBox<Obj>>>, V
 
 /// The leader is killed `REMORA_LEADER_KILLS` times (default 4) during a
 /// far-memory workload and a grant/free workload, each time restarted as a
-/// follower 0.5–2 s later. A new leader serves within 2 s each time; no
-/// operation fails, no second of the workload passes without progress, no
-/// region is granted twice or at an epoch that does not grow, no grant is
-/// forgotten, and every object verifies.
+/// follower 0.5–2 s later, while compute nodes register (and leave) all
+/// along. A new leader serves within 2 s each time; no operation fails, no
+/// second of the workload passes without progress, no region is granted
+/// twice or at an epoch that does not grow, no grant or registration is
+/// forgotten or applied twice, and every object verifies.
 #[test]
 fn the_leader_killed_over_and_over_loses_nothing() {
     let _one = one_at_a_time();
@@ -188,12 +225,13 @@ fn the_leader_killed_over_and_over_loses_nothing() {
     let load = Uniform::new(&rt, &objs, &versions, kills * 60 + 100);
     let stop_grants = AtomicBool::new(false);
     let mut elections = Vec::new();
-    let (first_kill, last_restart) = std::thread::scope(|sc| {
+    let (first_kill, last_restart, (acked, refused)) = std::thread::scope(|sc| {
         for t in 0..2 {
             let load = &load;
             sc.spawn(move || load.run(t));
         }
         sc.spawn(|| grant_churn(&c, &s, &history, &stop_grants));
+        let registrations = sc.spawn(|| registration_churn(&c, &stop_grants));
         std::thread::sleep(Duration::from_secs(2));
         let first_kill = load.elapsed();
         for k in 0..kills {
@@ -211,7 +249,7 @@ fn the_leader_killed_over_and_over_loses_nothing() {
         std::thread::sleep(Duration::from_secs(2));
         stop_grants.store(true, Ordering::Relaxed);
         load.stop.store(true, Ordering::Relaxed);
-        (first_kill, last_restart)
+        (first_kill, last_restart, registrations.join().unwrap())
     });
     load.assert_no_errors();
     let windows = load.windows_between(first_kill, last_restart);
@@ -226,8 +264,12 @@ fn the_leader_killed_over_and_over_loses_nothing() {
     // slow the machine.
     let h = history.into_inner().unwrap();
     eprintln!(
-        "{} grants, {} frees, {} writes refused while a lease had lapsed",
-        h.grants, h.frees, h.unavailable
+        "{} grants, {} frees, {} writes refused while a lease had lapsed; {} registrations acknowledged, {refused} \
+         refused",
+        h.grants,
+        h.frees,
+        h.unavailable,
+        acked.len()
     );
     assert!(h.violations.is_empty(), "grant history: {:?}", h.violations);
     assert!(
@@ -237,6 +279,8 @@ fn the_leader_killed_over_and_over_loses_nothing() {
         h.frees
     );
     assert_nothing_forgotten(&s, &h);
+    assert!(acked.len() > 10, "too few registrations to judge: {}", acked.len());
+    assert_registered_once(&c, &acked);
     load.verify_all();
     assert_eq!(rt.stats().lost_positions, 0, "{:?}", rt.stats());
     assert!(

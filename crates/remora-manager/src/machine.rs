@@ -14,7 +14,9 @@
 //! Requests a compute node may retry (after a lost answer or a change of
 //! leader) carry its request number, and the answer is remembered per
 //! session ([`RECENT_KEPT`] of them), so a retried grant or free is applied
-//! once and answered again with the first answer.
+//! once and answered again with the first answer. Registrations carry a
+//! number the client drew at random (it has no session yet), remembered
+//! cluster-wide ([`REGISTRATIONS_KEPT`] of them).
 //!
 //! Liveness (when each node was last heard from) is not here: it is the
 //! leader's own observation, and a new leader starts its own clock.
@@ -31,6 +33,8 @@ use crate::store::{ComputeRec, Loaded, Meta, NodeRec};
 pub(crate) const MAX_EVENTS_KEPT: usize = 4096;
 /// Answers remembered per session for retried requests.
 pub(crate) const RECENT_KEPT: usize = 64;
+/// Answers remembered for retried registrations.
+pub(crate) const REGISTRATIONS_KEPT: usize = 1024;
 /// Regions one registration may offer.
 pub(crate) const MAX_REGIONS_PER_NODE: u64 = 1 << 20;
 
@@ -72,6 +76,10 @@ pub(crate) struct Machine {
     pub(crate) clock_ms: u64,
     /// A single manager's store was taken over (see [`Command::Import`]).
     pub(crate) imported: bool,
+    /// Answers to the latest registrations, by request number, and the
+    /// numbers in the order they came (the oldest forgotten first).
+    pub(crate) registrations: BTreeMap<u64, Outcome>,
+    pub(crate) registration_order: VecDeque<u64>,
 }
 
 /// A command with the leader's clock when it proposed it.
@@ -102,6 +110,7 @@ pub(crate) enum Command {
         capacity: u64,
         region_size: u64,
         admin: AdminKey,
+        request: u64,
     },
     /// A memory node left or died: its regions leave the pool and their
     /// owners are told.
@@ -109,7 +118,7 @@ pub(crate) enum Command {
     /// The live memory node at `addr` drains.
     Drain { addr: String },
     /// A compute node opens a session (its secret chosen by the leader).
-    RegisterCompute { name: String, secret: Token },
+    RegisterCompute { name: String, secret: Token, request: u64 },
     /// A compute node went silent: its regions are taken back.
     ComputeDead { compute: ComputeId },
     /// Grant `count` regions (one token each, chosen by the leader).
@@ -209,6 +218,8 @@ impl Machine {
             meta: loaded.meta,
             clock_ms: 0,
             imported: true,
+            registrations: BTreeMap::new(),
+            registration_order: VecDeque::new(),
         }
     }
 
@@ -226,16 +237,17 @@ impl Machine {
                 capacity,
                 region_size,
                 admin,
-            } => self.register_node(addr, capacity, region_size, admin),
+                request,
+            } => self.registration(request, |m| m.register_node(addr, capacity, region_size, admin)),
             Command::NodeGone { node, .. } => {
                 self.node_gone(node);
                 Ok(Outcome::Done)
             }
             Command::Drain { addr } => self.drain(&addr),
-            Command::RegisterCompute { name, secret } => {
-                self.meta.next_compute += 1;
-                let id = ComputeId(self.meta.next_compute);
-                self.computes.insert(
+            Command::RegisterCompute { name, secret, request } => self.registration(request, |m| {
+                m.meta.next_compute += 1;
+                let id = ComputeId(m.meta.next_compute);
+                m.computes.insert(
                     id,
                     Compute {
                         rec: ComputeRec {
@@ -249,7 +261,7 @@ impl Machine {
                     },
                 );
                 Ok(Outcome::ComputeRegistered(Session { id, secret }))
-            }
+            }),
             Command::ComputeDead { compute } => {
                 let Some(c) = self.computes.get_mut(&compute) else {
                     return Ok(Outcome::Done);
@@ -332,6 +344,23 @@ impl Machine {
                 c.recent.pop_first();
             }
         }
+    }
+
+    /// Applies a registration once: a retry (same `request`) gets the
+    /// first answer, with the session or node the first one created.
+    fn registration(&mut self, request: u64, register: impl FnOnce(&mut Self) -> Answer) -> Answer {
+        if let Some(o) = self.registrations.get(&request) {
+            return Ok(o.clone());
+        }
+        let o = register(self)?;
+        self.registrations.insert(request, o.clone());
+        self.registration_order.push_back(request);
+        while self.registration_order.len() > REGISTRATIONS_KEPT {
+            if let Some(old) = self.registration_order.pop_front() {
+                self.registrations.remove(&old);
+            }
+        }
+        Ok(o)
     }
 
     fn register_node(&mut self, addr: String, capacity: u64, region_size: u64, admin: AdminKey) -> Answer {

@@ -20,6 +20,7 @@ fn cluster() -> (Machine, Session) {
                 capacity: 4 << 20,
                 region_size: 1 << 20,
                 admin: Token([i as u8; 16]),
+                request: 100 + i as u64,
             }))
             .unwrap();
         assert!(matches!(o, Outcome::NodeRegistered { ref regions, .. } if regions.len() == 4));
@@ -28,6 +29,7 @@ fn cluster() -> (Machine, Session) {
         .apply(p(Command::RegisterCompute {
             name: "app".into(),
             secret: Token([9; 16]),
+            request: 1,
         }))
         .unwrap()
     else {
@@ -45,6 +47,56 @@ fn grant(m: &mut Machine, s: Session, seq: u64, count: u32, seed: u8) -> Answer 
         exclude: vec![],
         tokens: tokens(count as usize, seed),
     }))
+}
+
+#[test]
+fn a_retried_registration_is_applied_once() {
+    let (mut m, s) = cluster();
+    // A compute node's registration again (its answer was lost), with the
+    // new leader's fresh secret: the first session, no second one.
+    let again = m
+        .apply(p(Command::RegisterCompute {
+            name: "app".into(),
+            secret: Token([77; 16]),
+            request: 1,
+        }))
+        .unwrap();
+    assert_eq!(again, Outcome::ComputeRegistered(s));
+    assert_eq!(m.computes.len(), 1);
+    // A memory node's: the same node and regions, and the node is not
+    // taken for a restart of itself (which would declare it dead).
+    let node = |request| Command::RegisterNode {
+        addr: "c:1".into(),
+        capacity: 2 << 20,
+        region_size: 1 << 20,
+        admin: Token([5; 16]),
+        request,
+    };
+    let first = m.apply(p(node(7))).unwrap();
+    assert_eq!(m.apply(p(node(7))).unwrap(), first);
+    let Outcome::NodeRegistered { node: id, .. } = first else {
+        panic!()
+    };
+    assert_eq!(m.nodes[&id].state, NodeState::Alive);
+    assert_eq!(m.nodes.len(), 3);
+    // A new request number at the same address is a restart.
+    let Outcome::NodeRegistered { node: restarted, .. } = m.apply(p(node(8))).unwrap() else {
+        panic!()
+    };
+    assert_ne!(restarted, id);
+    assert_eq!(m.nodes[&id].state, NodeState::Dead);
+    // Only the latest registrations are remembered.
+    for r in 0..REGISTRATIONS_KEPT as u64 + 10 {
+        m.apply(p(Command::RegisterCompute {
+            name: "many".into(),
+            secret: Token([1; 16]),
+            request: 1000 + r,
+        }))
+        .unwrap();
+    }
+    assert_eq!(m.registrations.len(), REGISTRATIONS_KEPT);
+    assert_eq!(m.registration_order.len(), REGISTRATIONS_KEPT);
+    assert!(!m.registrations.contains_key(&1));
 }
 
 #[test]
@@ -233,6 +285,7 @@ fn a_wrong_secret_or_a_foreign_region_is_refused() {
         .apply(p(Command::RegisterCompute {
             name: "other".into(),
             secret: Token([3; 16]),
+            request: 2,
         }))
         .unwrap()
     else {

@@ -107,12 +107,14 @@ fn handle(shared: &Shared, req: MgrRequest) -> Result<MgrResponse, RemoteError> 
             capacity,
             region_size,
             admin,
+            request,
         } => {
             let o = shared.propose(Command::RegisterNode {
                 addr: addr.clone(),
                 capacity,
                 region_size,
                 admin,
+                request,
             })?;
             let Outcome::NodeRegistered { node, regions } = o else {
                 return Err(RemoteError::Internal(format!("registration answered {o:?}")));
@@ -184,10 +186,11 @@ fn handle(shared: &Shared, req: MgrRequest) -> Result<MgrResponse, RemoteError> 
             tracing::info!("memory node at {addr} is draining");
             Ok(MgrResponse::Ok)
         }
-        MgrRequest::RegisterCompute { name } => {
+        MgrRequest::RegisterCompute { name, request } => {
             let o = shared.propose(Command::RegisterCompute {
                 name: name.clone(),
                 secret: Token::random(),
+                request,
             })?;
             let Outcome::ComputeRegistered(session) = o else {
                 return Err(RemoteError::Internal(format!("registration answered {o:?}")));

@@ -38,7 +38,13 @@ fn opts() -> ConnOptions {
 }
 
 fn register(conn: &ManagerConn, name: &str) -> Session {
-    match conn.call(&MgrRequest::RegisterCompute { name: name.into() }).unwrap() {
+    match conn
+        .call(&MgrRequest::RegisterCompute {
+            name: name.into(),
+            request: MgrRequest::registration_number(),
+        })
+        .unwrap()
+    {
         MgrResponse::ComputeRegistered { session, .. } => session,
         other => panic!("{other:?}"),
     }

@@ -333,6 +333,7 @@ fn register(mgr: &ManagerConn, shared: &Shared, addr: &str, cfg: &Config) -> Res
         capacity: cfg.capacity,
         region_size: cfg.region_size,
         admin: shared.admin,
+        request: MgrRequest::registration_number(),
     };
     let sent = Instant::now();
     match mgr.call_retrying(&req, cfg.manager_patience)? {

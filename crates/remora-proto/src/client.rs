@@ -363,15 +363,17 @@ impl ComputeSession {
     /// Registers with the manager at `addr` under `name` and starts heartbeating.
     pub fn open(addr: &str, name: &str, opts: ConnOptions) -> Result<Self, RpcError> {
         let mgr = ManagerConn::connect(addr, opts)?;
-        let (session, interval, incarnation) =
-            match mgr.call(&MgrRequest::RegisterCompute { name: name.to_string() })? {
-                MgrResponse::ComputeRegistered {
-                    session,
-                    heartbeat_interval_ms,
-                    incarnation,
-                } => (session, heartbeat_interval_ms, incarnation),
-                other => return Err(unexpected(other)),
-            };
+        let (session, interval, incarnation) = match mgr.call(&MgrRequest::RegisterCompute {
+            name: name.to_string(),
+            request: MgrRequest::registration_number(),
+        })? {
+            MgrResponse::ComputeRegistered {
+                session,
+                heartbeat_interval_ms,
+                incarnation,
+            } => (session, heartbeat_interval_ms, incarnation),
+            other => return Err(unexpected(other)),
+        };
         let shared = Arc::new(SessionShared {
             mgr,
             session,

@@ -53,8 +53,9 @@ pub const MAGIC: u16 = u16::from_le_bytes(*b"Rm");
 /// manager (`Suspect`, `Verdict`); 8, `Stats` answers carry the node's peer
 /// traffic, and `PrepareMany`; 9, the manager group: `Alloc` and `Free`
 /// carry a request number, `Raft`, `Member` and `Isolate` requests, the
-/// `NotLeader` refusal, and `managers` in the cluster status.
-pub const VERSION: u8 = 9;
+/// `NotLeader` refusal, and `managers` in the cluster status; 10,
+/// registrations carry a request number too.
+pub const VERSION: u8 = 10;
 /// The `kind` byte of a hello frame (see the module docs).
 pub const HELLO_KIND: u8 = 4;
 /// Size of the fixed header in bytes.

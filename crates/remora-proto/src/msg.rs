@@ -581,6 +581,10 @@ pub enum MgrRequest {
         region_size: u64,
         /// Secret for the manager's admin requests to it.
         admin: AdminKey,
+        /// Drawn at random once per registration and repeated by its retries:
+        /// a registration the manager group applied already (its answer lost,
+        /// or its leader changed) is answered again, not applied twice.
+        request: u64,
     },
     /// A memory node is alive.
     MemNodeHeartbeat {
@@ -609,6 +613,8 @@ pub enum MgrRequest {
     RegisterCompute {
         /// A name for status output.
         name: String,
+        /// As in `RegisterMemNode`: the same number on every retry.
+        request: u64,
     },
     /// A compute node is alive.
     ComputeHeartbeat {
@@ -739,6 +745,14 @@ pub struct ManagerStatus {
 /// the node stops serving once that much time passes without a renewal, and
 /// the manager relies on it before declaring a silent node dead.
 pub const LEASE_INTERVALS: u32 = 4;
+
+impl MgrRequest {
+    /// A fresh number for a registration's `request`, drawn at random (the
+    /// client has no session yet to count in).
+    pub fn registration_number() -> u64 {
+        rand::random()
+    }
+}
 
 /// Successful answers of the manager.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -572,8 +572,9 @@ fn mgr_request() {
                     capacity: 1 << 30,
                     region_size: 1 << 26,
                     admin: ADMIN,
+                    request: 300,
                 },
-                "00 | 03683a39 | 8080808004 | 80808020 | {A}",
+                "00 | 03683a39 | 8080808004 | 80808020 | {A} | ac02",
             ),
             (
                 MgrRequest::MemNodeHeartbeat {
@@ -600,7 +601,13 @@ fn mgr_request() {
                 "02 | 01 | {A}",
             ),
             (MgrRequest::Drain { addr: "h:9".into() }, "03 | 03683a39"),
-            (MgrRequest::RegisterCompute { name: "app".into() }, "04 | 03617070"),
+            (
+                MgrRequest::RegisterCompute {
+                    name: "app".into(),
+                    request: 5,
+                },
+                "04 | 03617070 | 05",
+            ),
             (MgrRequest::ComputeHeartbeat { session: session() }, "05 | 05 {T}"),
             (
                 MgrRequest::Alloc {
@@ -887,7 +894,7 @@ fn frame_header_constants() {
 /// The hello: magic and version where every version keeps them, kind 4.
 #[test]
 fn hello_frame() {
-    let want = unhex("526d 09 04 0000 0000 | 0000000000000000 | 00000000 | 00000000");
+    let want = unhex("526d 0a 04 0000 0000 | 0000000000000000 | 00000000 | 00000000");
     assert_eq!(hex(&hello()), hex(&want));
     assert_eq!(HELLO_KIND, 4);
     assert_eq!(check_hello(&hello()), Ok(()));
@@ -896,7 +903,7 @@ fn hello_frame() {
 /// A whole request frame and its error reply: header, head and payload.
 #[test]
 fn whole_frames() {
-    assert_eq!(VERSION, 9, "a new VERSION needs new golden frames");
+    assert_eq!(VERSION, 10, "a new VERSION needs new golden frames");
     let head = encode(&MemRequest::Write { cap: cap(), offset: 1 });
     let mut out = Vec::new();
     write_frame(
@@ -908,7 +915,7 @@ fn whole_frames() {
     )
     .unwrap();
     let want = golden(
-        "526d 09 01 0000 0000 | 0807060504030201 | 15000000 | 07000000 \
+        "526d 0a 01 0000 0000 | 0807060504030201 | 15000000 | 07000000 \
          | 01 {CAP} 01 | 7061796c6f6164",
     );
     assert_eq!(hex(&out), hex(&want), "request frame");
@@ -923,6 +930,6 @@ fn whole_frames() {
     let head = encode(&RemoteError::NoSuchRegion { region: RegionId(3) });
     let mut out = Vec::new();
     write_frame(&mut out, FrameKind::Error, 0x0102_0304_0506_0708, &head, &[]).unwrap();
-    let want = unhex("526d 09 03 0000 0000 | 0807060504030201 | 02000000 | 00000000 | 01 03");
+    let want = unhex("526d 0a 03 0000 0000 | 0807060504030201 | 02000000 | 00000000 | 01 03");
     assert_eq!(hex(&out), hex(&want), "error frame");
 }
