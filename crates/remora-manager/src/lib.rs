@@ -154,8 +154,7 @@ impl Live {
 struct Shared {
     replica: Arc<Replica>,
     live: Mutex<Live>,
-    raft: Raft,
-    rt: tokio::runtime::Handle,
+    group: consensus::Group,
     /// This member's id and address.
     id: u64,
     addr: String,
@@ -166,27 +165,20 @@ struct Shared {
     tls: Option<TlsConfig>,
     /// Members cut off by fault injection.
     isolation: consensus::network::Isolation,
-    /// When this member last failed to confirm its lead, and in which term.
-    unconfirmed: Mutex<Option<(u64, Instant)>>,
 }
 
 impl Shared {
     /// Proposes `cmd` to the group and waits for its answer.
     fn propose(&self, cmd: Command) -> machine::Answer {
-        // A leader that just failed to hear from a quorum would only time out.
-        let term = self.raft.metrics().borrow().current_term;
-        if lock(&self.unconfirmed).is_some_and(|(t, at)| t == term && at.elapsed() < consensus::UNCONFIRMED_FOR) {
-            return Err(RemoteError::NotLeader { leader: None });
-        }
         let at_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        consensus::propose(&self.rt, &self.raft, Proposal { at_ms, cmd })
+        self.group.propose(Proposal { at_ms, cmd })
     }
 
-    /// Confirms leadership (see [`consensus::confirm_leader`]).
+    /// Confirms leadership (see [`consensus::Group::confirm_leader`]).
     fn confirm_leader(&self) -> Result<(), RemoteError> {
-        consensus::confirm_leader(&self.rt, &self.raft, &self.unconfirmed)
+        self.group.confirm_leader()
     }
 
     fn machine(&self) -> MutexGuard<'_, Applied> {
@@ -195,7 +187,7 @@ impl Shared {
 
     /// The leader's observations, started afresh if it took over since.
     fn live(&self) -> MutexGuard<'_, Live> {
-        let term = self.raft.metrics().borrow().current_term;
+        let term = self.group.term();
         let mut l = lock(&self.live);
         if l.term != term {
             *l = Live {
@@ -307,8 +299,7 @@ impl Manager {
                 nodes: HashMap::new(),
                 computes: HashMap::new(),
             }),
-            raft,
-            rt: rt.clone(),
+            group: consensus::Group::new(raft, rt.clone()),
             id: cfg.id,
             addr,
             timeout: cfg.heartbeat_timeout,
@@ -317,7 +308,6 @@ impl Manager {
             cluster_key: cfg.cluster_key,
             tls: cfg.tls.clone(),
             isolation,
-            unconfirmed: Mutex::new(None),
         });
         let s2 = Arc::clone(&shared);
         let server_tls = cfg.tls.as_ref().map(|t| t.server(Plane::Control));
@@ -343,7 +333,7 @@ impl Manager {
                     cfg.id
                 );
             } else {
-                rt.block_on(shared.raft.initialize(consensus::members(&members)))
+                rt.block_on(shared.group.raft.initialize(consensus::members(&members)))
                     .map_err(|e| group_err(&e))?;
                 tracing::info!("manager {} formed a group of {}: {:?}", cfg.id, members.len(), members);
             }
@@ -390,11 +380,7 @@ impl Manager {
     /// The cluster's state as this member has applied it.
     pub fn status(&self) -> ClusterStatus {
         let mut s = requests::status(&self.shared.machine().machine, &lock(&self.shared.live));
-        s.managers = vec![consensus::member_status(
-            &self.shared.raft,
-            self.shared.id,
-            &self.shared.addr,
-        )];
+        s.managers = vec![self.shared.group.member_status(self.shared.id, &self.shared.addr)];
         s
     }
 
@@ -412,7 +398,7 @@ impl Manager {
         }
         self.listener.stop();
         if let Some(rt) = self.runtime.take() {
-            let _ = rt.block_on(self.shared.raft.shutdown());
+            let _ = rt.block_on(self.shared.group.raft.shutdown());
             rt.shutdown_timeout(Duration::from_secs(2));
         }
     }

@@ -9,7 +9,7 @@ pub(crate) fn monitor(shared: &Shared) {
     let tick = (shared.timeout / 10).max(Duration::from_millis(10));
     while !shared.stop.load(Ordering::Acquire) {
         thread::park_timeout(tick);
-        if !consensus::leads(&shared.raft) {
+        if !shared.group.leads() {
             continue;
         }
         let now = Instant::now();

@@ -51,7 +51,7 @@ pub(crate) fn serve(shared: &Arc<Shared>, sock: Stream, _guard: ConnGuard) {
         let id = hdr.id;
         let sent = match req {
             MgrRequest::Raft { from, .. } if shared.isolation.cuts(from) => out.err(id, &RemoteError::Unavailable),
-            MgrRequest::Raft { rpc, .. } => match consensus::network::serve(&shared.rt, &shared.raft, rpc, &body) {
+            MgrRequest::Raft { rpc, .. } => match consensus::network::serve(&shared.group, rpc, &body) {
                 Ok(answer) => out.ok(id, &MgrResponse::Raft, &[&answer]),
                 Err(e) => out.err(id, &RemoteError::BadRequest(e)),
             },
@@ -236,11 +236,7 @@ fn handle(shared: &Shared, req: MgrRequest) -> Result<MgrResponse, RemoteError> 
             s.managers = managers(shared);
             Ok(MgrResponse::Status(s))
         }
-        MgrRequest::Member => Ok(MgrResponse::Member(consensus::member_status(
-            &shared.raft,
-            shared.id,
-            &shared.addr,
-        ))),
+        MgrRequest::Member => Ok(MgrResponse::Member(shared.group.member_status(shared.id, &shared.addr))),
         MgrRequest::Isolate { peers, for_ms } => isolate(shared, peers, for_ms),
         MgrRequest::WaitEvents { .. } | MgrRequest::Suspect { .. } | MgrRequest::Raft { .. } => {
             Err(RemoteError::BadRequest("answered on its own path".into()))
@@ -276,7 +272,7 @@ fn managers(shared: &Shared) -> Vec<ManagerStatus> {
         .into_iter()
         .map(|(id, addr)| {
             if id == shared.id {
-                return consensus::member_status(&shared.raft, id, &shared.addr);
+                return shared.group.member_status(id, &shared.addr);
             }
             let asked = RpcConn::connect(&addr, opts.clone()).and_then(|c| {
                 let t = c.send(&MgrRequest::Member, &[])?;
@@ -316,8 +312,8 @@ pub(crate) fn grant_of(m: &Machine, id: RegionId, r: &Region) -> Option<RegionGr
 }
 
 fn wait_events(shared: &Shared, session: Session, after: u64, timeout: Duration) -> Result<MgrResponse, RemoteError> {
-    if !consensus::leads(&shared.raft) {
-        return Err(consensus::not_leader(&shared.raft));
+    if !shared.group.leads() {
+        return Err(shared.group.not_leader());
     }
     let deadline = Instant::now() + timeout;
     let mut st = shared.machine();

@@ -223,10 +223,20 @@ impl ManagerConn {
         Err(last.expect("at least one address"))
     }
 
-    /// Points the connection at `addr` (named leader) or, with `None`, at
-    /// the next manager after one that failed.
-    fn retarget(&self, addr: Option<String>) {
+    /// Moves on from `failed`, the connection a call just used: to `addr`
+    /// (named leader) or, with `None`, to the next manager. Calls share the
+    /// connection, so one that another call has already moved on from is
+    /// left as it is (closing it would fail the calls on the new one).
+    fn retarget(&self, failed: Option<&Arc<RpcConn>>, addr: Option<String>) {
         let mut t = lock(&self.cur);
+        let moved_on = match (&t.conn, failed) {
+            (Some(cur), Some(f)) => !Arc::ptr_eq(cur, f),
+            (None, Some(_)) => true,
+            (_, None) => false,
+        };
+        if moved_on {
+            return;
+        }
         if let Some(c) = t.conn.take() {
             c.close();
         }
@@ -263,7 +273,9 @@ impl ManagerConn {
         let deadline = Instant::now() + timeout;
         let mut failed = 0;
         loop {
+            let mut used = None;
             let result = self.current().and_then(|conn| {
+                used = Some(Arc::clone(&conn));
                 let t = conn.send(req, &[])?;
                 let left = deadline
                     .saturating_duration_since(Instant::now())
@@ -276,7 +288,7 @@ impl ManagerConn {
                     if leader.is_none() {
                         thread::sleep(ELECTION_POLL.min(deadline.saturating_duration_since(Instant::now())));
                     }
-                    self.retarget(leader);
+                    self.retarget(used.as_ref(), leader);
                 }
                 // Another manager may lead now: each is asked once. (A
                 // connect error means none accepted a connection.)
@@ -287,7 +299,7 @@ impl ManagerConn {
                     if Instant::now() >= deadline {
                         return Err(e);
                     }
-                    self.retarget(None);
+                    self.retarget(used.as_ref(), None);
                 }
                 other => return other,
             }

@@ -13,7 +13,8 @@ pub(crate) mod network;
 pub(crate) mod storage;
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use openraft::{BasicNode, ServerState};
@@ -81,97 +82,131 @@ pub(crate) fn members(peers: &BTreeMap<u64, String>) -> BTreeMap<u64, Member> {
         .collect()
 }
 
-/// The refusal a client follows: to the leader if known.
-pub(crate) fn not_leader(raft: &Raft) -> RemoteError {
-    let m = raft.metrics().borrow().clone();
-    let leader = m
-        .current_leader
-        .and_then(|l| m.membership_config.membership().get_node(&l).map(|n| n.addr.clone()));
-    RemoteError::NotLeader { leader }
+/// A member's handle on the group: its Raft, the runtime the group runs
+/// on, and what it knows of its own lead. Every decision and every
+/// leadership check goes through here.
+pub(crate) struct Group {
+    pub(crate) raft: Raft,
+    pub(crate) rt: tokio::runtime::Handle,
+    /// When this member last failed to confirm its lead, and in which
+    /// term: a leader cut off from the others refuses at once for
+    /// [`UNCONFIRMED_FOR`] instead of making each client wait out
+    /// [`CONFIRM_TIMEOUT`].
+    unconfirmed: Mutex<Option<(u64, Instant)>>,
 }
 
-fn forward<E>(raft: &Raft, e: RaftError<u64, E>) -> RemoteError
-where
-    E: std::fmt::Display + std::fmt::Debug,
-{
-    match e {
-        RaftError::APIError(_) => not_leader(raft),
-        RaftError::Fatal(f) => RemoteError::Internal(format!("manager group member stopped: {f}")),
-    }
-}
-
-/// Proposes a command and waits until it is applied here: its answer.
-pub(crate) fn propose(rt: &tokio::runtime::Handle, raft: &Raft, p: Proposal) -> Answer {
-    let r = rt.block_on(async { tokio::time::timeout(DECISION_TIMEOUT, raft.client_write(p)).await });
-    match r {
-        Ok(Ok(resp)) => resp.data,
-        Ok(Err(e)) => Err(match e {
-            RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => RemoteError::NotLeader {
-                leader: f.leader_node.map(|n| n.addr),
-            },
-            other => forward(raft, other),
-        }),
-        // It may still be applied: a retry with the same request number is answered once.
-        Err(_) => Err(RemoteError::NotLeader { leader: None }),
-    }
-}
-
-/// Confirms that this member still leads (a quorum answered it after the
-/// call began) and has applied everything committed before: what it answers
-/// next from its state is linearizable.
-///
-/// `unconfirmed` remembers the last failure (term and when), so that a
-/// leader cut off from the others refuses at once for [`UNCONFIRMED_FOR`].
-pub(crate) fn confirm_leader(
-    rt: &tokio::runtime::Handle,
-    raft: &Raft,
-    unconfirmed: &std::sync::Mutex<Option<(u64, std::time::Instant)>>,
-) -> Result<(), RemoteError> {
-    let term = {
-        let m = raft.metrics().borrow().clone();
-        if m.state != ServerState::Leader {
-            return Err(not_leader(raft));
+impl Group {
+    pub(crate) fn new(raft: Raft, rt: tokio::runtime::Handle) -> Self {
+        Self {
+            raft,
+            rt,
+            unconfirmed: Mutex::new(None),
         }
-        m.current_term
-    };
-    if crate::lock(unconfirmed).is_some_and(|(t, at)| t == term && at.elapsed() < UNCONFIRMED_FOR) {
-        return Err(RemoteError::NotLeader { leader: None });
     }
-    let r = rt.block_on(async { tokio::time::timeout(CONFIRM_TIMEOUT, raft.ensure_linearizable()).await });
-    let refused = match r {
-        Ok(Ok(_)) => return Ok(()),
-        Ok(Err(e)) => match e {
-            RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f)) => RemoteError::NotLeader {
-                leader: f.leader_node.map(|n| n.addr),
+
+    /// The current term.
+    pub(crate) fn term(&self) -> u64 {
+        self.raft.metrics().borrow().current_term
+    }
+
+    /// True if this member believes it leads (without asking a quorum).
+    pub(crate) fn leads(&self) -> bool {
+        self.raft.metrics().borrow().state == ServerState::Leader
+    }
+
+    /// The refusal a client follows: to the leader if known.
+    pub(crate) fn not_leader(&self) -> RemoteError {
+        let m = self.raft.metrics().borrow().clone();
+        let leader = m
+            .current_leader
+            .and_then(|l| m.membership_config.membership().get_node(&l).map(|n| n.addr.clone()));
+        RemoteError::NotLeader { leader }
+    }
+
+    /// True while this leader failed to hear from a quorum in this term
+    /// less than [`UNCONFIRMED_FOR`] ago.
+    fn cut_off(&self, term: u64) -> bool {
+        crate::lock(&self.unconfirmed).is_some_and(|(t, at)| t == term && at.elapsed() < UNCONFIRMED_FOR)
+    }
+
+    /// Proposes a command and waits until it is applied here: its answer.
+    pub(crate) fn propose(&self, p: Proposal) -> Answer {
+        if self.cut_off(self.term()) {
+            return Err(RemoteError::NotLeader { leader: None });
+        }
+        let r = self
+            .rt
+            .block_on(async { tokio::time::timeout(DECISION_TIMEOUT, self.raft.client_write(p)).await });
+        match r {
+            Ok(Ok(resp)) => resp.data,
+            Ok(Err(e)) => Err(match e {
+                RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => RemoteError::NotLeader {
+                    leader: f.leader_node.map(|n| n.addr),
+                },
+                other => self.forward(other),
+            }),
+            // It may still be applied: a retry with the same request number is answered once.
+            Err(_) => Err(RemoteError::NotLeader { leader: None }),
+        }
+    }
+
+    /// Confirms that this member still leads (a quorum answered it after
+    /// the call began) and has applied everything committed before: what it
+    /// answers next from its state is linearizable.
+    pub(crate) fn confirm_leader(&self) -> Result<(), RemoteError> {
+        let term = {
+            let m = self.raft.metrics().borrow().clone();
+            if m.state != ServerState::Leader {
+                return Err(self.not_leader());
+            }
+            m.current_term
+        };
+        if self.cut_off(term) {
+            return Err(RemoteError::NotLeader { leader: None });
+        }
+        let r = self
+            .rt
+            .block_on(async { tokio::time::timeout(CONFIRM_TIMEOUT, self.raft.ensure_linearizable()).await });
+        let refused = match r {
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(e)) => match e {
+                RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f)) => RemoteError::NotLeader {
+                    leader: f.leader_node.map(|n| n.addr),
+                },
+                other => self.forward(other),
             },
-            other => forward(raft, other),
-        },
-        Err(_) => RemoteError::NotLeader { leader: None },
-    };
-    *crate::lock(unconfirmed) = Some((term, std::time::Instant::now()));
-    Err(refused)
-}
+            Err(_) => RemoteError::NotLeader { leader: None },
+        };
+        *crate::lock(&self.unconfirmed) = Some((term, Instant::now()));
+        Err(refused)
+    }
 
-/// True if this member believes it leads (without asking a quorum).
-pub(crate) fn leads(raft: &Raft) -> bool {
-    raft.metrics().borrow().state == ServerState::Leader
-}
+    fn forward<E>(&self, e: RaftError<u64, E>) -> RemoteError
+    where
+        E: std::fmt::Display + std::fmt::Debug,
+    {
+        match e {
+            RaftError::APIError(_) => self.not_leader(),
+            RaftError::Fatal(f) => RemoteError::Internal(format!("manager group member stopped: {f}")),
+        }
+    }
 
-/// This member's own row of `remora status`.
-pub(crate) fn member_status(raft: &Raft, id: u64, addr: &str) -> ManagerStatus {
-    let m = raft.metrics().borrow().clone();
-    ManagerStatus {
-        id,
-        addr: addr.to_string(),
-        role: match m.state {
-            ServerState::Leader => ManagerRole::Leader,
-            ServerState::Follower => ManagerRole::Follower,
-            ServerState::Candidate => ManagerRole::Candidate,
-            ServerState::Learner => ManagerRole::Learner,
-            ServerState::Shutdown => ManagerRole::Shutdown,
-        },
-        term: m.current_term,
-        last_applied: m.last_applied.map_or(0, |l| l.index),
-        leader: m.current_leader,
+    /// This member's own row of `remora status`.
+    pub(crate) fn member_status(&self, id: u64, addr: &str) -> ManagerStatus {
+        let m = self.raft.metrics().borrow().clone();
+        ManagerStatus {
+            id,
+            addr: addr.to_string(),
+            role: match m.state {
+                ServerState::Leader => ManagerRole::Leader,
+                ServerState::Follower => ManagerRole::Follower,
+                ServerState::Candidate => ManagerRole::Candidate,
+                ServerState::Learner => ManagerRole::Learner,
+                ServerState::Shutdown => ManagerRole::Shutdown,
+            },
+            term: m.current_term,
+            last_applied: m.last_applied.map_or(0, |l| l.index),
+            leader: m.current_leader,
+        }
     }
 }

@@ -21,7 +21,7 @@ use remora_proto::{ConnOptions, RpcError};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::{Member, Raft, TypeConfig};
+use super::{Member, TypeConfig};
 
 /// A whole snapshot as sent.
 #[derive(Serialize, Deserialize)]
@@ -190,7 +190,8 @@ impl RaftNetwork<TypeConfig> for Peer {
 }
 
 /// Serves one message from a peer: the encoded answer for the reply's payload.
-pub(crate) fn serve(rt: &tokio::runtime::Handle, raft: &Raft, rpc: RaftRpc, body: &[u8]) -> Result<Vec<u8>, String> {
+pub(crate) fn serve(group: &super::Group, rpc: RaftRpc, body: &[u8]) -> Result<Vec<u8>, String> {
+    let (rt, raft) = (&group.rt, &group.raft);
     fn enc<T: Serialize>(v: &T) -> Result<Vec<u8>, String> {
         postcard::to_allocvec(v).map_err(|e| e.to_string())
     }
