@@ -2,10 +2,13 @@
 //! answers them in order through the node's [`Service`]. A malformed frame
 //! closes that connection only.
 //!
-//! Reads are written to the socket straight from region memory and writes
-//! are read from the socket straight into it (no intermediate copy), under
-//! the region's lock. Only the region's owner (or its delegates) can hold that
-//! lock through a capability, so a slow client can only delay itself.
+//! Reads are copied out of region memory under the region's lock and sent
+//! after it is released; writes are read off the socket into a buffer and
+//! copied in under the lock. No lock is held across socket I/O, so a peer
+//! that stops reading its replies (or sending its payload) holds up only
+//! its own connection: the region's other readers and writers go on. Each
+//! connection thus holds at most one request's payload or reply at a time
+//! (up to the frame limit).
 
 use remora_proto::Stream;
 use std::sync::Arc;

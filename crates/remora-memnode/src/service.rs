@@ -6,7 +6,6 @@
 //! ([`Wire`]) and in what the node lives in ([`Env`]: how it reaches its
 //! peers, what load it reports, which injected faults it takes).
 
-use std::ops::Range as Span;
 use std::sync::Arc;
 
 use remora_proto::frame::{MAX_PAYLOAD_LEN, ReadError};
@@ -30,10 +29,10 @@ pub(crate) enum ConnError {
     Protocol(String),
 }
 
-/// How one request's payload arrives and its reply leaves. The daemon's
-/// reads from and writes to the socket; the point of the indirection is
-/// that region bytes go straight between the socket and region memory
-/// under the region's lock, with no intermediate copy.
+/// How one request's payload arrives and its reply leaves: the daemon's
+/// socket, or an in-process caller's buffers. No region lock is held while
+/// either is used (payloads and replies are staged in buffers), so a peer
+/// that stops reading or writing holds up only its own connection.
 pub(crate) trait Wire {
     /// The length of the payload the request came with.
     fn payload_len(&self) -> usize;
@@ -136,48 +135,28 @@ impl<E: Env> Service<'_, E> {
                 if w.payload_len() != 0 {
                     return Err(payload_on_a_read());
                 }
-                let region = match self.regions.get(cap.region) {
-                    Ok(r) => r,
-                    Err(e) => return w.err(&e),
+                let range = Range {
+                    cap: *cap,
+                    offset: *offset,
+                    len: *len,
                 };
-                let g = region.read();
-                match g.check(&region, cap, false, *offset, u64::from(*len)) {
-                    Ok(range) => {
-                        // Sent straight from region memory, under its lock.
-                        if w.ok(MemResponse::Data, &[&g.mem[range]])? {
+                match self.gather(std::slice::from_ref(&range)) {
+                    Ok(buf) => {
+                        if w.ok(MemResponse::Data, &[&buf])? {
                             self.peer.served_read(cap.rights, u64::from(*len));
                         }
                         Ok(())
                     }
-                    Err(e) => {
-                        drop(g);
-                        w.err(&e)
-                    }
+                    Err(e) => w.err(&e),
                 }
             }
             MemRequest::Write { cap, offset } => {
-                let region = match self.regions.get(cap.region) {
-                    Ok(r) => r,
-                    Err(e) => {
-                        w.skip_payload()?;
-                        return w.err(&e);
-                    }
+                let range = Range {
+                    cap: *cap,
+                    offset: *offset,
+                    len: u32::try_from(w.payload_len()).unwrap_or(u32::MAX),
                 };
-                let mut g = region.write();
-                match g.check(&region, cap, true, *offset, w.payload_len() as u64) {
-                    Ok(range) => {
-                        // The payload goes straight into region memory while locked.
-                        w.read_payload(&mut g.mem[range.clone()])?;
-                        g.wrote(&range);
-                        drop(g);
-                        w.ok(MemResponse::Written, &[]).map(drop)
-                    }
-                    Err(e) => {
-                        drop(g);
-                        w.skip_payload()?;
-                        w.err(&e)
-                    }
-                }
+                self.scatter(w, std::slice::from_ref(&range))
             }
             MemRequest::ReadV { ranges } => {
                 if w.payload_len() != 0 {
@@ -305,70 +284,43 @@ impl<E: Env> Service<'_, E> {
     }
 
     fn read_v(&self, w: &mut impl Wire, ranges: &[Range]) -> Result<(), ConnError> {
-        let Some(first) = ranges
-            .first()
-            .filter(|f| ranges.iter().all(|r| r.cap.region == f.cap.region))
-        else {
-            return match self.gather(ranges) {
-                Ok(buf) => {
-                    if w.ok(MemResponse::Data, &[&buf])? {
-                        self.peer.served_read_v(ranges, buf.len() as u64);
-                    }
-                    Ok(())
-                }
-                Err(e) => w.err(&e),
-            };
-        };
-        // One region (the common case: a peer reading a shard's rows): sent
-        // straight from region memory under one lock.
-        let region = match self.regions.get(first.cap.region) {
-            Ok(r) => r,
-            Err(e) => return w.err(&e),
-        };
-        let g = region.read();
-        let total: u64 = ranges.iter().map(|r| u64::from(r.len)).sum();
-        let checked: Result<Vec<Span<usize>>, RemoteError> = if total > u64::from(MAX_PAYLOAD_LEN) {
-            Err(RemoteError::BadRequest("vectored read exceeds the frame limit".into()))
-        } else {
-            ranges
-                .iter()
-                .map(|r| g.check(&region, &r.cap, false, r.offset, u64::from(r.len)))
-                .collect()
-        };
-        match checked {
-            Ok(rs) => {
-                let slices: Vec<&[u8]> = rs.into_iter().map(|r| &g.mem[r]).collect();
-                if w.ok(MemResponse::Data, &slices)? {
-                    self.peer.served_read(first.cap.rights, total);
+        match self.gather(ranges) {
+            Ok(buf) => {
+                if w.ok(MemResponse::Data, &[&buf])? {
+                    self.peer.served_read_v(ranges, buf.len() as u64);
                 }
                 Ok(())
             }
-            Err(e) => {
-                drop(g);
-                w.err(&e)
-            }
+            Err(e) => w.err(&e),
         }
     }
 
-    /// Copies ranges of several regions into one buffer, one region lock at
-    /// a time (so two vectored requests can never deadlock on each other's
-    /// locks).
+    /// Copies the ranges into one buffer, each run of ranges in one region
+    /// under one lock (a consistent view of it), one region at a time (so
+    /// two vectored requests can never deadlock on each other's locks).
+    /// The reply is sent from the copy, with no lock held: a reader that
+    /// stops reading stalls its own connection, not the region's writers.
     fn gather(&self, ranges: &[Range]) -> Result<Vec<u8>, RemoteError> {
         let total: u64 = ranges.iter().map(|r| u64::from(r.len)).sum();
         if total > u64::from(MAX_PAYLOAD_LEN) {
             return Err(RemoteError::BadRequest("vectored read exceeds the frame limit".into()));
         }
         let mut buf = Vec::with_capacity(total as usize);
-        for r in ranges {
-            let region = self.regions.get(r.cap.region)?;
+        for run in ranges.chunk_by(|a, b| a.cap.region == b.cap.region) {
+            let region = self.regions.get(run[0].cap.region)?;
             let g = region.read();
-            let range = g.check(&region, &r.cap, false, r.offset, u64::from(r.len))?;
-            buf.extend_from_slice(&g.mem[range]);
+            for r in run {
+                let range = g.check(&region, &r.cap, false, r.offset, u64::from(r.len))?;
+                buf.extend_from_slice(&g.mem[range]);
+            }
         }
         Ok(buf)
     }
 
-    /// Checks every range first, then reads each part of the payload into place.
+    /// Checks every range (before any of the payload is read), reads the
+    /// payload into a buffer with no lock held, then copies each part into
+    /// place under its region's lock: a writer that stalls mid-payload
+    /// stalls its own connection, not the region's other users.
     fn scatter(&self, w: &mut impl Wire, ranges: &[Range]) -> Result<(), ConnError> {
         let payload_len = w.payload_len();
         let total: u64 = ranges.iter().map(|r| u64::from(r.len)).sum();
@@ -388,20 +340,26 @@ impl<E: Env> Service<'_, E> {
             w.skip_payload()?;
             return w.err(&e);
         }
-        for r in ranges {
-            let region = self
-                .regions
-                .get(r.cap.region)
-                .map_err(|e| ConnError::Protocol(e.to_string()))?;
-            let mut g = region.write();
-            // Re-checked under the write lock: a revoke may have raced the
-            // first pass. Part of the payload is already in place, so there
-            // is no honest reply: the connection ends.
-            match g.check(&region, &r.cap, true, r.offset, u64::from(r.len)) {
-                Ok(range) => {
-                    w.read_payload(&mut g.mem[range.clone()])?;
-                    g.wrote(&range);
-                }
+        let mut payload = vec![0u8; payload_len];
+        w.read_payload(&mut payload)?;
+        // Re-checked under each write lock: a revoke may have raced the
+        // first pass (or the payload's arrival). A refusal before anything
+        // was copied is an honest reply; after part of it, there is none,
+        // and the connection ends.
+        let mut rest = payload.as_slice();
+        for (i, r) in ranges.iter().enumerate() {
+            let (part, tail) = rest.split_at(r.len as usize);
+            rest = tail;
+            let placed = self.regions.get(r.cap.region).and_then(|region| {
+                let mut g = region.write();
+                let range = g.check(&region, &r.cap, true, r.offset, u64::from(r.len))?;
+                g.mem[range.clone()].copy_from_slice(part);
+                g.wrote(&range);
+                Ok(())
+            });
+            match placed {
+                Ok(()) => {}
+                Err(e) if i == 0 => return w.err(&e),
                 Err(e) => {
                     return Err(ConnError::Protocol(format!(
                         "region changed during a vectored write: {e}"
