@@ -20,17 +20,23 @@
 //! call [`serve_if_child`] first thing in `main` and start the cluster with
 //! [`ClusterConfig::this_program`].
 
-use std::io::{BufRead, BufReader};
+mod child;
+mod managers;
+mod process;
+
+pub use child::serve_if_child;
+use process::{ChildSlot, monitor};
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::process::ExitStatus;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use remora_proto::auth::KeyFileError;
-use remora_proto::msg::{ManagerRole, MgrRequest, MgrResponse, PeerTraffic};
+use remora_proto::msg::PeerTraffic;
 use remora_proto::tls::{CertsError, TlsError, write_certs};
 use remora_proto::{
     AdminKey, ClusterKey, ClusterStatus, ConnOptions, Fault, ManagerConn, MemNodeClient, NodeState, RpcError,
@@ -114,42 +120,6 @@ pub struct ClusterConfig {
     pub tls: TlsMode,
 }
 
-/// Marks a child started by a cluster of [`ClusterConfig::this_program`].
-const CHILD_ENV: &str = "REMORA_CLUSTER_CHILD";
-
-#[derive(clap::Parser)]
-struct ChildCli {
-    #[command(subcommand)]
-    cmd: ChildCmd,
-}
-
-#[derive(clap::Subcommand)]
-enum ChildCmd {
-    Manager(remora_manager::daemon::ManagerArgs),
-    Memnode(remora_memnode::daemon::MemnodeArgs),
-}
-
-/// If this process was started as a daemon of a self-exec cluster, runs
-/// that daemon and exits; otherwise returns at once. Call it first in `main`.
-pub fn serve_if_child() {
-    if std::env::var_os(CHILD_ENV).is_none() {
-        return;
-    }
-    let cli = <ChildCli as clap::Parser>::parse();
-    remora_daemon::init_logging(&std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()));
-    let res = match cli.cmd {
-        ChildCmd::Manager(a) => remora_manager::daemon::run(a).map_err(|e| e.to_string()),
-        ChildCmd::Memnode(a) => remora_memnode::daemon::run(a).map_err(|e| e.to_string()),
-    };
-    match res {
-        Ok(()) => std::process::exit(0),
-        Err(e) => {
-            eprintln!("error: {e}");
-            std::process::exit(1);
-        }
-    }
-}
-
 impl ClusterConfig {
     /// Defaults: one manager, 3 memory nodes of 256 MiB with 64 MiB regions,
     /// 1 s heartbeat timeout.
@@ -190,15 +160,6 @@ pub enum ClusterEvent {
         /// Whether the cluster asked for it.
         expected: bool,
     },
-}
-
-struct ChildSlot {
-    name: String,
-    child: Child,
-    /// Dropping it closes the child's lifeline.
-    _lifeline: Option<ChildStdin>,
-    expected_exit: bool,
-    exited: bool,
 }
 
 /// A memory node of the cluster.
@@ -409,117 +370,6 @@ impl LocalCluster {
         }
     }
 
-    fn start_managers(&mut self) -> Result<(), ClusterError> {
-        let n = self.cfg.managers.max(1);
-        if n == 1 {
-            let (slot, addr) = self.spawn_manager(0, "127.0.0.1:0")?;
-            self.manager_addrs = vec![addr];
-            self.manager_slots = vec![AtomicUsize::new(slot)];
-            self.manager_addr = self.manager_addrs[0].clone();
-            return Ok(());
-        }
-        // Every member's `--peers` names all the addresses up front, so the
-        // ports are chosen here rather than by each child; the listeners are
-        // held until all are bound, so that no port comes up twice.
-        let listeners = (0..n)
-            .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(ClusterError::Port)?;
-        let addrs = listeners
-            .iter()
-            .map(|l| l.local_addr().map(|a| a.to_string()))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(ClusterError::Port)?;
-        drop(listeners);
-        self.manager_addr = addrs.join(",");
-        self.manager_addrs = addrs;
-        for i in 0..n {
-            let listen = self.manager_addrs[i].clone();
-            let (slot, _) = self.spawn_manager(i, &listen)?;
-            self.manager_slots.push(AtomicUsize::new(slot));
-        }
-        self.wait_for_leader(Duration::from_secs(10))?;
-        Ok(())
-    }
-
-    /// Starts manager `i` listening on `listen`; returns its child slot and
-    /// address.
-    fn spawn_manager(&self, i: usize, listen: &str) -> Result<(usize, String), ClusterError> {
-        let group = self.cfg.managers > 1;
-        let (name, data) = if group {
-            (format!("manager#{}", i + 1), format!("manager-data-{}", i + 1))
-        } else {
-            ("manager".to_string(), "manager-data".to_string())
-        };
-        let data = self.dir.path().join(data);
-        let timeout = format!("{}ms", self.cfg.heartbeat_timeout.as_millis());
-        let mut args = vec![
-            "manager".to_string(),
-            "--listen".into(),
-            listen.into(),
-            "--data-dir".into(),
-            data.to_string_lossy().into_owned(),
-            "--heartbeat-timeout".into(),
-            timeout,
-        ];
-        if group {
-            let peers: Vec<String> = self
-                .manager_addrs
-                .iter()
-                .enumerate()
-                .map(|(j, a)| format!("{}={a}", j + 1))
-                .collect();
-            args.extend(["--id".into(), (i + 1).to_string(), "--peers".into(), peers.join(",")]);
-        }
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        self.spawn(&name, &args)
-    }
-
-    fn manager_slot(&self, i: usize) -> Result<usize, ClusterError> {
-        self.manager_slots
-            .get(i)
-            .map(|s| s.load(Ordering::Acquire))
-            .ok_or(ClusterError::NoSuchManager(i))
-    }
-
-    /// What manager `i` says of its own place in the group, if it answers
-    /// within a short while.
-    fn member_status(&self, i: usize) -> Option<remora_proto::msg::ManagerStatus> {
-        let mut opts = self.conn_options();
-        // A dead or stopped member must not hold up the others' answers.
-        opts.connect_timeout = Duration::from_millis(300);
-        opts.call_timeout = Duration::from_millis(500);
-        let conn = ManagerConn::connect(self.manager_addrs.get(i)?, opts).ok()?;
-        match conn.call(&MgrRequest::Member).ok()? {
-            MgrResponse::Member(s) => Some(s),
-            _ => None,
-        }
-    }
-
-    /// The index of the manager that says it leads the group (the one with
-    /// the highest term, should a deposed leader not know it yet), if any.
-    pub fn leader(&self) -> Option<usize> {
-        (0..self.managers())
-            .filter_map(|i| self.member_status(i).map(|s| (i, s)))
-            .filter(|(_, s)| s.role == ManagerRole::Leader)
-            .max_by_key(|(_, s)| s.term)
-            .map(|(i, _)| i)
-    }
-
-    /// Waits until some manager leads the group; returns its index.
-    pub fn wait_for_leader(&self, timeout: Duration) -> Result<usize, ClusterError> {
-        let start = Instant::now();
-        loop {
-            if let Some(i) = self.leader() {
-                return Ok(i);
-            }
-            if start.elapsed() > timeout {
-                return Err(ClusterError::Timeout(timeout, "a manager group leader".into()));
-            }
-            thread::sleep(Duration::from_millis(50));
-        }
-    }
-
     /// Starts one more memory node and returns its index.
     pub fn add_memnode(&mut self) -> Result<usize, ClusterError> {
         let i = self.memnodes.len();
@@ -544,115 +394,6 @@ impl LocalCluster {
         let pid = lock(&self.children)[slot].child.id();
         self.memnodes.push(MemNodeInfo { addr, admin, pid, slot });
         Ok(i)
-    }
-
-    /// `--tls MODE --tls-dir DIR` for a child, or nothing.
-    fn tls_args(&self) -> Vec<std::ffi::OsString> {
-        match &self.tls {
-            Some(t) => vec![
-                "--tls".into(),
-                t.mode().as_str().into(),
-                "--tls-dir".into(),
-                t.dir().as_os_str().to_owned(),
-            ],
-            None => Vec::new(),
-        }
-    }
-
-    fn spawn(&self, name: &str, args: &[&str]) -> Result<(usize, String), ClusterError> {
-        let log_path = self.dir.path().join(format!("{}.log", name.replace('#', "")));
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .map_err(ClusterError::Dir)?;
-        let mut cmd = Command::new(&self.cfg.binary);
-        if self.cfg.self_exec {
-            cmd.env(CHILD_ENV, "1");
-        }
-        let mut child = cmd
-            .args(args)
-            .arg("--cluster-key-file")
-            .arg(&self.key_file)
-            .arg("--exit-with-parent")
-            .args(self.tls_args())
-            .env("RUST_LOG", &self.cfg.log_level)
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(log))
-            .spawn()
-            .map_err(|source| ClusterError::Spawn {
-                what: format!("{name} ({})", self.cfg.binary.display()),
-                source,
-            })?;
-        let lifeline = child.stdin.take();
-        let stdout = child.stdout.take().expect("piped");
-        let (tx, rx) = mpsc::channel();
-        let n2 = name.to_string();
-        // Reads the readiness line, then keeps draining stdout so the child never blocks on it.
-        let _ = thread::Builder::new().name(format!("{name}-stdout")).spawn(move || {
-            let mut tx = Some(tx);
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(addr) = line.split("listening on ").nth(1) {
-                    if let Some(t) = tx.take() {
-                        let _ = t.send(addr.trim().to_string());
-                    }
-                }
-                tracing::trace!("{n2}: {line}");
-            }
-        });
-        let mut children = lock(&self.children);
-        children.push(ChildSlot {
-            name: name.to_string(),
-            child,
-            _lifeline: lifeline,
-            expected_exit: false,
-            exited: false,
-        });
-        let slot = children.len() - 1;
-        drop(children);
-        match rx.recv_timeout(self.cfg.ready_timeout) {
-            Ok(addr) => Ok((slot, addr)),
-            Err(_) => {
-                self.kill_slot(slot);
-                Err(ClusterError::NotReady {
-                    what: name.to_string(),
-                    after: self.cfg.ready_timeout,
-                    log: log_path.display().to_string(),
-                })
-            }
-        }
-    }
-
-    fn kill_slot(&self, slot: usize) {
-        let mut c = lock(&self.children);
-        if let Some(s) = c.get_mut(slot) {
-            s.expected_exit = true;
-            let _ = s.child.kill();
-            let _ = s.child.wait();
-        }
-    }
-
-    fn signal_slot(&self, slot: usize, sig: i32) {
-        self.send_signal(slot, sig, true);
-    }
-
-    /// Sends `sig` to the child in `slot`; `exits` says whether the signal
-    /// ends it (so the monitor does not report the exit as a crash).
-    fn send_signal(&self, slot: usize, sig: i32, exits: bool) {
-        let mut c = lock(&self.children);
-        if let Some(s) = c.get_mut(slot) {
-            s.expected_exit |= exits;
-            if let Ok(pid) = i32::try_from(s.child.id()) {
-                // SAFETY: kill(2) takes plain integers; the pid is our own
-                // child, not yet reaped (we hold its `Child` and the lock that
-                // the monitor needs to reap it), so it cannot name another process.
-                unsafe {
-                    libc::kill(pid, sig);
-                }
-            }
-        }
     }
 
     fn memnode_slot(&self, i: usize) -> Result<usize, ClusterError> {
@@ -707,73 +448,6 @@ impl LocalCluster {
         }
     }
 
-    /// Kills the manager (`kill -9`) and starts it again on the same port
-    /// with the same data directory; in a group, the leader.
-    pub fn restart_manager(&self) -> Result<(), ClusterError> {
-        self.kill_manager();
-        self.start_manager_again()
-    }
-
-    /// Kills the manager (`kill -9`); [`LocalCluster::start_manager_again`]
-    /// brings it back. In a group it kills the leader, or member 0 when none
-    /// is elected within 5 s: the caller asked for an outage either way.
-    pub fn kill_manager(&self) {
-        let i = if self.managers() > 1 {
-            self.wait_for_leader(Duration::from_secs(5)).unwrap_or(0)
-        } else {
-            0
-        };
-        self.killed_manager.store(i, Ordering::Release);
-        if let Ok(slot) = self.manager_slot(i) {
-            self.kill_slot(slot);
-        }
-    }
-
-    /// Starts the manager that [`LocalCluster::kill_manager`] killed again,
-    /// on its port with its data directory.
-    pub fn start_manager_again(&self) -> Result<(), ClusterError> {
-        self.start_manager_member_again(self.killed_manager.load(Ordering::Acquire))
-    }
-
-    /// The index of the manager [`LocalCluster::kill_manager`] killed last
-    /// (0 before any).
-    pub fn last_killed_manager(&self) -> usize {
-        self.killed_manager.load(Ordering::Acquire)
-    }
-
-    /// `kill -9` manager `i` (0-based; its member id is `i + 1`).
-    ///
-    /// # Panics
-    ///
-    /// If there is no manager `i`, as indexing would.
-    pub fn kill_manager_member(&self, i: usize) {
-        match self.manager_slot(i) {
-            Ok(slot) => self.kill_slot(slot),
-            Err(e) => panic!("{e} (the cluster has {})", self.managers()),
-        }
-    }
-
-    /// Starts manager `i` again on its port with its data directory (after
-    /// [`LocalCluster::kill_manager_member`]).
-    pub fn start_manager_member_again(&self, i: usize) -> Result<(), ClusterError> {
-        let addr = self.manager_addrs.get(i).ok_or(ClusterError::NoSuchManager(i))?.clone();
-        let start = Instant::now();
-        // The port may take a moment to be free again.
-        loop {
-            match self.spawn_manager(i, &addr) {
-                Ok((slot, _)) => {
-                    self.manager_slots[i].store(slot, Ordering::Release);
-                    return Ok(());
-                }
-                Err(e) if start.elapsed() < Duration::from_secs(10) => {
-                    tracing::debug!("manager restart: {e}");
-                    thread::sleep(Duration::from_millis(100));
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
     /// A data-path client for memory node `i`.
     pub fn memnode_client(&self, i: usize) -> Result<MemNodeClient, ClusterError> {
         let m = self.memnodes.get(i).ok_or(ClusterError::NoSuchNode(i))?;
@@ -786,50 +460,5 @@ impl LocalCluster {
         let m = self.memnodes.get(i).ok_or(ClusterError::NoSuchNode(i))?;
         self.memnode_client(i)?.fault(m.admin, fault)?;
         Ok(())
-    }
-}
-
-impl Drop for LocalCluster {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        {
-            let mut c = lock(&self.children);
-            for s in c.iter_mut() {
-                s.expected_exit = true;
-                let _ = s.child.kill();
-            }
-            for s in c.iter_mut() {
-                let _ = s.child.wait();
-            }
-        }
-        if let Some(m) = self.monitor.take() {
-            let _ = m.join();
-        }
-        if std::env::var_os("REMORA_KEEP_CLUSTER_DIR").is_some() {
-            let kept = std::mem::replace(&mut self.dir, tempfile::TempDir::new().expect("temp dir")).keep();
-            eprintln!("remora cluster logs kept in {}", kept.display());
-        }
-    }
-}
-
-fn monitor(children: &Mutex<Vec<ChildSlot>>, stop: &AtomicBool, tx: &Sender<ClusterEvent>) {
-    while !stop.load(Ordering::Acquire) {
-        {
-            let mut c = lock(children);
-            for s in c.iter_mut().filter(|s| !s.exited) {
-                if let Ok(Some(status)) = s.child.try_wait() {
-                    s.exited = true;
-                    if !s.expected_exit {
-                        tracing::warn!("{} exited unexpectedly: {status}", s.name);
-                    }
-                    let _ = tx.send(ClusterEvent::Exited {
-                        name: s.name.clone(),
-                        status,
-                        expected: s.expected_exit,
-                    });
-                }
-            }
-        }
-        thread::sleep(Duration::from_millis(25));
     }
 }
