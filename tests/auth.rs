@@ -7,11 +7,11 @@ mod common;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::thread;
 use std::time::Duration;
 
-use common::{BIN, await_refusals, cluster, refusals, run_remora, session, spawn_daemon, stderr};
+use common::{BIN, await_refusals, cluster, refusals, run_remora, session, stderr};
 use remora_proto::frame::{HEADER_LEN, hello};
 use remora_proto::{ClusterKey, ComputeSession, ConnOptions, MemNodeClient, MemTransport, RemoteError, RpcError};
 
@@ -72,24 +72,23 @@ fn daemons_refuse_to_start_without_a_key_and_keygen_makes_one() {
     assert!(!again.status.success(), "keygen overwrote a key");
     assert_eq!(ClusterKey::read_file(&key).unwrap().to_hex(), k.to_hex());
 
-    // A key file others can read still starts the daemon, with a warning.
+    // A key file others can read is refused: the daemon does not start.
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let mut mgr = spawn_daemon(
-        Command::new(BIN)
-            .args([
-                "manager",
-                "--listen",
-                "127.0.0.1:0",
-                "--data-dir",
-                data.to_str().unwrap(),
-            ])
-            .args(["--exit-with-parent", "--cluster-key-file", key.to_str().unwrap()])
-            .stderr(Stdio::piped()),
+    let out = run_remora(
+        &[
+            "manager",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--cluster-key-file",
+            key.to_str().unwrap(),
+        ],
+        &[],
     );
-    drop(mgr.stdin.take());
-    let out = mgr.wait_with_output().unwrap();
     let err = stderr(&out);
-    assert!(err.contains(&k.id()) && err.contains("chmod 600"), "{err}");
+    assert!(!out.status.success(), "started on a key others can read: {err}");
+    assert!(err.contains("mode 644") && err.contains("chmod 600"), "{err}");
 }
 
 #[test]

@@ -35,6 +35,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use remora_memnode::daemon::ADMIN_KEY_ENV;
 use remora_proto::auth::KeyFileError;
 use remora_proto::msg::PeerTraffic;
 use remora_proto::tls::{CertsError, TlsError, write_certs};
@@ -387,10 +388,8 @@ impl LocalCluster {
             &cap,
             "--region-size",
             &rs,
-            "--admin-key",
-            &key,
         ];
-        let (slot, addr) = self.spawn(&format!("memnode#{i}"), &args)?;
+        let (slot, addr) = self.spawn(&format!("memnode#{i}"), &args, &[(ADMIN_KEY_ENV, &key)])?;
         let pid = lock(&self.children)[slot].child.id();
         self.memnodes.push(MemNodeInfo { addr, admin, pid, slot });
         Ok(i)

@@ -74,7 +74,7 @@ impl LocalCluster {
             args.extend(["--id".into(), (i + 1).to_string(), "--peers".into(), peers.join(",")]);
         }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        self.spawn(&name, &args)
+        self.spawn(&name, &args, &[])
     }
 
     pub(crate) fn manager_slot(&self, i: usize) -> Result<usize, ClusterError> {

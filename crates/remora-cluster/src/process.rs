@@ -36,7 +36,15 @@ impl LocalCluster {
         }
     }
 
-    pub(crate) fn spawn(&self, name: &str, args: &[&str]) -> Result<(usize, String), ClusterError> {
+    /// Starts a daemon with `args` and `envs` (secrets go in the
+    /// environment, never on the command line) and waits for the address
+    /// it reports.
+    pub(crate) fn spawn(
+        &self,
+        name: &str,
+        args: &[&str],
+        envs: &[(&str, &str)],
+    ) -> Result<(usize, String), ClusterError> {
         let log_path = self.dir.path().join(format!("{}.log", name.replace('#', "")));
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -55,6 +63,7 @@ impl LocalCluster {
             .args(self.tls_args())
             .env("RUST_LOG", &self.cfg.log_level)
             .env("NO_COLOR", "1")
+            .envs(envs.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))

@@ -139,7 +139,6 @@ impl AuthArgs {
             (Some(path), false) => {
                 let key = ClusterKey::read_file(path)?;
                 tracing::info!("cluster key {} from {}", key.id(), path.display());
-                warn_if_readable_by_others(path);
                 Ok(Some(key))
             }
         }
@@ -168,21 +167,5 @@ impl TlsArgs {
             tracing::info!("TLS {} with certificates from {}", c.mode(), c.dir().display());
         }
         Ok(cfg)
-    }
-}
-
-/// Anyone who can read the key file can join the cluster: say so, as ssh
-/// does of a private key, but start anyway (the operator may have reasons).
-fn warn_if_readable_by_others(path: &std::path::Path) {
-    use std::os::unix::fs::PermissionsExt;
-    if let Ok(m) = std::fs::metadata(path) {
-        let mode = m.permissions().mode() & 0o777;
-        if mode & 0o077 != 0 {
-            tracing::warn!(
-                "cluster key file {} has mode {mode:o}: users other than its owner can read it and join \
-                 the cluster (chmod 600 it)",
-                path.display()
-            );
-        }
     }
 }

@@ -186,10 +186,15 @@ pub(crate) struct Store {
 
 impl Store {
     /// Opens (or creates) `dir/manager.redb`, refusing one of another
-    /// schema version (see the module docs).
+    /// schema version (see the module docs), or one that users other than
+    /// its owner can read: it holds every region's token and every
+    /// session's secret. A new one is private from its first byte.
     pub(crate) fn open(dir: &Path) -> Result<Self, StoreError> {
         std::fs::create_dir_all(dir).map_err(|e| se(format!("cannot create {}: {e}", dir.display())))?;
         let path = dir.join("manager.redb");
+        remora_proto::secret::check_private(&path).map_err(|e| se(format!("the store {e}")))?;
+        remora_proto::secret::create_private(&path)
+            .map_err(|e| se(format!("cannot create {}: {e}", path.display())))?;
         let db = Database::create(&path).map_err(|e| se(format!("{}: {e}", path.display())))?;
         let w = db.begin_write().map_err(se)?;
         let mut legacy = false;

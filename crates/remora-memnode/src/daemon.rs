@@ -10,14 +10,20 @@ use remora_proto::{ByteSize, Token};
 
 use crate::{Config, MemNode, MemNodeError};
 
+/// The environment variable that may give the key the manager proves on
+/// its admin requests to this node (32 hex digits; random when unset).
+/// Launchers that inject faults set it to know the key. A secret, so never
+/// a flag: the command line shows in `ps` to every user.
+pub const ADMIN_KEY_ENV: &str = "REMORA_ADMIN_KEY";
+
 /// Why the memory-node daemon could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
     /// Signal handlers could not be installed.
     #[error(transparent)]
     Signals(#[from] SignalsError),
-    /// `--admin-key` is not 32 hex digits.
-    #[error("--admin-key must be 32 hex digits")]
+    /// The admin key in the environment is not 32 hex digits.
+    #[error("{ADMIN_KEY_ENV} must be 32 hex digits")]
     BadAdminKey,
     /// No usable cluster key.
     #[error(transparent)]
@@ -48,9 +54,6 @@ pub struct MemnodeArgs {
     /// Address to register with the manager when listening on 0.0.0.0.
     #[arg(long)]
     pub advertise: Option<String>,
-    /// Admin key shared with the manager (32 hex digits; random by default).
-    #[arg(long, hide = true)]
-    pub admin_key: Option<String>,
     /// The cluster key.
     #[command(flatten)]
     pub auth: AuthArgs,
@@ -65,9 +68,9 @@ pub struct MemnodeArgs {
 /// Runs a memory node until it has drained after SIGTERM/SIGINT (a second
 /// signal or the parent lifeline closing makes it leave at once).
 pub fn run(a: MemnodeArgs) -> Result<(), DaemonError> {
-    let admin_key = match &a.admin_key {
-        Some(h) => Some(Token::from_hex(h).ok_or(DaemonError::BadAdminKey)?),
-        None => None,
+    let admin_key = match std::env::var(ADMIN_KEY_ENV) {
+        Ok(h) => Some(Token::from_hex(h.trim()).ok_or(DaemonError::BadAdminKey)?),
+        Err(_) => None,
     };
     let cluster_key = a.auth.key()?;
     let tls = a.tls.config()?;

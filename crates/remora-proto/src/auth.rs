@@ -99,6 +99,9 @@ pub enum KeyFileError {
         /// The file.
         path: PathBuf,
     },
+    /// Users other than its owner can read the file.
+    #[error(transparent)]
+    Exposed(#[from] crate::secret::Exposed),
     /// The file could not be written (it may exist already: keygen never overwrites).
     #[error("cannot write the cluster key file {path}: {source}")]
     Write {
@@ -147,8 +150,10 @@ impl ClusterKey {
             .collect()
     }
 
-    /// Reads a key file written by [`ClusterKey::write_new`] (64 hex digits).
+    /// Reads a key file written by [`ClusterKey::write_new`] (64 hex
+    /// digits); refuses one that users other than its owner can read.
     pub fn read_file(path: &Path) -> Result<Self, KeyFileError> {
+        crate::secret::check_private(path)?;
         let text = std::fs::read_to_string(path).map_err(|source| KeyFileError::Read {
             path: path.to_path_buf(),
             source,

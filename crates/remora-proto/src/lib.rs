@@ -19,6 +19,7 @@ pub mod frame;
 pub mod msg;
 pub mod repeated;
 pub mod rpc;
+pub mod secret;
 pub mod server;
 pub mod size;
 pub mod tls;

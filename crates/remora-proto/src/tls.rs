@@ -123,6 +123,9 @@ pub enum TlsError {
         /// The cause.
         source: io::Error,
     },
+    /// Users other than its owner can read the private key.
+    #[error(transparent)]
+    Exposed(#[from] crate::secret::Exposed),
     /// A file holds no usable certificate or key.
     #[error("{path}: {reason}; make the cluster's certificates with `remora certs --out {dir}`")]
     Bad {
@@ -217,6 +220,7 @@ impl TlsConfig {
         };
         let (ca_path, ca_pem) = file(CA_FILE)?;
         let (cert_path, cert_pem) = file(CERT_FILE)?;
+        crate::secret::check_private(&dir.join(KEY_FILE))?;
         let (key_path, key_pem) = file(KEY_FILE)?;
         let mut roots = RootCertStore::empty();
         for c in certs_in(&ca_path, &ca_pem)? {
