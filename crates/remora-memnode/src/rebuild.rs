@@ -19,6 +19,11 @@ pub(crate) type PeerFn<'a> = &'a dyn Fn(&str) -> Result<Arc<dyn MemTransport>, R
 
 /// Bytes read from one source per round (rows are processed in rounds).
 const ROUND_BYTES: u64 = 8 << 20;
+/// The longest row a rebuild accepts: the largest spanset member. Each
+/// short (zero-padded) member is padded to the row's length in memory, so
+/// this bounds what one request can make the node allocate (k + 1 rows, on
+/// top of a round's reads).
+pub(crate) const MAX_ROW_LEN: u32 = 16 << 20;
 
 fn bad(msg: impl Into<String>) -> RemoteError {
     RemoteError::BadRequest(msg.into())
@@ -79,6 +84,9 @@ pub(crate) fn rebuild(
     for r in rows {
         if r.lens.len() != k || r.offsets.len() != k || r.lens.iter().any(|&l| l > r.row_len) || r.out_len > r.row_len {
             return Err(bad("row lengths do not fit the row"));
+        }
+        if r.row_len > MAX_ROW_LEN {
+            return Err(bad(format!("a row of {} bytes (at most {MAX_ROW_LEN})", r.row_len)));
         }
         // The caller must own the target range, before anything is read.
         region.read().check(&region, &cap, true, r.offset, r.out_len as u64)?;

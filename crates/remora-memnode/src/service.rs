@@ -9,8 +9,8 @@
 use std::sync::Arc;
 
 use remora_proto::frame::{MAX_PAYLOAD_LEN, ReadError};
-use remora_proto::msg::{Fault, MemRequest, MemResponse, NodeLoad, Range};
-use remora_proto::{AdminKey, MemTransport, RemoteError};
+use remora_proto::msg::{Fault, MAX_PREPARE_MANY, MemRequest, MemResponse, NodeLoad, Range};
+use remora_proto::{AdminKey, MemTransport, RemoteError, TxnOp};
 
 use crate::lease::Lease;
 use crate::peer_traffic::PeerCounters;
@@ -229,12 +229,22 @@ impl<E: Env> Service<'_, E> {
                 };
                 w.ok(MemResponse::Stats(stats), &[]).map(drop)
             }
-            MemRequest::Prepare { txn, op } => match w.with_payload(|p| self.txn_ctx().prepare(*txn, op, p))? {
-                Ok(Some(delta)) => w.ok(MemResponse::Prepared, &[&delta]).map(drop),
-                Ok(None) => w.ok(MemResponse::Prepared, &[]).map(drop),
-                Err(e) => w.err(&e),
-            },
+            MemRequest::Prepare { txn, op } => {
+                if let Err(e) = self.check_txn(std::slice::from_ref(op), w.payload_len()) {
+                    w.skip_payload()?;
+                    return w.err(&e);
+                }
+                match w.with_payload(|p| self.txn_ctx().prepare(*txn, op, p))? {
+                    Ok(Some(delta)) => w.ok(MemResponse::Prepared, &[&delta]).map(drop),
+                    Ok(None) => w.ok(MemResponse::Prepared, &[]).map(drop),
+                    Err(e) => w.err(&e),
+                }
+            }
             MemRequest::PrepareMany { txn, ops } => {
+                if let Err(e) = self.check_txn(ops, w.payload_len()) {
+                    w.skip_payload()?;
+                    return w.err(&e);
+                }
                 match w.with_payload(|p| self.txn_ctx().prepare_many(*txn, ops, p))? {
                     Ok(deltas) => w.ok(MemResponse::Prepared, &[&deltas]).map(drop),
                     Err(e) => w.err(&e),
@@ -281,6 +291,40 @@ impl<E: Env> Service<'_, E> {
         } else {
             Err(RemoteError::Unauthorized)
         }
+    }
+
+    /// A transaction's ops checked before their payload is read (so a
+    /// request no capability opens never has its payload held in memory):
+    /// as many ops as one request may carry, the bytes they carry adding up
+    /// to the payload, and every member they stage one its capability opens,
+    /// within its region. Staging checks each again under the region's lock.
+    fn check_txn(&self, ops: &[TxnOp], payload_len: usize) -> Result<(), RemoteError> {
+        if ops.is_empty() || ops.len() > MAX_PREPARE_MANY {
+            return Err(RemoteError::BadRequest(format!(
+                "{} ops in one request (1 to {MAX_PREPARE_MANY})",
+                ops.len()
+            )));
+        }
+        let carried: u64 = ops.iter().map(|op| u64::from(crate::txn::carried(op))).sum();
+        if carried != payload_len as u64 {
+            return Err(RemoteError::BadRequest(format!(
+                "ops carrying {carried} bytes with a payload of {payload_len}"
+            )));
+        }
+        for op in ops {
+            let (to, apply) = match op {
+                TxnOp::Apply { to } => (to, true),
+                TxnOp::Put { to, .. } | TxnOp::Move { to, .. } => (to, false),
+            };
+            let region = self.regions.get(to.cap.region)?;
+            let g = region.read();
+            if apply {
+                g.check_apply(&region, &to.cap, to.offset, u64::from(to.len))?;
+            } else {
+                g.check(&region, &to.cap, true, to.offset, u64::from(to.len))?;
+            }
+        }
+        Ok(())
     }
 
     fn read_v(&self, w: &mut impl Wire, ranges: &[Range]) -> Result<(), ConnError> {

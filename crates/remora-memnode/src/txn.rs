@@ -168,10 +168,7 @@ where
                 ops.len()
             )));
         }
-        let carried = |op: &TxnOp| match op {
-            TxnOp::Apply { to } | TxnOp::Put { to, .. } => to.len as usize,
-            TxnOp::Move { .. } => 0,
-        };
+        let carried = |op: &TxnOp| carried(op) as usize;
         let need: usize = ops.iter().map(carried).sum();
         if need != payload.len() {
             return Err(bad(format!(
@@ -573,6 +570,15 @@ fn clear_staged(regions: &RegionTable, key: (ComputeId, TxnId), region: RegionId
 /// A replacing op's member, new bytes, whether its delta goes back, and the
 /// delta's targets.
 type Replacement<'o> = (&'o Member, Vec<u8>, bool, &'o [DeltaTarget]);
+
+/// The payload bytes `op` carries: a delta or the new bytes (a move reads
+/// its bytes here).
+pub(crate) fn carried(op: &TxnOp) -> u32 {
+    match op {
+        TxnOp::Apply { to } | TxnOp::Put { to, .. } => to.len,
+        TxnOp::Move { .. } => 0,
+    }
+}
 
 /// Delta shares gathered for several ops, grouped by the peer they go to.
 #[derive(Default)]
