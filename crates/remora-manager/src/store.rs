@@ -316,15 +316,22 @@ impl Store {
 mod tests {
     use super::*;
 
+    /// The database file at `path`, made private first as `Store::open`
+    /// makes it (an exposed store is refused).
+    fn db(path: &Path) -> Database {
+        remora_proto::secret::create_private(path).unwrap();
+        Database::create(path).unwrap()
+    }
+
     fn stored_version(dir: &Path) -> Option<u64> {
-        let db = Database::create(dir.join("manager.redb")).unwrap();
+        let db = db(&dir.join("manager.redb"));
         let r = db.begin_read().unwrap();
         let meta = r.open_table(META).unwrap();
         meta.get(SCHEMA_KEY).unwrap().map(|v| v.value())
     }
 
     fn set_meta(dir: &Path, key: &str, value: u64) {
-        let db = Database::create(dir.join("manager.redb")).unwrap();
+        let db = db(&dir.join("manager.redb"));
         let w = db.begin_write().unwrap();
         w.open_table(META).unwrap().insert(key, value).unwrap();
         w.commit().unwrap();
@@ -343,7 +350,7 @@ mod tests {
 
     /// Writes what a single manager (schema version 2) left behind.
     fn write_legacy(dir: &Path) {
-        let db = Database::create(dir.join("manager.redb")).unwrap();
+        let db = db(&dir.join("manager.redb"));
         let w = db.begin_write().unwrap();
         {
             let mut t = w.open_table(NODES).unwrap();
@@ -433,7 +440,7 @@ mod tests {
     fn unversioned_empty_store_is_stamped() {
         // A run that died between creating the file and its first commit.
         let dir = tempfile::tempdir().unwrap();
-        let db = Database::create(dir.path().join("manager.redb")).unwrap();
+        let db = db(&dir.path().join("manager.redb"));
         let w = db.begin_write().unwrap();
         w.open_table(NODES).unwrap();
         w.open_table(META).unwrap();
@@ -448,7 +455,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         {
             // What a version-1 build wrote: region records without an epoch.
-            let db = Database::create(dir.path().join("manager.redb")).unwrap();
+            let db = db(&dir.path().join("manager.redb"));
             let w = db.begin_write().unwrap();
             {
                 let mut t = w.open_table(REGIONS).unwrap();

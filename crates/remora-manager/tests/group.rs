@@ -159,6 +159,8 @@ fn a_single_managers_store_is_taken_over() {
     let data = dir.path().join("m1");
     std::fs::create_dir_all(&data).unwrap();
     {
+        // As the single manager made it: private to its owner.
+        remora_proto::secret::create_private(&data.join("manager.redb")).unwrap();
         let db = Database::create(data.join("manager.redb")).unwrap();
         let w = db.begin_write().unwrap();
         {

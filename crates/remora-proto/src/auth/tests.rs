@@ -127,7 +127,14 @@ fn key_file_is_private_and_never_overwritten() {
         k.to_hex(),
         "first key kept"
     );
+    // A key others can read is refused, however good it is.
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+    assert!(matches!(
+        ClusterKey::read_file(&path),
+        Err(KeyFileError::Exposed(crate::secret::Exposed { mode: 0o640, .. }))
+    ));
     std::fs::write(dir.join("junk"), "not a key").unwrap();
+    std::fs::set_permissions(dir.join("junk"), std::fs::Permissions::from_mode(0o600)).unwrap();
     assert!(matches!(
         ClusterKey::read_file(&dir.join("junk")),
         Err(KeyFileError::Malformed { .. })
