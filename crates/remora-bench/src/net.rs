@@ -226,6 +226,7 @@ pub fn run(args: &NetArgs) -> anyhow::Result<()> {
                 manager_patience: Duration::from_secs(10),
                 cluster_key: Some(cluster.cluster_key()),
                 tls: cluster.tls().cloned(),
+                limits: Default::default(),
             })
             .context("starting an in-process memory node")?,
         ),

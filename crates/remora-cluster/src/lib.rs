@@ -119,6 +119,8 @@ pub struct ClusterConfig {
     /// TLS mode of every child and of [`LocalCluster::conn_options`]; the
     /// cluster makes its own certificates.
     pub tls: TlsMode,
+    /// More flags for every memory node (e.g. its connection limits).
+    pub memnode_args: Vec<String>,
 }
 
 impl ClusterConfig {
@@ -136,6 +138,7 @@ impl ClusterConfig {
             ready_timeout: Duration::from_secs(30),
             self_exec: false,
             tls: TlsMode::Off,
+            memnode_args: Vec::new(),
         }
     }
 
@@ -378,10 +381,11 @@ impl LocalCluster {
         let cap = self.cfg.capacity.to_string();
         let rs = self.cfg.region_size.to_string();
         let key = admin.to_hex();
-        let args = [
+        let manager = self.manager_addr.clone();
+        let mut args = vec![
             "memnode",
             "--manager",
-            &self.manager_addr.clone(),
+            &manager,
             "--listen",
             "127.0.0.1:0",
             "--capacity",
@@ -389,6 +393,8 @@ impl LocalCluster {
             "--region-size",
             &rs,
         ];
+        let extra = self.cfg.memnode_args.clone();
+        args.extend(extra.iter().map(String::as_str));
         let (slot, addr) = self.spawn(&format!("memnode#{i}"), &args, &[(ADMIN_KEY_ENV, &key)])?;
         let pid = lock(&self.children)[slot].child.id();
         self.memnodes.push(MemNodeInfo { addr, admin, pid, slot });

@@ -19,6 +19,7 @@ use std::sync::mpsc;
 use std::thread;
 
 use remora_proto::auth::KeyFileError;
+use remora_proto::server::Limits;
 use remora_proto::tls::TlsError;
 use remora_proto::{ClusterKey, TlsConfig, TlsMode};
 
@@ -90,6 +91,36 @@ pub fn wake_channel(exit_with_parent: bool) -> Result<mpsc::Receiver<Wake>, Sign
 pub fn announce(line: &str) {
     println!("{line}");
     let _ = std::io::stdout().flush();
+}
+
+/// The connection limits of every daemon ([`remora_proto::server::Limits`]).
+#[derive(Debug, Clone, clap::Args)]
+pub struct LimitArgs {
+    /// Authenticated connections served at once; more are refused with a
+    /// `Busy` error (a compute node holds two per memory node).
+    #[arg(long, default_value_t = Limits::default().connections)]
+    pub max_connections: usize,
+    /// Connections in their handshake at once; a new one beyond this drops the oldest.
+    #[arg(long, default_value_t = Limits::default().handshakes)]
+    pub max_handshakes: usize,
+    /// Time a connection has for its whole handshake (TLS, hello, key proof).
+    #[arg(long, default_value = "10s", value_parser = remora_proto::parse_duration)]
+    pub handshake_deadline: std::time::Duration,
+    /// Time a request has to arrive once its first byte has (and a reply to leave).
+    #[arg(long, default_value = "30s", value_parser = remora_proto::parse_duration)]
+    pub request_deadline: std::time::Duration,
+}
+
+impl LimitArgs {
+    /// The limits these flags set.
+    pub fn limits(&self) -> Limits {
+        Limits {
+            handshakes: self.max_handshakes,
+            handshake_deadline: self.handshake_deadline,
+            connections: self.max_connections,
+            request_deadline: self.request_deadline,
+        }
+    }
 }
 
 /// The cluster-key flags of every daemon.

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use remora_daemon::{AuthArgs, AuthConfigError, SignalsError, TlsArgs, Wake, announce, wake_channel};
+use remora_daemon::{AuthArgs, AuthConfigError, LimitArgs, SignalsError, TlsArgs, Wake, announce, wake_channel};
 use remora_proto::parse_duration;
 
 use crate::{Config, Manager, ManagerError};
@@ -92,6 +92,9 @@ pub struct ManagerArgs {
     /// TLS.
     #[command(flatten)]
     pub tls: TlsArgs,
+    /// Connection limits.
+    #[command(flatten)]
+    pub limits: LimitArgs,
     /// Exit when standard input closes (used by launchers so that no daemon outlives them).
     #[arg(long, hide = true)]
     pub exit_with_parent: bool,
@@ -111,6 +114,7 @@ pub fn run(a: ManagerArgs) -> Result<(), DaemonError> {
         id: a.id,
         peers: a.peers.0.clone(),
         snapshot_every: a.snapshot_every,
+        limits: a.limits.limits(),
     })?;
     tracing::info!(
         "manager listening on {} (data in {}, heartbeat timeout {:?})",

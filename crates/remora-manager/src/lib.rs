@@ -47,7 +47,7 @@ use remora_proto::msg::{
     ClusterStatus, ComputeStatus, Event, ManagerRole, ManagerStatus, MemNodeStatus, MgrRequest, MgrResponse, NodeLoad,
     PeerTraffic, decode,
 };
-use remora_proto::server::{ConnGuard, Listener, Responder};
+use remora_proto::server::{ConnGuard, Limits, Listener, Responder};
 use remora_proto::{
     Cap, ClusterKey, ComputeId, ConnOptions, MemNodeClient, NodeId, NodeState, Plane, RegionGrant, RegionId,
     RemoteError, Rights, RpcConn, Session, Stream, TlsConfig, Token,
@@ -82,6 +82,8 @@ pub struct Config {
     /// A snapshot is taken (and the log behind it purged) every this many
     /// log entries ([`DEFAULT_SNAPSHOT_EVERY`]).
     pub snapshot_every: u64,
+    /// Connections and deadlines ([`Limits`]).
+    pub limits: Limits,
 }
 
 /// Log entries between snapshots unless configured otherwise.
@@ -165,6 +167,9 @@ struct Shared {
     tls: Option<TlsConfig>,
     /// Members cut off by fault injection.
     isolation: consensus::network::Isolation,
+    /// Requests answered on threads of their own right now
+    /// ([`requests::MAX_ASIDE`]).
+    aside: std::sync::atomic::AtomicUsize,
 }
 
 impl Shared {
@@ -308,12 +313,18 @@ impl Manager {
             cluster_key: cfg.cluster_key,
             tls: cfg.tls.clone(),
             isolation,
+            aside: Default::default(),
         });
         let s2 = Arc::clone(&shared);
         let server_tls = cfg.tls.as_ref().map(|t| t.server(Plane::Control));
-        let listener = Listener::start_tls(sock, "manager", cfg.cluster_key, server_tls, move |stream, guard| {
-            requests::serve(&s2, stream, guard)
-        })
+        let listener = Listener::start_with(
+            sock,
+            "manager",
+            cfg.cluster_key,
+            server_tls,
+            cfg.limits,
+            move |stream, guard| requests::serve(&s2, stream, guard),
+        )
         .map_err(|source| ManagerError::Listen {
             addr: cfg.listen.clone(),
             source,

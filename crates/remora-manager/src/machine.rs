@@ -35,8 +35,10 @@ pub(crate) const MAX_EVENTS_KEPT: usize = 4096;
 pub(crate) const RECENT_KEPT: usize = 64;
 /// Answers remembered for retried registrations.
 pub(crate) const REGISTRATIONS_KEPT: usize = 1024;
-/// Regions one registration may offer.
-pub(crate) const MAX_REGIONS_PER_NODE: u64 = 1 << 20;
+/// Regions one registration may offer: each is kept in memory and in the
+/// store, so a node lends its memory in regions of at least
+/// capacity / 65 536.
+pub(crate) const MAX_REGIONS_PER_NODE: u64 = 1 << 16;
 
 /// A region in the replicated state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -4,9 +4,9 @@
 
 use super::*;
 
-pub(crate) fn serve(shared: &Arc<Shared>, sock: Stream, _guard: ConnGuard) {
+pub(crate) fn serve(shared: &Arc<Shared>, sock: Stream, guard: ConnGuard) {
     let peer = sock.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
-    let stall = Duration::from_secs(30);
+    let stall = guard.request_deadline();
     let out = match sock.try_clone().and_then(|s| Responder::new(s, stall)) {
         Ok(o) => o,
         Err(e) => {
@@ -49,6 +49,12 @@ pub(crate) fn serve(shared: &Arc<Shared>, sock: Stream, _guard: ConnGuard) {
             }
         };
         let id = hdr.id;
+        if let Err(e) = check(&req) {
+            if out.err(id, &e).is_err() {
+                return;
+            }
+            continue;
+        }
         let sent = match req {
             MgrRequest::Raft { from, .. } if shared.isolation.cuts(from) => out.err(id, &RemoteError::Unavailable),
             MgrRequest::Raft { rpc, .. } => match consensus::network::serve(&shared.group, rpc, &body) {
@@ -79,7 +85,47 @@ pub(crate) fn serve(shared: &Arc<Shared>, sock: Stream, _guard: ConnGuard) {
     }
 }
 
-/// Answers one request from a thread of its own.
+/// The longest name or address a request may carry (a compute node's
+/// name, a memory node's address): they are kept in the replicated state.
+pub(crate) const MAX_NAME_LEN: usize = 255;
+/// The most regions one `Alloc` may ask for.
+pub(crate) const MAX_ALLOC: u32 = 4096;
+/// The most nodes an `Alloc` may exclude, and members an `Isolate` may name.
+const MAX_LIST_LEN: usize = 4096;
+/// Requests answered on threads of their own at once (`Suspect` probes,
+/// `WaitEvents` long polls); more are refused with `Busy`.
+pub(crate) const MAX_ASIDE: usize = 64;
+
+/// Refuses a request whose sizes exceed what the manager stores or
+/// computes for one request, before anything is proposed.
+fn check(req: &MgrRequest) -> Result<(), RemoteError> {
+    let too_long = |what: &str, len: usize, max: usize| {
+        Err(RemoteError::BadRequest(format!(
+            "{what} of {len} exceeds the limit of {max}"
+        )))
+    };
+    match req {
+        MgrRequest::RegisterMemNode { addr, .. } | MgrRequest::Drain { addr } if addr.len() > MAX_NAME_LEN => {
+            too_long("an address", addr.len(), MAX_NAME_LEN)
+        }
+        MgrRequest::RegisterCompute { name, .. } if name.len() > MAX_NAME_LEN => {
+            too_long("a name", name.len(), MAX_NAME_LEN)
+        }
+        MgrRequest::Alloc { count, .. } if *count > MAX_ALLOC => {
+            too_long("a count", *count as usize, MAX_ALLOC as usize)
+        }
+        MgrRequest::Alloc { exclude, .. } if exclude.len() > MAX_LIST_LEN => {
+            too_long("an exclusion list", exclude.len(), MAX_LIST_LEN)
+        }
+        MgrRequest::Isolate { peers, .. } if peers.len() > MAX_LIST_LEN => {
+            too_long("a member list", peers.len(), MAX_LIST_LEN)
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Answers one request from a thread of its own, at most [`MAX_ASIDE`] at
+/// once.
 fn aside(
     shared: &Arc<Shared>,
     out: &Responder,
@@ -87,16 +133,27 @@ fn aside(
     name: &str,
     f: impl FnOnce(&Shared) -> Result<MgrResponse, RemoteError> + Send + 'static,
 ) -> std::io::Result<()> {
+    if shared.aside.fetch_add(1, Ordering::AcqRel) >= MAX_ASIDE {
+        shared.aside.fetch_sub(1, Ordering::AcqRel);
+        return out.err(
+            id,
+            &RemoteError::Busy(format!("{MAX_ASIDE} probes and long polls already under way")),
+        );
+    }
     let (s, o) = (Arc::clone(shared), out.clone());
     let spawned = thread::Builder::new().name(name.into()).spawn(move || {
         let _ = match f(&s) {
             Ok(m) => o.ok(id, &m, &[]),
             Err(e) => o.err(id, &e),
         };
+        s.aside.fetch_sub(1, Ordering::AcqRel);
     });
     match spawned {
         Ok(_) => Ok(()),
-        Err(e) => out.err(id, &RemoteError::Internal(e.to_string())),
+        Err(e) => {
+            shared.aside.fetch_sub(1, Ordering::AcqRel);
+            out.err(id, &RemoteError::Internal(e.to_string()))
+        }
     }
 }
 

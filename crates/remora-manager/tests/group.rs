@@ -22,6 +22,7 @@ fn config(dir: &Path, id: u64, peers: &BTreeMap<u64, String>) -> Config {
         id,
         peers: peers.clone(),
         snapshot_every: 8,
+        limits: Default::default(),
     }
 }
 

@@ -19,6 +19,7 @@ fn config(dir: &Path) -> Config {
         id: 1,
         peers: Default::default(),
         snapshot_every: remora_manager::DEFAULT_SNAPSHOT_EVERY,
+        limits: Default::default(),
     }
 }
 

@@ -5,7 +5,7 @@
 use std::sync::mpsc;
 use std::time::Duration;
 
-use remora_daemon::{AuthArgs, AuthConfigError, SignalsError, TlsArgs, Wake, announce, wake_channel};
+use remora_daemon::{AuthArgs, AuthConfigError, LimitArgs, SignalsError, TlsArgs, Wake, announce, wake_channel};
 use remora_proto::{ByteSize, Token};
 
 use crate::{Config, MemNode, MemNodeError};
@@ -60,6 +60,9 @@ pub struct MemnodeArgs {
     /// TLS.
     #[command(flatten)]
     pub tls: TlsArgs,
+    /// Connection limits.
+    #[command(flatten)]
+    pub limits: LimitArgs,
     /// Exit when standard input closes (used by launchers).
     #[arg(long, hide = true)]
     pub exit_with_parent: bool,
@@ -85,6 +88,7 @@ pub fn run(a: MemnodeArgs) -> Result<(), DaemonError> {
         manager_patience: Duration::from_secs(10),
         cluster_key,
         tls,
+        limits: a.limits.limits(),
     })?;
     announce(&format!(
         "remora memnode {} listening on {}",

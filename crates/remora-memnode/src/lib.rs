@@ -29,7 +29,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use remora_proto::msg::{MgrRequest, MgrResponse};
-use remora_proto::server::Listener;
+use remora_proto::server::{Limits, Listener};
 use remora_proto::{
     AdminKey, ClusterKey, ConnOptions, ManagerConn, NodeId, NodeState, Plane, RemoteError, RpcError, TlsConfig, Token,
 };
@@ -68,6 +68,8 @@ pub struct Config {
     /// the manager) and plain clients alike, and reaches the manager over
     /// TLS. `None`: plain TCP.
     pub tls: Option<TlsConfig>,
+    /// Connections and deadlines ([`Limits`]).
+    pub limits: Limits,
 }
 
 /// Why the daemon could not start or stop cleanly.
@@ -192,9 +194,14 @@ impl MemNode {
         shared.regions.populate_through(queue);
         let s2 = Arc::clone(&shared);
         let server_tls = cfg.tls.as_ref().map(|t| t.server(Plane::Data));
-        let listener = Listener::start_tls(sock, "memnode", cfg.cluster_key, server_tls, move |stream, guard| {
-            serve::handle(&s2, stream, guard)
-        })
+        let listener = Listener::start_with(
+            sock,
+            "memnode",
+            cfg.cluster_key,
+            server_tls,
+            cfg.limits,
+            move |stream, guard| serve::handle(&s2, stream, guard),
+        )
         .map_err(|source| MemNodeError::Listen {
             addr: cfg.listen.clone(),
             source,

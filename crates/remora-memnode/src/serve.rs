@@ -12,7 +12,6 @@
 
 use remora_proto::Stream;
 use std::sync::Arc;
-use std::time::Duration;
 
 use remora_proto::frame::{FrameKind, FrameReader, ReadError};
 use remora_proto::msg::{Fault, MemRequest, MemResponse, NodeLoad, decode};
@@ -22,21 +21,23 @@ use remora_proto::{MemTransport, RemoteError};
 use crate::Shared;
 use crate::service::{ConnError, Env, Service, Wire};
 
-const STALL_LIMIT: Duration = Duration::from_secs(30);
 /// Bytes read ahead when looking for the next request header.
 const REQUEST_PREFETCH: usize = 1024;
 
 /// Serves one connection until it closes or misbehaves.
 pub(crate) fn handle(shared: &Arc<Shared>, sock: Stream, guard: ConnGuard) {
     let peer = sock.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
-    let responder = match sock.try_clone().and_then(|s| Responder::new(s, STALL_LIMIT)) {
+    // A request must arrive whole, and its reply leave, within the
+    // deadline; between requests a connection may idle.
+    let deadline = guard.request_deadline();
+    let responder = match sock.try_clone().and_then(|s| Responder::new(s, deadline)) {
         Ok(r) => r,
         Err(e) => {
             tracing::warn!("connection from {peer}: {e}");
             return;
         }
     };
-    let mut rd = FrameReader::new(sock, STALL_LIMIT);
+    let mut rd = FrameReader::new(sock, deadline);
     let service = shared.service(Daemon { shared, guard: &guard });
     match serve(&service, &mut rd, &responder, &shared.faults) {
         Ok(()) => tracing::debug!("connection from {peer} closed"),

@@ -54,8 +54,9 @@ pub const MAGIC: u16 = u16::from_le_bytes(*b"Rm");
 /// traffic, and `PrepareMany`; 9, the manager group: `Alloc` and `Free`
 /// carry a request number, `Raft`, `Member` and `Isolate` requests, the
 /// `NotLeader` refusal, and `managers` in the cluster status; 10,
-/// registrations carry a request number too.
-pub const VERSION: u8 = 10;
+/// registrations carry a request number too; 11, the `Busy` refusal (a
+/// server at its connection or request limits).
+pub const VERSION: u8 = 11;
 /// The `kind` byte of a hello frame (see the module docs).
 pub const HELLO_KIND: u8 = 4;
 /// Size of the fixed header in bytes.
@@ -286,8 +287,11 @@ pub enum ReadError {
 }
 
 /// Buffered reader of frames from a socket that tolerates read timeouts
-/// between frames (a caller can check its own deadline) but treats a peer that
-/// stalls inside a frame for longer than `stall_limit` as broken.
+/// between frames (a caller can check its own deadline) but treats a frame
+/// that has not arrived whole `stall_limit` after its first byte as broken:
+/// a peer that stalls inside a frame, or trickles it a byte at a time. The
+/// limit is checked whenever a read returns, so the socket needs a read
+/// timeout for a silent peer to be caught.
 #[derive(Debug)]
 pub struct FrameReader {
     sock: Stream,
@@ -295,6 +299,9 @@ pub struct FrameReader {
     pos: usize,
     end: usize,
     stall_limit: Duration,
+    /// When the first byte of the frame being read arrived; `None` between
+    /// frames.
+    frame_start: Option<Instant>,
 }
 
 const READ_BUF: usize = 64 * 1024;
@@ -309,6 +316,7 @@ impl FrameReader {
             pos: 0,
             end: 0,
             stall_limit,
+            frame_start: None,
         }
     }
 
@@ -334,20 +342,24 @@ impl FrameReader {
     /// read straight into its destination instead of through this buffer.
     pub fn next_header_within(&mut self, limit: usize) -> Result<Option<FrameHeader>, ReadError> {
         let limit = limit.clamp(HEADER_LEN, READ_BUF);
+        self.frame_start = (self.end > self.pos).then(Instant::now);
         if self.end - self.pos < HEADER_LEN {
             if self.pos > 0 {
                 self.buf.copy_within(self.pos..self.end, 0);
                 self.end -= self.pos;
                 self.pos = 0;
             }
-            let started = Instant::now();
             while self.end < HEADER_LEN {
                 match self.sock.read(&mut self.buf[self.end..limit]) {
                     Ok(0) if self.end == 0 => return Err(ReadError::Closed),
                     Ok(0) => return Err(eof_mid_frame().into()),
-                    Ok(n) => self.end += n,
+                    Ok(n) => {
+                        self.end += n;
+                        let start = *self.frame_start.get_or_insert_with(Instant::now);
+                        self.check_stall(start)?;
+                    }
                     Err(e) if is_timeout(&e) && self.end == 0 => return Ok(None),
-                    Err(e) if is_retry(&e) => self.check_stall(started)?,
+                    Err(e) if is_retry(&e) => self.check_stall(Instant::now())?,
                     Err(e) => return Err(e.into()),
                 }
             }
@@ -367,7 +379,12 @@ impl FrameReader {
         while filled < dst.len() {
             match self.sock.read(&mut dst[filled..]) {
                 Ok(0) => return Err(eof_mid_frame()),
-                Ok(n) => filled += n,
+                Ok(n) => {
+                    filled += n;
+                    if filled < dst.len() {
+                        self.check_stall(started)?;
+                    }
+                }
                 Err(e) if is_retry(&e) => self.check_stall(started)?,
                 Err(e) => return Err(e),
             }
@@ -393,8 +410,12 @@ impl FrameReader {
         Ok(())
     }
 
+    /// Fails once the frame being read (or, outside one, the read that
+    /// began at `started`) has taken longer than the stall limit. A frame
+    /// starts with its first byte.
     fn check_stall(&self, started: Instant) -> io::Result<()> {
-        if started.elapsed() > self.stall_limit {
+        let start = self.frame_start.unwrap_or(started);
+        if start.elapsed() > self.stall_limit {
             Err(io::Error::new(
                 ErrorKind::TimedOut,
                 "peer stalled in the middle of a frame",

@@ -910,6 +910,10 @@ pub enum RemoteError {
         /// The leader's address, if known.
         leader: Option<String>,
     },
+    /// The server is at one of its limits (connections, requests waiting
+    /// for a thread): try again later, or elsewhere.
+    #[error("server busy: {0}")]
+    Busy(String),
 }
 
 /// Encodes a message head.

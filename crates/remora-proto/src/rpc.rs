@@ -106,10 +106,11 @@ impl RpcError {
     }
 
     /// True if the node cannot serve data now: unreachable, or it said so
-    /// itself (its lease with the manager lapsed, or it is paused). Readers
-    /// read around such a node; its data is not lost.
+    /// itself (its lease with the manager lapsed, it is paused, or it serves
+    /// as many connections as it may). Readers read around such a node; its
+    /// data is not lost.
     pub fn is_node_down(&self) -> bool {
-        self.is_transport() || matches!(self, Self::Remote(RemoteError::Unavailable))
+        self.is_transport() || matches!(self, Self::Remote(RemoteError::Unavailable | RemoteError::Busy(_)))
     }
 }
 

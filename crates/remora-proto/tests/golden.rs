@@ -797,6 +797,7 @@ fn remote_error_index(e: &RemoteError) -> u32 {
         RemoteError::UnknownTxn(_) => 13,
         RemoteError::StaleEpoch { .. } => 14,
         RemoteError::NotLeader { .. } => 15,
+        RemoteError::Busy(_) => 16,
     }
 }
 
@@ -861,6 +862,7 @@ fn remote_error() {
                 },
                 "0f | 01 03683a39",
             ),
+            (RemoteError::Busy("b".into()), "10 | 0162"),
         ],
         remote_error_index,
     );
@@ -894,7 +896,7 @@ fn frame_header_constants() {
 /// The hello: magic and version where every version keeps them, kind 4.
 #[test]
 fn hello_frame() {
-    let want = unhex("526d 0a 04 0000 0000 | 0000000000000000 | 00000000 | 00000000");
+    let want = unhex("526d 0b 04 0000 0000 | 0000000000000000 | 00000000 | 00000000");
     assert_eq!(hex(&hello()), hex(&want));
     assert_eq!(HELLO_KIND, 4);
     assert_eq!(check_hello(&hello()), Ok(()));
@@ -903,7 +905,7 @@ fn hello_frame() {
 /// A whole request frame and its error reply: header, head and payload.
 #[test]
 fn whole_frames() {
-    assert_eq!(VERSION, 10, "a new VERSION needs new golden frames");
+    assert_eq!(VERSION, 11, "a new VERSION needs new golden frames");
     let head = encode(&MemRequest::Write { cap: cap(), offset: 1 });
     let mut out = Vec::new();
     write_frame(
@@ -915,7 +917,7 @@ fn whole_frames() {
     )
     .unwrap();
     let want = golden(
-        "526d 0a 01 0000 0000 | 0807060504030201 | 15000000 | 07000000 \
+        "526d 0b 01 0000 0000 | 0807060504030201 | 15000000 | 07000000 \
          | 01 {CAP} 01 | 7061796c6f6164",
     );
     assert_eq!(hex(&out), hex(&want), "request frame");
@@ -930,6 +932,6 @@ fn whole_frames() {
     let head = encode(&RemoteError::NoSuchRegion { region: RegionId(3) });
     let mut out = Vec::new();
     write_frame(&mut out, FrameKind::Error, 0x0102_0304_0506_0708, &head, &[]).unwrap();
-    let want = unhex("526d 0a 03 0000 0000 | 0807060504030201 | 02000000 | 00000000 | 01 03");
+    let want = unhex("526d 0b 03 0000 0000 | 0807060504030201 | 02000000 | 00000000 | 01 03");
     assert_eq!(hex(&out), hex(&want), "error frame");
 }

@@ -1,15 +1,21 @@
 //! Server-side plumbing shared by the memory node and the manager: an accept
 //! loop with a thread per connection that answers the protocol hello before
-//! anything else, a registry of open connections (to close them on shutdown or
-//! on a fault-injection command) and a reply writer that several threads may
-//! share (replies can be sent out of order).
+//! anything else ([`Listener`]), within limits on connections and deadlines
+//! ([`Limits`]), a registry of open connections (to close them on shutdown
+//! or on a fault-injection command) and a reply writer that several threads
+//! may share (replies can be sent out of order).
+
+mod gate;
+mod listener;
+
+pub use gate::{Limits, Refusals};
+pub use listener::{IDLE_TICK, Listener};
 
 use std::collections::HashMap;
 use std::io::{self, ErrorKind, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -25,7 +31,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// How long an accepted connection may take to send its hello.
+/// How long one read of the handshake may wait (the whole handshake has
+/// its own deadline, [`Limits::handshake_deadline`]).
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a refused peer of another version gets to read our hello before
 /// the connection is closed.
@@ -76,7 +83,7 @@ pub enum HelloError {
 /// Tells TLS clients from plain ones by their first byte and runs the TLS
 /// handshake with the former ([`crate::tls`]); a client of a kind the
 /// server does not serve is answered with a TLS alert and closed.
-fn accept_stream(sock: TcpStream, tls: Option<&ServerTls>) -> Result<Stream, HelloError> {
+pub(crate) fn accept_stream(sock: TcpStream, tls: Option<&ServerTls>) -> Result<Stream, HelloError> {
     sock.set_read_timeout(Some(HELLO_TIMEOUT))?;
     let mut first = [0u8; 1];
     let n = loop {
@@ -144,7 +151,7 @@ pub fn answer_hello(s: &mut (impl Read + Write)) -> Result<(), HelloError> {
 /// if the server has one, all within one time limit. On a version mismatch
 /// the socket is closed gracefully, so that the peer reads our hello before
 /// it sees the connection end.
-fn accept_hello(sock: &Stream, key: Option<&ClusterKey>) -> Result<(), HelloError> {
+pub(crate) fn accept_hello(sock: &Stream, key: Option<&ClusterKey>) -> Result<(), HelloError> {
     let (read_timeout, write_timeout) = (sock.read_timeout()?, sock.write_timeout()?);
     sock.set_read_timeout(Some(HELLO_TIMEOUT))?;
     sock.set_write_timeout(Some(HELLO_TIMEOUT))?;
@@ -157,7 +164,7 @@ fn accept_hello(sock: &Stream, key: Option<&ClusterKey>) -> Result<(), HelloErro
     if let Some(key) = key {
         if let Err(e) = server_handshake(&mut &*sock, key) {
             if let AuthError::NoChallenge { got } = &e {
-                refuse_request(sock, *got);
+                answer_first_request(sock, got, &RemoteError::Unauthorized);
             }
             // What the peer already sent stays unread: close gracefully, so
             // that no reset destroys the refusal on its way.
@@ -170,18 +177,20 @@ fn accept_hello(sock: &Stream, key: Option<&ClusterKey>) -> Result<(), HelloErro
     Ok(())
 }
 
-/// A client without the key sent a request where the key challenge belongs:
-/// answer that request with [`RemoteError::Unauthorized`] (and nothing
-/// else), so that it fails with a reason rather than a broken connection.
-fn refuse_request(sock: &Stream, start: [u8; TAG_LEN]) {
+/// Answers a connection's first request with `e` (and nothing else), so
+/// that it fails with a reason rather than a broken connection: a client
+/// without the key that sent a request where the key challenge belongs
+/// (`start` holds what was read of it), or one over the connection cap.
+pub(crate) fn answer_first_request(sock: &Stream, start: &[u8], e: &RemoteError) {
     let mut h = [0u8; HEADER_LEN];
-    h[..TAG_LEN].copy_from_slice(&start);
-    if (&*sock).read_exact(&mut h[TAG_LEN..]).is_err() {
+    let start = &start[..start.len().min(TAG_LEN)];
+    h[..start.len()].copy_from_slice(start);
+    if sock.set_read_timeout(Some(REFUSAL_LINGER)).is_err() || (&*sock).read_exact(&mut h[start.len()..]).is_err() {
         return;
     }
     if let Ok(hdr) = FrameHeader::decode(&h) {
         if hdr.kind == FrameKind::Request {
-            let head = encode(&RemoteError::Unauthorized);
+            let head = encode(e);
             let _ = write_frame(&mut &*sock, FrameKind::Error, hdr.id, &head, &[]);
         }
     }
@@ -190,7 +199,7 @@ fn refuse_request(sock: &Stream, start: [u8; TAG_LEN]) {
 /// Closing a socket with unread input resets it, and a reset can destroy
 /// the reply still on its way; so stop writing, then read until the peer
 /// hangs up or the linger time runs out.
-fn linger(sock: &TcpStream) {
+pub(crate) fn linger(sock: &TcpStream) {
     if sock.shutdown(Shutdown::Write).is_err() || sock.set_read_timeout(Some(REFUSAL_LINGER)).is_err() {
         return;
     }
@@ -218,12 +227,20 @@ pub struct Conns {
 pub struct ConnGuard {
     conns: Arc<Conns>,
     id: u64,
+    request_deadline: Duration,
 }
 
 impl ConnGuard {
     /// The connection's id in the registry.
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// The time a request may take to arrive once its first byte has
+    /// ([`Limits::request_deadline`]): the stall limit for the handler's
+    /// [`crate::frame::FrameReader`] and [`Responder`].
+    pub fn request_deadline(&self) -> Duration {
+        self.request_deadline
     }
 }
 
@@ -235,12 +252,13 @@ impl Drop for ConnGuard {
 
 impl Conns {
     /// Records a connection so that [`Conns::close_all`] can reach it.
-    pub fn register(self: &Arc<Self>, sock: &TcpStream) -> io::Result<ConnGuard> {
+    pub fn register(self: &Arc<Self>, sock: &TcpStream, request_deadline: Duration) -> io::Result<ConnGuard> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         lock(&self.open).insert(id, sock.try_clone()?);
         Ok(ConnGuard {
             conns: Arc::clone(self),
             id,
+            request_deadline,
         })
     }
 
@@ -341,151 +359,5 @@ impl Responder {
     /// from memory that must stay locked while it is written.
     pub fn with_socket<R>(&self, f: impl FnOnce(&mut Stream) -> R) -> R {
         f(&mut lock(&self.sock))
-    }
-}
-
-/// A listening server: accepts connections and runs `handle` on a thread per
-/// connection until [`Listener::stop`].
-#[derive(Debug)]
-pub struct Listener {
-    addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    conns: Arc<Conns>,
-    refused: Arc<AtomicU64>,
-    thread: Option<thread::JoinHandle<()>>,
-}
-
-impl Listener {
-    /// Starts accepting on `listener`, calling `handle(stream, guard)` on a
-    /// new thread for each connection once it has exchanged hellos
-    /// ([`answer_hello`]) and, with a `key`, once the peer has proved it
-    /// holds that key ([`crate::auth`]). A connection of another protocol
-    /// version, one that does not start with a hello, or one without the
-    /// proof is logged and closed unhandled. `key: None` serves anyone who
-    /// can connect (`--insecure-no-auth`).
-    pub fn start<F>(listener: TcpListener, name: &str, key: Option<ClusterKey>, handle: F) -> io::Result<Self>
-    where
-        F: Fn(Stream, ConnGuard) + Send + Sync + 'static,
-    {
-        Self::start_tls(listener, name, key, None, handle)
-    }
-
-    /// As [`Listener::start`], with TLS ([`crate::tls`]): the handshake
-    /// comes before the hello; `tls: None` serves plain TCP only.
-    pub fn start_tls<F>(
-        listener: TcpListener,
-        name: &str,
-        key: Option<ClusterKey>,
-        tls: Option<ServerTls>,
-        handle: F,
-    ) -> io::Result<Self>
-    where
-        F: Fn(Stream, ConnGuard) + Send + Sync + 'static,
-    {
-        let addr = listener.local_addr()?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let conns = Arc::new(Conns::default());
-        let refused = Arc::new(AtomicU64::new(0));
-        let handle = Arc::new(handle);
-        let (stop2, conns2, name2) = (Arc::clone(&stop), Arc::clone(&conns), name.to_string());
-        let refused2 = Arc::clone(&refused);
-        let thread = thread::Builder::new().name(format!("{name}-accept")).spawn(move || {
-            for s in listener.incoming() {
-                if stop2.load(Ordering::Acquire) {
-                    break;
-                }
-                let s = match s {
-                    Ok(s) => s,
-                    Err(e) => {
-                        tracing::warn!("accept failed: {e}");
-                        thread::sleep(Duration::from_millis(10));
-                        continue;
-                    }
-                };
-                let guard = match conns2.register(&s) {
-                    Ok(g) => g,
-                    Err(e) => {
-                        tracing::warn!("cannot register connection: {e}");
-                        continue;
-                    }
-                };
-                let h = Arc::clone(&handle);
-                let server = name2.clone();
-                let refused = Arc::clone(&refused2);
-                let tls = tls.clone();
-                let spawned = thread::Builder::new().name(format!("{name2}-conn")).spawn(move || {
-                    let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
-                    let res = accept_stream(s, tls.as_ref()).and_then(|s| accept_hello(&s, key.as_ref()).map(|()| s));
-                    match res {
-                        Ok(s) => h(s, guard),
-                        Err(e @ (HelloError::TlsRequired | HelloError::TlsNotServed)) => {
-                            refused.fetch_add(1, Ordering::Relaxed);
-                            tracing::warn!("{server}: refusing connection from {peer}: {e}")
-                        }
-                        Err(HelloError::TlsHandshake(e))
-                            if !matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) =>
-                        {
-                            refused.fetch_add(1, Ordering::Relaxed);
-                            tracing::warn!("{server}: refusing connection from {peer}: TLS handshake failed: {e}")
-                        }
-                        Err(HelloError::Auth(e)) => {
-                            refused.fetch_add(1, Ordering::Relaxed);
-                            tracing::warn!("{server}: refusing connection from {peer}: {e}")
-                        }
-                        Err(e @ HelloError::Closed) => tracing::debug!("{server}: connection from {peer}: {e}"),
-                        Err(e @ HelloError::VersionMismatch { .. }) => {
-                            tracing::warn!("{server}: refusing connection from {peer}: {e}")
-                        }
-                        Err(e) => tracing::warn!("{server}: closing connection from {peer}: {e}"),
-                    }
-                });
-                if let Err(e) = spawned {
-                    tracing::error!("cannot spawn connection thread: {e}");
-                }
-            }
-        })?;
-        Ok(Self {
-            addr,
-            stop,
-            conns,
-            refused,
-            thread: Some(thread),
-        })
-    }
-
-    /// The bound address.
-    pub fn local_addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// Connections closed unserved because they did not prove the cluster
-    /// key, or failed TLS (no certificate of the cluster CA, or TLS on one
-    /// side only).
-    pub fn auth_refused(&self) -> u64 {
-        self.refused.load(Ordering::Relaxed)
-    }
-
-    /// The open connections.
-    pub fn conns(&self) -> &Arc<Conns> {
-        &self.conns
-    }
-
-    /// Stops accepting and closes every open connection.
-    pub fn stop(&mut self) {
-        if self.stop.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        // Wake the blocking accept with a throwaway connection.
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-        self.conns.close_all(None);
-    }
-}
-
-impl Drop for Listener {
-    fn drop(&mut self) {
-        self.stop();
     }
 }
