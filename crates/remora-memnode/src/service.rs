@@ -344,10 +344,19 @@ impl<E: Env> Service<'_, E> {
     /// two vectored requests can never deadlock on each other's locks).
     /// The reply is sent from the copy, with no lock held: a reader that
     /// stops reading stalls its own connection, not the region's writers.
+    ///
+    /// Every range's bounds and capability are checked before the reply's
+    /// buffer is reserved, so a request no capability opens costs nothing.
     fn gather(&self, ranges: &[Range]) -> Result<Vec<u8>, RemoteError> {
         let total: u64 = ranges.iter().map(|r| u64::from(r.len)).sum();
         if total > u64::from(MAX_PAYLOAD_LEN) {
             return Err(RemoteError::BadRequest("vectored read exceeds the frame limit".into()));
+        }
+        for r in ranges {
+            let region = self.regions.get(r.cap.region)?;
+            region
+                .read()
+                .check(&region, &r.cap, false, r.offset, u64::from(r.len))?;
         }
         let mut buf = Vec::with_capacity(total as usize);
         for run in ranges.chunk_by(|a, b| a.cap.region == b.cap.region) {
