@@ -443,6 +443,52 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// A connected pair of loopback sockets.
+    fn pair() -> (std::net::TcpStream, std::net::TcpStream) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        (a, l.accept().unwrap().0)
+    }
+
+    /// A frame trickled a byte at a time, each byte well within the read
+    /// timeout, still fails at the deadline counted from its first byte;
+    /// an idle connection between frames does not.
+    #[test]
+    fn a_trickled_frame_fails_at_its_deadline_and_idling_does_not() {
+        let (mut tx, rx) = pair();
+        rx.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        let mut rd = FrameReader::new(rx, Duration::from_millis(400));
+        // Idle for longer than the deadline: not an error.
+        let idle = Instant::now();
+        while idle.elapsed() < Duration::from_millis(600) {
+            assert!(matches!(rd.next_header(), Ok(None)));
+        }
+        let mut frame = Vec::new();
+        write_frame(&mut frame, FrameKind::Request, 1, b"head", &[&[7u8; 64]]).unwrap();
+        let writer = std::thread::spawn(move || {
+            for b in frame {
+                if tx.write_all(&[b]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        let start = Instant::now();
+        let res = rd.next_header().map_err(|e| e.to_string()).and_then(|h| {
+            let h = h.ok_or("no header")?;
+            rd.read_vec(h.head_len as usize + h.payload_len as usize)
+                .map_err(|e| e.to_string())
+        });
+        let took = start.elapsed();
+        assert!(res.is_err(), "a frame trickled over 1.8 s was read whole");
+        assert!(
+            took >= Duration::from_millis(350) && took < Duration::from_millis(1500),
+            "failed after {took:?}"
+        );
+        drop(rd);
+        writer.join().unwrap();
+    }
+
     #[test]
     fn header_round_trip() {
         let h = FrameHeader {
