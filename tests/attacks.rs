@@ -26,8 +26,7 @@ use remora_proto::{
 #[test]
 fn a_reader_that_stops_reading_holds_no_region_lock() {
     let c = cluster(1, 8 << 20, 4 << 20);
-    let s = session(&c, "owner");
-    let g = s.alloc(1, false, &[]).expect("a region").remove(0);
+    let (_s, g, _) = owned_region(&c);
     let opts = ConnOptions {
         call_timeout: Duration::from_secs(5),
         ..c.conn_options()
@@ -70,6 +69,14 @@ fn peak_rss(pid: u32) -> u64 {
     kib << 10
 }
 
+/// A session holding one region of `c`, and a connection to its node.
+fn owned_region(c: &LocalCluster) -> (remora_proto::ComputeSession, RegionGrant, MemNodeClient) {
+    let s = session(c, "owner");
+    let g = s.alloc(1, false, &[]).expect("a region").remove(0);
+    let owner = MemNodeClient::connect(&g.addr, c.conn_options()).unwrap();
+    (s, g, owner)
+}
+
 /// The node still serves its owner: a write read back byte for byte.
 fn still_serves(owner: &MemNodeClient, g: &RegionGrant, seed: u64) {
     let data = pattern(seed, 0, 4096);
@@ -90,9 +97,7 @@ fn still_serves(owner: &MemNodeClient, g: &RegionGrant, seed: u64) {
 #[test]
 fn an_oversize_rebuild_is_refused_before_anything_is_allocated() {
     let c = cluster(1, 8 << 20, 4 << 20);
-    let s = session(&c, "owner");
-    let g = s.alloc(1, false, &[]).expect("a region").remove(0);
-    let owner = MemNodeClient::connect(&g.addr, c.conn_options()).unwrap();
+    let (_s, g, owner) = owned_region(&c);
     let pid = c.memnodes()[0].pid;
     let before = peak_rss(pid);
     let sources = (0..4)
@@ -125,9 +130,7 @@ fn an_oversize_rebuild_is_refused_before_anything_is_allocated() {
 #[test]
 fn a_prepare_no_capability_opens_is_refused_before_its_payload_is_held() {
     let c = cluster(1, 8 << 20, 4 << 20);
-    let s = session(&c, "owner");
-    let g = s.alloc(1, false, &[]).expect("a region").remove(0);
-    let owner = MemNodeClient::connect(&g.addr, c.conn_options()).unwrap();
+    let (_s, g, owner) = owned_region(&c);
     let pid = c.memnodes()[0].pid;
     let before = peak_rss(pid);
     let forged = Cap {
@@ -321,9 +324,7 @@ fn a_flood_of_idle_and_trickling_connections_leaves_the_owners_served() {
         eprintln!("only {fds} file descriptors allowed: flooding with {n} connections");
     }
     let c = cluster(1, 8 << 20, 4 << 20);
-    let s = session(&c, "owner");
-    let g = s.alloc(1, false, &[]).expect("a region").remove(0);
-    let owner = MemNodeClient::connect(&g.addr, c.conn_options()).unwrap();
+    let (_s, g, owner) = owned_region(&c);
     let data = pattern(21, 0, g.size as usize);
     owner.write(g.cap, 0, &data).unwrap();
     let pid = c.memnodes()[0].pid;
@@ -382,9 +383,7 @@ fn a_flood_of_idle_and_trickling_connections_leaves_the_owners_served() {
 #[test]
 fn a_withheld_write_payload_is_cut_at_the_request_deadline() {
     let c = cluster_with_flags(&["--request-deadline", "3s"]);
-    let s = session(&c, "owner");
-    let g = s.alloc(1, false, &[]).expect("a region").remove(0);
-    let owner = MemNodeClient::connect(&g.addr, c.conn_options()).unwrap();
+    let (_s, g, owner) = owned_region(&c);
     let key = c.conn_options().cluster_key;
     let mut attacker = raw::authenticated(&g.addr, key.as_ref());
     let head = encode(&MemRequest::Write { cap: g.cap, offset: 0 });
@@ -477,8 +476,7 @@ fn connections_beyond_the_cap_are_refused_busy() {
 #[test]
 fn a_full_handshake_pool_drops_its_oldest() {
     let c = cluster_with_flags(&["--max-handshakes", "4"]);
-    let s = session(&c, "owner");
-    let g = s.alloc(1, false, &[]).expect("a region").remove(0);
+    let (_s, g, _) = owned_region(&c);
     let mut idle: Vec<std::net::TcpStream> = (0..4).map(|_| std::net::TcpStream::connect(&g.addr).unwrap()).collect();
     std::thread::sleep(Duration::from_millis(300));
     let client = MemNodeClient::connect(&g.addr, c.conn_options()).expect("a client past the idle ones");

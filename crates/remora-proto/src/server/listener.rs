@@ -57,22 +57,9 @@ impl Listener {
         Self::start_with(listener, name, key, None, Limits::default(), handle)
     }
 
-    /// As [`Listener::start`], with TLS ([`crate::tls`]): the handshake
-    /// comes before the hello; `tls: None` serves plain TCP only.
-    pub fn start_tls<F>(
-        listener: TcpListener,
-        name: &str,
-        key: Option<ClusterKey>,
-        tls: Option<ServerTls>,
-        handle: F,
-    ) -> io::Result<Self>
-    where
-        F: Fn(Stream, ConnGuard) + Send + Sync + 'static,
-    {
-        Self::start_with(listener, name, key, tls, Limits::default(), handle)
-    }
-
-    /// As [`Listener::start_tls`], within `limits`. The handler gets the
+    /// As [`Listener::start`], with TLS ([`crate::tls`]: the handshake
+    /// comes before the hello; `tls: None` serves plain TCP only) and
+    /// within `limits`. The handler gets the
     /// stream with a read timeout of [`IDLE_TICK`] and a write timeout of
     /// the request deadline, which [`ConnGuard::request_deadline`] tells it.
     pub fn start_with<F>(

@@ -166,16 +166,23 @@ fn key_updates_are_answered() {
 
 fn echo_server(tls: Option<ServerTls>) -> Listener {
     let sock = TcpListener::bind("127.0.0.1:0").unwrap();
-    Listener::start_tls(sock, "echo", None, tls, |sock: Stream, _g: ConnGuard| {
-        serve_requests(sock, Duration::from_secs(5), |out, req| {
-            let out = out.clone();
-            // Replies from other threads, out of order, as a memory node sends them.
-            thread::spawn(move || {
-                let _ = out.ok(req.header.id, &MemResponse::Data, &[&req.payload]);
+    Listener::start_with(
+        sock,
+        "echo",
+        None,
+        tls,
+        Default::default(),
+        |sock: Stream, _g: ConnGuard| {
+            serve_requests(sock, Duration::from_secs(5), |out, req| {
+                let out = out.clone();
+                // Replies from other threads, out of order, as a memory node sends them.
+                thread::spawn(move || {
+                    let _ = out.ok(req.header.id, &MemResponse::Data, &[&req.payload]);
+                });
+                true
             });
-            true
-        });
-    })
+        },
+    )
     .unwrap()
 }
 
