@@ -62,13 +62,25 @@ pub(crate) fn closed_within(s: &mut TcpStream, within: Duration) -> Option<Durat
     None
 }
 
-/// Raises this process's limit on open files as far as it may go; returns it.
-pub(crate) fn raise_fd_limit() -> u64 {
+/// Taken by each test that floods: one flood at a time in this process,
+/// so that two floods never eat the descriptors the other tests need.
+static FLOODING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Raises this process's limit on open files as far as it may go, waits
+/// for any other flood of this process to end, and says how many of
+/// `wanted` connections a flood may open (a thousand descriptors are left
+/// for everything else).
+pub(crate) fn prepare_flood(wanted: usize) -> (std::sync::MutexGuard<'static, ()>, usize) {
     use rustix::process::{Resource, getrlimit, setrlimit};
     let mut l = getrlimit(Resource::Nofile);
     l.current = l.maximum;
     let _ = setrlimit(Resource::Nofile, l);
-    getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX)
+    let fds = getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX);
+    let n = wanted.min(fds.saturating_sub(1_000) as usize);
+    if n < wanted {
+        eprintln!("only {fds} file descriptors allowed: flooding with {n} connections, not {wanted}");
+    }
+    (FLOODING.lock().unwrap_or_else(|p| p.into_inner()), n)
 }
 
 /// Opens a TCP connection from `from` to `to` without waiting for it to be
