@@ -133,27 +133,31 @@ fn aside(
     name: &str,
     f: impl FnOnce(&Shared) -> Result<MgrResponse, RemoteError> + Send + 'static,
 ) -> std::io::Result<()> {
+    /// A place among the requests answered aside; given back when dropped.
+    struct Place(Arc<Shared>);
+    impl Drop for Place {
+        fn drop(&mut self) {
+            self.0.aside.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+    let place = Place(Arc::clone(shared));
     if shared.aside.fetch_add(1, Ordering::AcqRel) >= MAX_ASIDE {
-        shared.aside.fetch_sub(1, Ordering::AcqRel);
         return out.err(
             id,
             &RemoteError::Busy(format!("{MAX_ASIDE} probes and long polls already under way")),
         );
     }
-    let (s, o) = (Arc::clone(shared), out.clone());
+    let o = out.clone();
     let spawned = thread::Builder::new().name(name.into()).spawn(move || {
-        let _ = match f(&s) {
+        let _ = match f(&place.0) {
             Ok(m) => o.ok(id, &m, &[]),
             Err(e) => o.err(id, &e),
         };
-        s.aside.fetch_sub(1, Ordering::AcqRel);
+        drop(place);
     });
     match spawned {
         Ok(_) => Ok(()),
-        Err(e) => {
-            shared.aside.fetch_sub(1, Ordering::AcqRel);
-            out.err(id, &RemoteError::Internal(e.to_string()))
-        }
+        Err(e) => out.err(id, &RemoteError::Internal(e.to_string())),
     }
 }
 

@@ -355,8 +355,12 @@ impl FrameReader {
                     Ok(0) => return Err(eof_mid_frame().into()),
                     Ok(n) => {
                         self.end += n;
+                        // The frame starts with its first byte; the clock is
+                        // read again only while the header is incomplete.
                         let start = *self.frame_start.get_or_insert_with(Instant::now);
-                        self.check_stall(start)?;
+                        if self.end < HEADER_LEN {
+                            self.check_stall(start)?;
+                        }
                     }
                     Err(e) if is_timeout(&e) && self.end == 0 => return Ok(None),
                     Err(e) if is_retry(&e) => self.check_stall(Instant::now())?,
