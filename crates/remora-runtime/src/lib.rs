@@ -38,6 +38,7 @@ mod runtime;
 pub mod scheme;
 mod scope;
 pub mod size_classes;
+mod slice;
 mod slots;
 pub mod span;
 mod span_registry;
@@ -49,6 +50,7 @@ pub use local_heap::{HeapUsage, LocalHeap};
 pub use object::{RemBox, RemRc, Remotable};
 pub use page_heap::PageHeapConfig;
 pub use runtime::{DerefScope, Runtime, RuntimeConfig, Stats};
+pub use slice::{MAX_OBJECT_BYTES, RemSlice};
 
 /// Why an allocation failed.
 #[derive(Debug, thiserror::Error)]

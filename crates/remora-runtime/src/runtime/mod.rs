@@ -39,6 +39,7 @@ use crate::pointer::{
 };
 use crate::scheme::{NonFt, Scheme, SpanAddr};
 use crate::scope::{Rcu, ScopeGuard};
+use crate::slice::RemSlice;
 use crate::slots::{SlotTable, owner_of};
 use remora_proto::checksum::checksum;
 
@@ -339,6 +340,28 @@ impl Runtime {
         Ok(RemRc::from_slot(self.inner.alloc_object(value, SHARED)?))
     }
 
+    /// A new variable-size object holding a copy of `values` (at most
+    /// [`crate::MAX_OBJECT_BYTES`] bytes: [`RuntimeError::TooLarge`] beyond).
+    pub fn alloc_slice<T: Remotable + Copy>(&self, values: &[T]) -> Result<RemSlice<T>, RuntimeError> {
+        RemSlice::alloc(&self.inner, values.len(), |i| values[i])
+    }
+
+    /// A new variable-size object of `len` copies of `value` (see
+    /// [`Runtime::alloc_slice`]).
+    pub fn alloc_slice_filled<T: Remotable + Copy>(&self, len: usize, value: T) -> Result<RemSlice<T>, RuntimeError> {
+        RemSlice::alloc(&self.inner, len, |_| value)
+    }
+
+    /// A new variable-size object of `len` values, value `i` being `f(i)`
+    /// (see [`Runtime::alloc_slice`]).
+    pub fn alloc_slice_with<T: Remotable + Copy>(
+        &self,
+        len: usize,
+        f: impl FnMut(usize) -> T,
+    ) -> Result<RemSlice<T>, RuntimeError> {
+        RemSlice::alloc(&self.inner, len, f)
+    }
+
     /// A census of the local spans: how many are hot, cold, kept, pinned or
     /// listed with holes, and how full (see [`LocalCensus`]). It walks every
     /// local span under the registry's lock: a diagnostic, not a counter.
@@ -552,7 +575,23 @@ impl Inner {
                 "remotable objects are at most 8-aligned"
             )
         };
-        let size = HEADER + std::mem::size_of::<T>();
+        self.alloc_raw(HEADER + std::mem::size_of::<T>(), flags, |payload| {
+            // SAFETY: `payload` is 8-aligned with room for a `T`, fresh and
+            // seen by no one else (`alloc_raw`'s contract).
+            unsafe { (payload as *mut T).write(value) }
+        })
+    }
+
+    /// Allocates an object of `size` bytes (header included) owned by a new
+    /// slot with `flags`, and runs `init` on the address of its payload
+    /// (just past the header), which is 8-aligned, `size - HEADER` bytes
+    /// long and visible to no other thread until `init` returns.
+    pub(crate) fn alloc_raw(
+        self: &Arc<Self>,
+        size: usize,
+        flags: u64,
+        init: impl FnOnce(usize),
+    ) -> Result<NonNull<Slot>, RuntimeError> {
         let used = self.heap.bytes_in_use() as u64;
         if used >= self.high_bytes() {
             self.kick();
@@ -569,8 +608,8 @@ impl Inner {
             // reserved for us under the class lock; nothing else can see it.
             unsafe {
                 header(addr).store(slot.as_ptr() as u64, StdOrdering::Release);
-                ((addr + HEADER) as *mut T).write(value);
             }
+            init(addr + HEADER);
             slot_ref(slot)
                 .word
                 .store(local_word(addr, flags | DIRTY, hot), Ordering::Release);
