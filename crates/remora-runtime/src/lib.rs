@@ -50,7 +50,7 @@ pub use local_heap::{HeapUsage, LocalHeap};
 pub use object::{RemBox, RemRc, Remotable};
 pub use page_heap::PageHeapConfig;
 pub use runtime::{DerefScope, Runtime, RuntimeConfig, Stats};
-pub use slice::{MAX_OBJECT_BYTES, RemSlice};
+pub use slice::{HEADER_BYTES, MAX_OBJECT_BYTES, RemSlice};
 
 /// Why an allocation failed.
 #[derive(Debug, thiserror::Error)]

@@ -35,6 +35,10 @@ use crate::runtime::{DerefScope, Inner};
 /// must be at least this (plus a page) for slices this long to be evicted.
 pub const MAX_OBJECT_BYTES: usize = 16 << 20;
 
+/// Bytes every object carries before its values (the reverse reference):
+/// an object of `n` value bytes takes `HEADER_BYTES + n` of its span.
+pub const HEADER_BYTES: usize = HEADER;
+
 /// A unique remotable pointer to a run-time-sized slice of `T`: 8 bytes.
 /// Dereference it inside a [`DerefScope`].
 ///
