@@ -72,8 +72,22 @@ impl Inner {
                     // SAFETY: the object is live and local; we read it out exactly once.
                     value = Some(unsafe { ((addr + HEADER) as *const T).read() });
                 }
-                // SAFETY: the header of a live local object.
-                unsafe { header(addr) }.store(0, StdOrdering::Release);
+                // The header of an object whose span is being written out
+                // (`E`: the word cannot gain it while we hold `L`) is left
+                // alone: the evictor sends the span's bytes as they are, and
+                // computes the parity of a spanset from them, with no lock
+                // on the object. A store here could land between the two,
+                // leaving a far member that differs from what its parity
+                // covers: the eviction aborts on the changed word, but the
+                // member stays in its spanset as a hole, and every later
+                // decode that reads it comes out wrong. The slot is free in
+                // the span's bitmap all the same, and a stale reverse
+                // reference names a slot whose word no longer names this
+                // address, so nothing follows it.
+                if w & EVICTING == 0 {
+                    // SAFETY: the header of a live local object.
+                    unsafe { header(addr) }.store(0, StdOrdering::Release);
+                }
                 inner.heap.free(addr);
                 inner.wake_room();
                 break;
