@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use rand::{Rng, SeedableRng};
-use remora_collections::{RemHashMap, RemVec};
+use remora_collections::{RemBTreeMap, RemHashMap, RemVec};
 use remora_runtime::{Runtime, RuntimeError, scheme};
 
 /// 1 KiB: word 0 is the version, the others derive from key and version.
@@ -51,6 +51,15 @@ impl Store for RemHashMap<'_, u64, Val> {
         } else {
             self.update(&k, |old| *old = v).map(|_| ())
         }
+    }
+}
+
+impl Store for RemBTreeMap<'_, u64, Val> {
+    fn read(&self, k: u64) -> Result<Option<Val>, RuntimeError> {
+        self.get(&k)
+    }
+    fn write(&self, k: u64, v: Val) -> Result<(), RuntimeError> {
+        self.insert(k, v).map(|_| ())
     }
 }
 
@@ -202,6 +211,32 @@ fn a_hash_map_survives_a_killed_node_under_replication() {
 #[test]
 fn a_hash_map_survives_a_killed_node_under_ec_batch() {
     hash_map_with_a_kill("ec-batch");
+}
+
+/// The B-tree's nodes are far objects too: a lookup that misses may swap in
+/// a node on each level as well as the value.
+#[test]
+fn a_btree_map_a_tenth_local_survives_a_killed_node_with_checked_histories() {
+    let c = quick_cluster(7, 64 << 20, 8 << 20);
+    let rt = runtime(&c, "ec-batch", 900 << 10);
+    let map = RemBTreeMap::<u64, Val>::new(&rt);
+    // Inserted out of order, so that splits happen all over the tree.
+    for k in (0..KEYS).map(|i| (i * 2654435761) % KEYS) {
+        map.insert(k, val(k, 0)).unwrap();
+    }
+    assert_eq!(map.len() as u64, KEYS);
+    let reads = run_with_a_kill(&c, &rt, &map);
+    let st = rt.stats();
+    eprintln!("btree: {reads} reads checked; {st:?}");
+    assert!(st.reconstructed_bytes > 0 && st.swap_ins > 1000, "{st:?}");
+    // In key order, every key once.
+    let keys: Vec<u64> = map.iter().map(|e| e.unwrap().0).collect();
+    assert_eq!(keys, (0..KEYS).collect::<Vec<_>>());
+    rt.wait_for_eviction(Duration::from_secs(20)).unwrap();
+    let before = rt.stats();
+    drop(map);
+    let after = rt.stats();
+    assert_eq!((after.objects, after.swap_ins), (0, before.swap_ins), "{after:?}");
 }
 
 #[test]

@@ -1,11 +1,12 @@
 //! Far-memory collections shaped like std's, for applications of remora.
 //!
-//! [`RemVec`] and [`RemHashMap`] keep their values in remotable objects of a
+//! [`RemVec`], [`RemHashMap`] and [`RemBTreeMap`] keep their values in remotable objects of a
 //! [`remora_runtime::Runtime`]: hot values stay in its local heap, cold ones
 //! are evicted to memory nodes under the runtime's fault-tolerance scheme and
 //! swapped back in on use. What stays local is the collection's index (the
-//! vector's table of chunks, the map's keys and 8-byte handles), so a lookup
-//! costs at most one remote read.
+//! vector's table of chunks, the hash map's keys and 8-byte handles, the
+//! B-tree's tables of node and value cells), so a hash-map lookup costs at
+//! most one remote read and a B-tree lookup one per level not local.
 //!
 //! Every operation takes `&self`: share a collection between threads with
 //! `&` or `Arc`. Reads never take a collection-wide lock (see each type for
@@ -30,10 +31,12 @@
 //! # Ok(()) }
 //! ```
 
+mod btree_map;
 mod directory;
 mod hash_map;
 mod vec;
 
+pub use btree_map::{BTreeIter, RemBTreeMap};
 pub use hash_map::{MapIter, RemHashMap};
 pub use remora_runtime::RuntimeError;
 pub use vec::{RemVec, VecIter};

@@ -206,3 +206,97 @@ fn string_keys_are_looked_up_by_str() {
     assert_eq!(m.get("key-17").unwrap(), None);
     assert_eq!(m.len(), 999);
 }
+
+#[derive(Debug, Clone)]
+enum TreeOp {
+    Insert(u64, u64),
+    InsertMany(u64, u64),
+    Get(u64),
+    Contains(u64),
+    Remove(u64),
+    RemoveMany(u64, u64),
+    Range(u64, u64),
+    Iter,
+}
+
+fn tree_op() -> impl Strategy<Value = TreeOp> {
+    let key = 0..5000u64;
+    prop_oneof![
+        4 => (key.clone(), any::<u64>()).prop_map(|(k, v)| TreeOp::Insert(k, v)),
+        2 => (key.clone(), 1..400u64).prop_map(|(k, n)| TreeOp::InsertMany(k, n)),
+        4 => key.clone().prop_map(TreeOp::Get),
+        1 => key.clone().prop_map(TreeOp::Contains),
+        2 => key.clone().prop_map(TreeOp::Remove),
+        1 => (key.clone(), 1..300u64).prop_map(|(k, n)| TreeOp::RemoveMany(k, n)),
+        2 => (key, 0..600u64).prop_map(|(k, n)| TreeOp::Range(k, n)),
+        1 => Just(TreeOp::Iter),
+    ]
+}
+
+#[test]
+fn rem_btree_map_behaves_like_btree_map() {
+    use std::collections::BTreeMap;
+
+    use remora_collections::RemBTreeMap;
+    let c = InProcessCluster::new(7, 64, 2 << 20);
+    let rt = runtime(&c);
+    let mut runner = runner();
+    runner
+        .run(&prop::collection::vec(tree_op(), 1..200), |ops| {
+            let far = RemBTreeMap::<u64, Val>::new(&rt);
+            let mut std_map: BTreeMap<u64, Val> = BTreeMap::new();
+            for op in ops {
+                match op {
+                    TreeOp::Insert(k, v) => {
+                        let replaced = far.insert(k, val(k, v)).unwrap();
+                        prop_assert_eq!(replaced, std_map.insert(k, val(k, v)).is_some());
+                    }
+                    TreeOp::InsertMany(k, n) => {
+                        // Descending: splits on the left of full nodes too.
+                        for j in (k..k + n).rev() {
+                            let replaced = far.insert(j, val(j, n)).unwrap();
+                            prop_assert_eq!(replaced, std_map.insert(j, val(j, n)).is_some());
+                        }
+                    }
+                    TreeOp::Get(k) => prop_assert_eq!(far.get(&k).unwrap(), std_map.get(&k).copied()),
+                    TreeOp::Contains(k) => prop_assert_eq!(far.contains_key(&k).unwrap(), std_map.contains_key(&k)),
+                    TreeOp::Remove(k) => prop_assert_eq!(far.remove(&k).unwrap(), std_map.remove(&k).is_some()),
+                    TreeOp::RemoveMany(k, n) => {
+                        for j in k..k + n {
+                            prop_assert_eq!(far.remove(&j).unwrap(), std_map.remove(&j).is_some());
+                        }
+                    }
+                    TreeOp::Range(k, n) => {
+                        let got: Vec<(u64, Val)> = far.range(k..k + n).map(Result::unwrap).collect();
+                        let want: Vec<(u64, Val)> = std_map.range(k..k + n).map(|(k, v)| (*k, *v)).collect();
+                        prop_assert_eq!(got, want);
+                        let got: Vec<u64> = far.range(k..=k + n).map(|e| e.unwrap().0).collect();
+                        let want: Vec<u64> = std_map.range(k..=k + n).map(|e| *e.0).collect();
+                        prop_assert_eq!(got, want);
+                        let got: Vec<u64> = far.range(k..).take(50).map(|e| e.unwrap().0).collect();
+                        let want: Vec<u64> = std_map.range(k..).take(50).map(|e| *e.0).collect();
+                        prop_assert_eq!(got, want);
+                    }
+                    TreeOp::Iter => {
+                        let got: Vec<(u64, Val)> = far.iter().map(Result::unwrap).collect();
+                        let want: Vec<(u64, Val)> = std_map.iter().map(|(k, v)| (*k, *v)).collect();
+                        prop_assert_eq!(got, want);
+                    }
+                }
+                prop_assert_eq!(far.len(), std_map.len());
+            }
+            let got: Vec<(u64, Val)> = far.iter().map(Result::unwrap).collect();
+            let want: Vec<(u64, Val)> = std_map.iter().map(|(k, v)| (*k, *v)).collect();
+            prop_assert_eq!(got, want);
+            far.clear();
+            prop_assert_eq!(far.iter().count(), 0);
+            prop_assert_eq!(far.get(&1).unwrap(), None);
+            Ok(())
+        })
+        .unwrap();
+    let st = rt.stats();
+    assert!(
+        st.swap_outs > 0 && st.swap_ins > 0,
+        "nodes and values went far and came back: {st:?}"
+    );
+}

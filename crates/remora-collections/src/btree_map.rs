@@ -1,0 +1,618 @@
+//! `RemBTreeMap<K, V>`: an ordered map, a B+-tree whose nodes and values are
+//! remotable objects.
+//!
+//! ```text
+//!   local: node cells  [RwLock<Option<RemBox<Node<K>>>>; ...]   (node 0 is the root, always)
+//!          value cells [RwLock<Option<RemBox<V>>>; ...]        + free value ids
+//!   far:   Node { level, len, keys[32], ids[33] }   level 0: a leaf, ids are value ids
+//!                                                   level > 0: ids are child node ids
+//! ```
+//!
+//! Nodes name children and values by index into local tables of cells,
+//! not by pointers inside the node: a node is plain data (no drop glue), so
+//! dropping or clearing the map frees every far node and value where it
+//! lies. What stays local is 16 bytes or so per node and per value (cell
+//! and pointer slot); keys live in the nodes.
+//!
+//! Concurrency is latch coupling (lock crabbing) on the cells' locks:
+//! - a lookup read-locks the root, then each child before releasing its
+//!   parent, then the value's cell before releasing the leaf;
+//! - an insert or removal goes down the same way and write-locks only the
+//!   leaf; when the leaf is full, it starts again from the root with write
+//!   locks, releasing the ancestors above any node with room, so a split
+//!   holds exactly the nodes it changes;
+//! - the root never moves (a full root is split by moving its entries into
+//!   two new children), so every descent starts from node 0.
+//!
+//! Locks are taken only outside deref scopes and each scope is closed before
+//! the next lock is taken: a thread in a scope never waits for a lock, so the
+//! evictor's grace periods never wait for a lock holder that waits for them.
+//! Removal does not merge nodes (a leaf may become empty); the tree never
+//! shrinks until it is cleared.
+
+use std::borrow::Borrow;
+use std::ops::{Bound, RangeBounds};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use remora_runtime::{RemBox, Remotable, Runtime, RuntimeError};
+
+use crate::directory::Directory;
+
+/// Keys per node.
+const CAP: usize = 32;
+const ROOT: u32 = 0;
+
+/// A node as stored: `len` keys; a leaf's `ids[i]` is the value of
+/// `keys[i]`, an inner node's `ids[i]` the child holding keys below
+/// `keys[i]` (and `ids[len]` those from `keys[len - 1]` up).
+#[derive(Clone, Copy)]
+struct Node<K> {
+    level: u8,
+    len: u16,
+    keys: [K; CAP],
+    ids: [u32; CAP + 1],
+}
+
+// SAFETY: integers and keys that are themselves remotable.
+unsafe impl<K: Remotable + Copy> Remotable for Node<K> {}
+
+impl<K: Ord + Copy> Node<K> {
+    fn keys(&self) -> &[K] {
+        &self.keys[..self.len as usize]
+    }
+
+    /// Which child of an inner node holds `key`.
+    fn child<Q: Ord + ?Sized>(&self, key: &Q) -> usize
+    where
+        K: Borrow<Q>,
+    {
+        self.keys().partition_point(|k| k.borrow() <= key)
+    }
+
+    /// The bound above every key of child `i`, if there is one.
+    fn high(&self, i: usize) -> Option<K> {
+        self.keys().get(i).copied()
+    }
+}
+
+/// A node taken apart, for changes.
+struct Open<K> {
+    level: u8,
+    keys: Vec<K>,
+    ids: Vec<u32>,
+}
+
+impl<K: Copy> Open<K> {
+    fn of(n: &Node<K>) -> Self {
+        let len = n.len as usize;
+        let ids = if n.level == 0 { len } else { len + 1 };
+        Self {
+            level: n.level,
+            keys: n.keys[..len].to_vec(),
+            ids: n.ids[..ids].to_vec(),
+        }
+    }
+
+    /// Back to a node; `fill` stands for the unused key places.
+    fn close(&self, fill: K) -> Node<K> {
+        debug_assert!(self.keys.len() <= CAP);
+        let mut n = Node {
+            level: self.level,
+            len: self.keys.len() as u16,
+            keys: [fill; CAP],
+            ids: [u32::MAX; CAP + 1],
+        };
+        n.keys[..self.keys.len()].copy_from_slice(&self.keys);
+        n.ids[..self.ids.len()].copy_from_slice(&self.ids);
+        n
+    }
+
+    /// Splits off the upper half; returns it and the key that separates it.
+    fn split(&mut self) -> (Open<K>, K) {
+        let mid = self.keys.len() / 2;
+        if self.level == 0 {
+            let right = Open {
+                level: 0,
+                keys: self.keys.split_off(mid),
+                ids: self.ids.split_off(mid),
+            };
+            let sep = right.keys[0];
+            (right, sep)
+        } else {
+            let right_keys = self.keys.split_off(mid + 1);
+            let sep = self.keys.pop().expect("an inner node to split has keys");
+            let right = Open {
+                level: self.level,
+                keys: right_keys,
+                ids: self.ids.split_off(mid + 1),
+            };
+            (right, sep)
+        }
+    }
+}
+
+type NodeCell<K> = RwLock<Option<RemBox<Node<K>>>>;
+/// A node's cell, read-locked.
+type ReadNode<'a, K> = RwLockReadGuard<'a, Option<RemBox<Node<K>>>>;
+/// A node's cell, write-locked.
+type WriteNode<'a, K> = RwLockWriteGuard<'a, Option<RemBox<Node<K>>>>;
+/// One leaf's entries in range, last first, and the bound above its keys.
+type LeafBatch<K, V> = (Vec<(K, V)>, Option<K>);
+type ValueCell<V> = RwLock<Option<RemBox<V>>>;
+
+fn read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|p| p.into_inner())
+}
+
+/// An ordered map whose nodes and values live in far memory (see the
+/// module docs for its layout and locking).
+pub struct RemBTreeMap<'rt, K: Remotable + Copy + Ord, V: Remotable + Copy> {
+    rt: &'rt Runtime,
+    nodes: Directory<NodeCell<K>>,
+    next_node: AtomicU32,
+    values: Directory<ValueCell<V>>,
+    next_value: AtomicU32,
+    free_values: Mutex<Vec<u32>>,
+    len: AtomicUsize,
+}
+
+/// What the optimistic pass of a write found.
+enum Leaf<R> {
+    Done(R),
+    /// The leaf is full: go again with write locks from the root.
+    Full,
+}
+
+impl<'rt, K: Remotable + Copy + Ord, V: Remotable + Copy> RemBTreeMap<'rt, K, V> {
+    /// An empty map on `rt`.
+    pub fn new(rt: &'rt Runtime) -> Self {
+        let nodes = Directory::new();
+        // The root's cell exists from the start; its node, with the first key.
+        nodes.get_or_create(ROOT as usize);
+        Self {
+            rt,
+            nodes,
+            next_node: AtomicU32::new(ROOT + 1),
+            values: Directory::new(),
+            next_value: AtomicU32::new(0),
+            free_values: Mutex::new(Vec::new()),
+            len: AtomicUsize::new(0),
+        }
+    }
+
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
+
+    /// Whether the map holds no entries.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn node_cell(&self, id: u32) -> &NodeCell<K> {
+        self.nodes.get(id as usize).expect("a node id names a cell")
+    }
+
+    fn value_cell(&self, id: u32) -> &ValueCell<V> {
+        self.values.get(id as usize).expect("a value id names a cell")
+    }
+
+    /// Runs `f` on the node in `cell` inside a scope of its own.
+    fn with_node<R>(
+        &self,
+        cell: &Option<RemBox<Node<K>>>,
+        f: impl FnOnce(&Node<K>) -> R,
+    ) -> Result<Option<R>, RuntimeError> {
+        let Some(b) = cell else { return Ok(None) };
+        let scope = self.rt.scope();
+        Ok(Some(f(b.deref(&scope)?)))
+    }
+
+    fn store(&self, cell: &mut Option<RemBox<Node<K>>>, node: Node<K>) -> Result<(), RuntimeError> {
+        match cell {
+            Some(b) => {
+                let scope = self.rt.scope();
+                *b.deref_mut(&scope)? = node;
+            }
+            None => *cell = Some(self.rt.alloc(node)?),
+        }
+        Ok(())
+    }
+
+    /// A new node holding `open`; returns its id.
+    fn new_node(&self, open: &Open<K>, fill: K) -> Result<u32, RuntimeError> {
+        let id = self.next_node.fetch_add(1, Ordering::Relaxed);
+        let cell = self
+            .nodes
+            .get_or_create(id as usize)
+            .ok_or(RuntimeError::TooLarge { size: id as usize })?;
+        let b = self.rt.alloc(open.close(fill))?;
+        *write(cell) = Some(b);
+        Ok(id)
+    }
+
+    fn new_value(&self, v: RemBox<V>) -> Result<u32, RuntimeError> {
+        let id = match self.free_values.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+            Some(id) => id,
+            None => self.next_value.fetch_add(1, Ordering::Relaxed),
+        };
+        let cell = self
+            .values
+            .get_or_create(id as usize)
+            .ok_or(RuntimeError::TooLarge { size: id as usize })?;
+        *write(cell) = Some(v);
+        Ok(id)
+    }
+
+    /// Descends with read locks to the leaf for `key`, and returns it read-
+    /// or write-locked (`W`), with the bound above its keys.
+    fn leaf_for<Q: Ord + ?Sized>(&self, key: &Q) -> Result<(ReadNode<'_, K>, Option<K>), RuntimeError>
+    where
+        K: Borrow<Q>,
+    {
+        let mut g = read(self.node_cell(ROOT));
+        let mut high = None;
+        loop {
+            let step = self.with_node(&g, |n| {
+                (n.level > 0).then(|| {
+                    let i = n.child(key);
+                    (n.ids[i], n.high(i))
+                })
+            })?;
+            match step {
+                Some(Some((child, h))) => {
+                    let cg = read(self.node_cell(child));
+                    g = cg;
+                    high = h.or(high);
+                }
+                _ => return Ok((g, high)),
+            }
+        }
+    }
+
+    /// Runs `f` on the value of `key`, in place, if there is one.
+    pub fn get_with<Q, R>(&self, key: &Q, f: impl FnOnce(&V) -> R) -> Result<Option<R>, RuntimeError>
+    where
+        K: Borrow<Q>,
+        Q: Ord + ?Sized,
+    {
+        let (leaf, _) = self.leaf_for(key)?;
+        let vid = self.with_node(&leaf, |n| {
+            n.keys()
+                .binary_search_by(|k| k.borrow().cmp(key))
+                .ok()
+                .map(|i| n.ids[i])
+        })?;
+        let Some(Some(vid)) = vid else { return Ok(None) };
+        let vg = read(self.value_cell(vid));
+        drop(leaf);
+        let Some(b) = vg.as_ref() else { return Ok(None) };
+        let scope = self.rt.scope();
+        Ok(Some(f(b.deref(&scope)?)))
+    }
+
+    /// A copy of the value of `key`.
+    pub fn get<Q>(&self, key: &Q) -> Result<Option<V>, RuntimeError>
+    where
+        K: Borrow<Q>,
+        Q: Ord + ?Sized,
+    {
+        self.get_with(key, |v| *v)
+    }
+
+    /// Whether `key` has a value (reads the nodes on its path, not the value).
+    pub fn contains_key<Q>(&self, key: &Q) -> Result<bool, RuntimeError>
+    where
+        K: Borrow<Q>,
+        Q: Ord + ?Sized,
+    {
+        let (leaf, _) = self.leaf_for(key)?;
+        Ok(self.with_node(&leaf, |n| n.keys().binary_search_by(|k| k.borrow().cmp(key)).is_ok())? == Some(true))
+    }
+
+    /// The leaf for `key`, write-locked, found with read locks above it.
+    /// The root, when it is the leaf, is write-locked after a check of its
+    /// level, checked again under the write lock.
+    fn leaf_for_write(&self, key: &K) -> Result<WriteNode<'_, K>, RuntimeError> {
+        loop {
+            let mut g = read(self.node_cell(ROOT));
+            if self.with_node(&g, |n| n.level)?.unwrap_or(0) == 0 {
+                drop(g);
+                let w = write(self.node_cell(ROOT));
+                if self.with_node(&w, |n| n.level)?.unwrap_or(0) == 0 {
+                    return Ok(w);
+                }
+                continue; // the root split meanwhile
+            }
+            loop {
+                let step = self.with_node(&g, |n| {
+                    let i = n.child(key);
+                    (n.ids[i], n.level)
+                })?;
+                let Some((child, level)) = step else {
+                    unreachable!("an inner node is allocated")
+                };
+                if level == 1 {
+                    let leaf = write(self.node_cell(child));
+                    return Ok(leaf);
+                }
+                let cg = read(self.node_cell(child));
+                g = cg;
+            }
+        }
+    }
+
+    /// Sets the value of `key`; returns whether it replaced one. The old
+    /// value is freed where it lies, unread.
+    pub fn insert(&self, key: K, value: V) -> Result<bool, RuntimeError> {
+        let obj = self.rt.alloc(value)?;
+        let mut obj = Some(obj);
+        // Optimistic: only the leaf write-locked.
+        let first = {
+            let mut leaf = self.leaf_for_write(&key)?;
+            self.put_in_leaf(&mut leaf, key, &mut obj)?
+        };
+        let replaced = match first {
+            Leaf::Done(r) => r,
+            Leaf::Full => self.insert_splitting(key, &mut obj)?,
+        };
+        if !replaced {
+            self.len.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(replaced)
+    }
+
+    /// Puts `obj` in the write-locked `leaf` if its key is there (replacing
+    /// the value) or the leaf has room; `Full` otherwise (obj untouched).
+    fn put_in_leaf(
+        &self,
+        leaf: &mut Option<RemBox<Node<K>>>,
+        key: K,
+        obj: &mut Option<RemBox<V>>,
+    ) -> Result<Leaf<bool>, RuntimeError> {
+        let found = self.with_node(leaf, |n| (n.keys().binary_search(&key), n.len as usize, n.ids))?;
+        match found {
+            Some((Ok(i), _, ids)) => {
+                let old = write(self.value_cell(ids[i])).replace(obj.take().expect("the new value"));
+                drop(old);
+                Ok(Leaf::Done(true))
+            }
+            Some((Err(_), len, _)) if len >= CAP => Ok(Leaf::Full),
+            found => {
+                let vid = self.new_value(obj.take().expect("the new value"))?;
+                let mut open = match leaf {
+                    Some(_) => self.with_node(leaf, Open::of)?.expect("checked"),
+                    None => Open {
+                        level: 0,
+                        keys: Vec::new(),
+                        ids: Vec::new(),
+                    },
+                };
+                let i = match found {
+                    Some((Err(i), ..)) => i,
+                    _ => 0,
+                };
+                open.keys.insert(i, key);
+                open.ids.insert(i, vid);
+                self.store(leaf, open.close(key))?;
+                Ok(Leaf::Done(false))
+            }
+        }
+    }
+
+    /// The pessimistic insert: write locks from the root, ancestors released
+    /// below any node with room; full nodes on the way split bottom-up.
+    fn insert_splitting(&self, key: K, obj: &mut Option<RemBox<V>>) -> Result<bool, RuntimeError> {
+        let mut held: Vec<(u32, WriteNode<'_, K>)> = vec![(ROOT, write(self.node_cell(ROOT)))];
+        loop {
+            let (_, g) = held.last().expect("the path is never empty");
+            let step = self
+                .with_node(g, |n| (n.level > 0).then(|| n.ids[n.child(&key)]))?
+                .flatten();
+            let Some(child) = step else { break };
+            let cg = write(self.node_cell(child));
+            if self.with_node(&cg, |n| (n.len as usize) < CAP)? == Some(true) {
+                held.clear();
+            }
+            held.push((child, cg));
+        }
+        let (_, leaf) = held.last_mut().expect("the path is never empty");
+        if let Leaf::Done(r) = self.put_in_leaf(leaf, key, obj)? {
+            return Ok(r); // another writer made room, or the key appeared
+        }
+        // The leaf is full and so is every node held above it but the first.
+        let vid = self.new_value(obj.take().expect("the new value"))?;
+        let mut carry: Option<(K, u32)> = None;
+        for depth in (0..held.len()).rev() {
+            let (id, g) = &mut held[depth];
+            let mut open = self.with_node(g, Open::of)?.expect("a held node is allocated");
+            match carry.take() {
+                None => {
+                    let i = open.keys.binary_search(&key).expect_err("the key is new");
+                    open.keys.insert(i, key);
+                    open.ids.insert(i, vid);
+                }
+                Some((sep, right)) => {
+                    let i = open.keys.partition_point(|k| *k <= sep);
+                    open.keys.insert(i, sep);
+                    open.ids.insert(i + 1, right);
+                }
+            }
+            if open.keys.len() <= CAP {
+                self.store(g, open.close(key))?;
+                return Ok(false);
+            }
+            let (right, sep) = open.split();
+            if *id == ROOT {
+                // The root stays node 0: both halves move to new nodes.
+                let left = self.new_node(&open, key)?;
+                let right = self.new_node(&right, key)?;
+                let root = Open {
+                    level: open.level + 1,
+                    keys: vec![sep],
+                    ids: vec![left, right],
+                };
+                self.store(g, root.close(key))?;
+                return Ok(false);
+            }
+            let right = self.new_node(&right, key)?;
+            self.store(g, open.close(key))?;
+            carry = Some((sep, right));
+        }
+        unreachable!("the first node held has room or is the root")
+    }
+
+    /// Removes `key`; returns whether it had a value, which is freed where
+    /// it lies, unread.
+    pub fn remove(&self, key: &K) -> Result<bool, RuntimeError> {
+        let gone = {
+            let mut leaf = self.leaf_for_write(key)?;
+            let Some(mut open) = self.with_node(&leaf, Open::of)? else {
+                return Ok(false);
+            };
+            let Ok(i) = open.keys.binary_search(key) else {
+                return Ok(false);
+            };
+            open.keys.remove(i);
+            let vid = open.ids.remove(i);
+            self.store(&mut leaf, open.close(*key))?;
+            let gone = write(self.value_cell(vid)).take();
+            self.free_values.lock().unwrap_or_else(|p| p.into_inner()).push(vid);
+            gone
+        };
+        drop(gone);
+        self.len.fetch_sub(1, Ordering::Relaxed);
+        Ok(true)
+    }
+
+    /// Removes every entry; far nodes and values are freed where they lie.
+    pub fn clear(&self) {
+        // Write-locking the root first keeps every descent out meanwhile.
+        let mut root = write(self.node_cell(ROOT));
+        let n = self.next_node.load(Ordering::Relaxed);
+        for id in ROOT + 1..n {
+            if let Some(c) = self.nodes.get(id as usize) {
+                drop(write(c).take());
+            }
+        }
+        self.next_node.store(ROOT + 1, Ordering::Relaxed);
+        let mut free = self.free_values.lock().unwrap_or_else(|p| p.into_inner());
+        free.clear();
+        for id in 0..self.next_value.load(Ordering::Relaxed) {
+            if let Some(c) = self.values.get(id as usize) {
+                drop(write(c).take());
+            }
+        }
+        self.next_value.store(0, Ordering::Relaxed);
+        drop(root.take());
+        self.len.store(0, Ordering::Relaxed);
+    }
+
+    /// A cursor over the entries whose keys are in `range`, in key order,
+    /// by value. It holds one leaf's entries at a time: each refill goes
+    /// down from the root to the leaf after the last key it returned, so it
+    /// is weakly consistent (it sees each leaf as it is when it gets there)
+    /// and never returns a key twice or out of order.
+    pub fn range(&self, range: impl RangeBounds<K>) -> BTreeIter<'_, 'rt, K, V> {
+        BTreeIter {
+            map: self,
+            from: range.start_bound().cloned(),
+            to: range.end_bound().cloned(),
+            buf: Vec::new(),
+            done: false,
+        }
+    }
+
+    /// A cursor over every entry (see [`RemBTreeMap::range`]).
+    pub fn iter(&self) -> BTreeIter<'_, 'rt, K, V> {
+        self.range(..)
+    }
+
+    /// The entries of the leaf holding keys from `from` on, those in range,
+    /// last first, and the bound above the leaf's keys.
+    fn leaf_entries(&self, from: Bound<K>, to: Bound<K>) -> Result<LeafBatch<K, V>, RuntimeError> {
+        let (leaf, high) = match from {
+            Bound::Included(k) | Bound::Excluded(k) => self.leaf_for(&k)?,
+            Bound::Unbounded => self.leaf_for_first()?,
+        };
+        let entries = self.with_node(&leaf, |n| {
+            n.keys()
+                .iter()
+                .zip(&n.ids)
+                .filter(|(k, _)| (from.as_ref(), to.as_ref()).contains(*k))
+                .map(|(k, id)| (*k, *id))
+                .collect::<Vec<_>>()
+        })?;
+        let mut out = Vec::new();
+        for (k, vid) in entries.unwrap_or_default() {
+            let vg = read(self.value_cell(vid));
+            if let Some(b) = vg.as_ref() {
+                let scope = self.rt.scope();
+                out.push((k, *b.deref(&scope)?));
+            }
+        }
+        drop(leaf);
+        out.reverse();
+        Ok((out, high))
+    }
+
+    fn leaf_for_first(&self) -> Result<(ReadNode<'_, K>, Option<K>), RuntimeError> {
+        let mut g = read(self.node_cell(ROOT));
+        let mut high = None;
+        loop {
+            let step = self.with_node(&g, |n| (n.level > 0).then(|| (n.ids[0], n.high(0))))?;
+            match step {
+                Some(Some((child, h))) => {
+                    let cg = read(self.node_cell(child));
+                    g = cg;
+                    high = h.or(high);
+                }
+                _ => return Ok((g, high)),
+            }
+        }
+    }
+}
+
+/// A cursor over a [`RemBTreeMap`] (see [`RemBTreeMap::range`]).
+pub struct BTreeIter<'m, 'rt, K: Remotable + Copy + Ord, V: Remotable + Copy> {
+    map: &'m RemBTreeMap<'rt, K, V>,
+    from: Bound<K>,
+    to: Bound<K>,
+    /// The current leaf's entries not yet returned, last first.
+    buf: Vec<(K, V)>,
+    done: bool,
+}
+
+impl<K: Remotable + Copy + Ord, V: Remotable + Copy> Iterator for BTreeIter<'_, '_, K, V> {
+    type Item = Result<(K, V), RuntimeError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        while self.buf.is_empty() {
+            if self.done {
+                return None;
+            }
+            match self.map.leaf_entries(self.from, self.to) {
+                Err(e) => {
+                    self.done = true;
+                    return Some(Err(e));
+                }
+                Ok((entries, high)) => {
+                    self.buf = entries;
+                    // The next leaf starts at `high`; keys added to this one
+                    // from now on are not seen (weak consistency).
+                    match high {
+                        Some(h) if (Bound::Unbounded, self.to).contains(&h) => self.from = Bound::Included(h),
+                        _ => self.done = true,
+                    }
+                }
+            }
+        }
+        self.buf.pop().map(Ok)
+    }
+}
