@@ -110,6 +110,8 @@ enum BenchCmd {
     Micro(Box<remora_bench::micro::MicroArgs>),
     /// Runtime costs: local-hit deref vs a plain reference, span swap-in vs a raw READ.
     Runtime(remora_bench::runtime_bench::RuntimeArgs),
+    /// Far collections (RemHashMap, RemBTreeMap, RemVec) vs std's and vs `bench micro`'s array.
+    Collections(remora_bench::collections::CollectionsArgs),
     /// Eviction drain rate: fill local memory, lower the budget, time until eviction has drained it.
     Drain(remora_bench::drain::DrainArgs),
 }
@@ -130,6 +132,7 @@ fn main() {
             BenchCmd::Micro(a) => remora_bench::micro::run(&a),
             BenchCmd::Runtime(a) => remora_bench::runtime_bench::run(&a),
             BenchCmd::Drain(a) => remora_bench::drain::run(&a),
+            BenchCmd::Collections(a) => remora_bench::collections::run(&a),
         },
         Cmd::Demo(a) => remora_apps::demo::run(&a),
         Cmd::Chaos(a) => remora_apps::chaos::run(&a),

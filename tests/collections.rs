@@ -313,7 +313,7 @@ fn a_gibibyte_vec_scans_within_its_budget() {
         BUDGET >> 20
     );
     assert!(
-        st.swap_ins as u64 * v.chunk_len() as u64 >= LEN / 2,
+        st.swap_ins * v.chunk_len() as u64 >= LEN / 2,
         "most chunks came from far: {st:?}"
     );
     assert!(

@@ -6,6 +6,7 @@
 // fields, deeper than the default limit lets the macro expand.
 #![recursion_limit = "256"]
 
+pub mod collections;
 pub mod drain;
 pub mod micro;
 pub mod net;

@@ -24,18 +24,20 @@
 //! - the root never moves (a full root is split by moving its entries into
 //!   two new children), so every descent starts from node 0.
 //!
-//! Locks are taken only outside deref scopes and each scope is closed before
-//! the next lock is taken: a thread in a scope never waits for a lock, so the
-//! evictor's grace periods never wait for a lock holder that waits for them.
+//! A thread in a deref scope never waits for a lock, so the evictor's grace
+//! periods never wait for a lock holder that waits for them: a lookup goes
+//! down in one scope taking each lock only if it is free (`try_read`), and
+//! when one is not, leaves the scope and goes down again the slow way, where
+//! each scope is closed before the next lock is taken.
 //! Removal does not merge nodes (a leaf may become empty); the tree never
 //! shrinks until it is cleared.
 
 use std::borrow::Borrow;
 use std::ops::{Bound, RangeBounds};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 
-use remora_runtime::{RemBox, Remotable, Runtime, RuntimeError};
+use remora_runtime::{DerefScope, RemBox, Remotable, Runtime, RuntimeError};
 
 use crate::directory::Directory;
 
@@ -143,6 +145,24 @@ type ValueCell<V> = RwLock<Option<RemBox<V>>>;
 
 fn read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
     l.read().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The read lock if it is free now (a poisoned lock is taken as the
+/// blocking calls take it); `None` if a writer holds it.
+fn try_read<T>(l: &RwLock<T>) -> Option<RwLockReadGuard<'_, T>> {
+    match l.try_read() {
+        Ok(g) => Some(g),
+        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
+    }
+}
+
+/// What a fast-path lookup found.
+enum Fast<G> {
+    Found(G),
+    Absent,
+    /// A lock was held by a writer.
+    Busy,
 }
 
 fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
@@ -282,6 +302,19 @@ impl<'rt, K: Remotable + Copy + Ord, V: Remotable + Copy> RemBTreeMap<'rt, K, V>
         K: Borrow<Q>,
         Q: Ord + ?Sized,
     {
+        {
+            // The fast path: one scope for the whole descent, every lock
+            // taken without waiting (see `try_read`).
+            let scope = self.rt.scope();
+            match self.value_fast(key, &scope)? {
+                Fast::Found(vg) => {
+                    let Some(b) = vg.as_ref() else { return Ok(None) };
+                    return Ok(Some(f(b.deref(&scope)?)));
+                }
+                Fast::Absent => return Ok(None),
+                Fast::Busy => {}
+            }
+        }
         let (leaf, _) = self.leaf_for(key)?;
         let vid = self.with_node(&leaf, |n| {
             n.keys()
@@ -295,6 +328,42 @@ impl<'rt, K: Remotable + Copy + Ord, V: Remotable + Copy> RemBTreeMap<'rt, K, V>
         let Some(b) = vg.as_ref() else { return Ok(None) };
         let scope = self.rt.scope();
         Ok(Some(f(b.deref(&scope)?)))
+    }
+
+    /// The value cell of `key`, read-locked, found inside `scope` with
+    /// locks taken only when free: `Busy` when one was not, and the caller
+    /// goes the slow way, out of the scope (a thread in a scope never
+    /// waits for a lock).
+    fn value_fast<'s, Q>(
+        &'s self,
+        key: &Q,
+        scope: &'s DerefScope<'_>,
+    ) -> Result<Fast<RwLockReadGuard<'s, Option<RemBox<V>>>>, RuntimeError>
+    where
+        K: Borrow<Q>,
+        Q: Ord + ?Sized,
+    {
+        let Some(mut g) = try_read(self.node_cell(ROOT)) else {
+            return Ok(Fast::Busy);
+        };
+        loop {
+            let Some(b) = g.as_ref() else { return Ok(Fast::Absent) };
+            let n = b.deref(scope)?;
+            if n.level == 0 {
+                let Ok(i) = n.keys().binary_search_by(|k| k.borrow().cmp(key)) else {
+                    return Ok(Fast::Absent);
+                };
+                return Ok(match try_read(self.value_cell(n.ids[i])) {
+                    Some(vg) => Fast::Found(vg),
+                    None => Fast::Busy,
+                });
+            }
+            let child = n.ids[n.child(key)];
+            let Some(cg) = try_read(self.node_cell(child)) else {
+                return Ok(Fast::Busy);
+            };
+            g = cg;
+        }
     }
 
     /// A copy of the value of `key`.
@@ -550,13 +619,23 @@ impl<'rt, K: Remotable + Copy + Ord, V: Remotable + Copy> RemBTreeMap<'rt, K, V>
                 .collect::<Vec<_>>()
         })?;
         let mut out = Vec::new();
+        let mut scope = Some(self.rt.scope());
         for (k, vid) in entries.unwrap_or_default() {
-            let vg = read(self.value_cell(vid));
+            // One scope for the leaf's values while their locks are free;
+            // a busy one is waited for outside any scope.
+            let vg = match try_read(self.value_cell(vid)) {
+                Some(vg) => vg,
+                None => {
+                    scope = None;
+                    read(self.value_cell(vid))
+                }
+            };
             if let Some(b) = vg.as_ref() {
-                let scope = self.rt.scope();
-                out.push((k, *b.deref(&scope)?));
+                let sc = scope.get_or_insert_with(|| self.rt.scope());
+                out.push((k, *b.deref(sc)?));
             }
         }
+        drop(scope);
         drop(leaf);
         out.reverse();
         Ok((out, high))
