@@ -8,6 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use remora_collections::RemVec;
 use remora_runtime::{MAX_OBJECT_BYTES, RemSlice, Runtime, RuntimeError, scheme};
 
 /// Lengths of the slices each scheme stores: tiny, in a size class, just
@@ -83,6 +84,24 @@ fn slices_up_to_a_mebibyte_round_trip_under_every_scheme() {
                 &format!("{name}: slice {i} after a change"),
             );
         }
+        // A RemVec<u8> of 1 MiB (16 chunks of 64 KiB) goes far and comes back whole.
+        let mib = RemVec::<u8>::new(&rt);
+        let want = bytes_of(99, 1 << 20);
+        mib.extend_from_slice(&want).unwrap();
+        rt.wait_for_eviction(Duration::from_secs(20)).unwrap();
+        let st = rt.stats();
+        let mut got = Vec::with_capacity(1 << 20);
+        mib.for_each_chunk(0, |_, v| {
+            got.extend_from_slice(v);
+            true
+        })
+        .unwrap();
+        assert_bytes_eq(&got, &want, &format!("{name}: RemVec<u8> of 1 MiB"));
+        assert!(
+            rt.stats().swap_ins > st.swap_ins,
+            "{name}: some chunks came back from far"
+        );
+        drop(mib);
         // Beyond the limit: a typed error, and nothing allocated.
         let objects = rt.stats().objects;
         match rt.alloc_slice_filled(MAX_OBJECT_BYTES / 8 + 1, 0u64) {
