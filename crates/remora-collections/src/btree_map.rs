@@ -171,6 +171,18 @@ fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
 
 /// An ordered map whose nodes and values live in far memory (see the
 /// module docs for its layout and locking).
+///
+/// ```no_run
+/// # fn f(rt: &remora_runtime::Runtime) -> Result<(), remora_runtime::RuntimeError> {
+/// use remora_collections::RemBTreeMap;
+/// let t = RemBTreeMap::new(rt);
+/// for k in 0..100u64 {
+///     t.insert(k, [k; 16])?;
+/// }
+/// let keys: Vec<u64> = t.range(10..13).map(|e| e.map(|(k, _)| k)).collect::<Result<_, _>>()?;
+/// assert_eq!(keys, [10, 11, 12]);
+/// # Ok(()) }
+/// ```
 pub struct RemBTreeMap<'rt, K: Remotable + Copy + Ord, V: Remotable + Copy> {
     rt: &'rt Runtime,
     nodes: Directory<NodeCell<K>>,

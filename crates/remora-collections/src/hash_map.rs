@@ -37,6 +37,17 @@ type Table<K, V> = HashTable<(K, RemBox<V>)>;
 struct Shard<K, V: Remotable>(RwLock<Table<K, V>>);
 
 /// A hash map whose values live in far memory (see the module docs).
+///
+/// ```no_run
+/// # fn f(rt: &remora_runtime::Runtime) -> Result<(), remora_runtime::RuntimeError> {
+/// use remora_collections::RemHashMap;
+/// let m = RemHashMap::new(rt);
+/// m.insert("k".to_string(), [7u8; 4096])?; // the key stays local, the value may go far
+/// m.update("k", |v| v[0] = 8)?;
+/// assert_eq!(m.get_with("k", |v| v[0])?, Some(8));
+/// assert!(m.remove("k")); // freed where it lies
+/// # Ok(()) }
+/// ```
 pub struct RemHashMap<'rt, K, V: Remotable + Copy> {
     rt: &'rt Runtime,
     hasher: DefaultHashBuilder,

@@ -28,6 +28,9 @@
 //! let m = RemHashMap::new(rt);
 //! m.insert("answer".to_string(), [42u8; 1024])?;
 //! assert_eq!(m.get("answer")?.map(|v| v[0]), Some(42));
+//! let t = remora_collections::RemBTreeMap::new(rt);
+//! t.insert(3u64, 30u64)?;
+//! assert_eq!(t.iter().next().transpose()?, Some((3, 30)));
 //! # Ok(()) }
 //! ```
 

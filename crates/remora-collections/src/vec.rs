@@ -27,6 +27,18 @@ type Cell<T> = RwLock<Option<RemSlice<T>>>;
 
 /// A growable vector whose values live in far-memory chunks (see the module
 /// docs for its layout and locking).
+///
+/// ```no_run
+/// # fn f(rt: &remora_runtime::Runtime) -> Result<(), remora_runtime::RuntimeError> {
+/// use remora_collections::RemVec;
+/// let v = RemVec::new(rt);
+/// v.extend_from_slice(&[1u64, 2, 3])?;
+/// v.set(1, 20)?;
+/// assert_eq!(v.pop()?, Some(3));
+/// let all: Vec<u64> = v.iter().collect::<Result<_, _>>()?; // one chunk local at a time
+/// assert_eq!(all, [1, 20]);
+/// # Ok(()) }
+/// ```
 pub struct RemVec<'rt, T: Remotable + Copy> {
     rt: &'rt Runtime,
     per_chunk: usize,
