@@ -33,7 +33,6 @@
 //! shrinks until it is cleared.
 
 use std::borrow::Borrow;
-use std::ops::{Bound, RangeBounds};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 
@@ -41,98 +40,11 @@ use remora_runtime::{DerefScope, RemBox, Remotable, Runtime, RuntimeError};
 
 use crate::directory::Directory;
 
-/// Keys per node.
-const CAP: usize = 32;
-const ROOT: u32 = 0;
+mod iter;
+mod node;
 
-/// A node as stored: `len` keys; a leaf's `ids[i]` is the value of
-/// `keys[i]`, an inner node's `ids[i]` the child holding keys below
-/// `keys[i]` (and `ids[len]` those from `keys[len - 1]` up).
-#[derive(Clone, Copy)]
-struct Node<K> {
-    level: u8,
-    len: u16,
-    keys: [K; CAP],
-    ids: [u32; CAP + 1],
-}
-
-// SAFETY: integers and keys that are themselves remotable.
-unsafe impl<K: Remotable + Copy> Remotable for Node<K> {}
-
-impl<K: Ord + Copy> Node<K> {
-    fn keys(&self) -> &[K] {
-        &self.keys[..self.len as usize]
-    }
-
-    /// Which child of an inner node holds `key`.
-    fn child<Q: Ord + ?Sized>(&self, key: &Q) -> usize
-    where
-        K: Borrow<Q>,
-    {
-        self.keys().partition_point(|k| k.borrow() <= key)
-    }
-
-    /// The bound above every key of child `i`, if there is one.
-    fn high(&self, i: usize) -> Option<K> {
-        self.keys().get(i).copied()
-    }
-}
-
-/// A node taken apart, for changes.
-struct Open<K> {
-    level: u8,
-    keys: Vec<K>,
-    ids: Vec<u32>,
-}
-
-impl<K: Copy> Open<K> {
-    fn of(n: &Node<K>) -> Self {
-        let len = n.len as usize;
-        let ids = if n.level == 0 { len } else { len + 1 };
-        Self {
-            level: n.level,
-            keys: n.keys[..len].to_vec(),
-            ids: n.ids[..ids].to_vec(),
-        }
-    }
-
-    /// Back to a node; `fill` stands for the unused key places.
-    fn close(&self, fill: K) -> Node<K> {
-        debug_assert!(self.keys.len() <= CAP);
-        let mut n = Node {
-            level: self.level,
-            len: self.keys.len() as u16,
-            keys: [fill; CAP],
-            ids: [u32::MAX; CAP + 1],
-        };
-        n.keys[..self.keys.len()].copy_from_slice(&self.keys);
-        n.ids[..self.ids.len()].copy_from_slice(&self.ids);
-        n
-    }
-
-    /// Splits off the upper half; returns it and the key that separates it.
-    fn split(&mut self) -> (Open<K>, K) {
-        let mid = self.keys.len() / 2;
-        if self.level == 0 {
-            let right = Open {
-                level: 0,
-                keys: self.keys.split_off(mid),
-                ids: self.ids.split_off(mid),
-            };
-            let sep = right.keys[0];
-            (right, sep)
-        } else {
-            let right_keys = self.keys.split_off(mid + 1);
-            let sep = self.keys.pop().expect("an inner node to split has keys");
-            let right = Open {
-                level: self.level,
-                keys: right_keys,
-                ids: self.ids.split_off(mid + 1),
-            };
-            (right, sep)
-        }
-    }
-}
+pub use iter::BTreeIter;
+use node::{CAP, Node, Open, ROOT};
 
 type NodeCell<K> = RwLock<Option<RemBox<Node<K>>>>;
 /// A node's cell, read-locked.
@@ -282,18 +194,24 @@ impl<'rt, K: Remotable + Copy + Ord, V: Remotable + Copy> RemBTreeMap<'rt, K, V>
         Ok(id)
     }
 
-    /// Descends with read locks to the leaf for `key`, and returns it read-
-    /// or write-locked (`W`), with the bound above its keys.
+    /// Descends with read locks to the leaf for `key`, and returns it
+    /// read-locked with the bound above its keys.
     fn leaf_for<Q: Ord + ?Sized>(&self, key: &Q) -> Result<(ReadNode<'_, K>, Option<K>), RuntimeError>
     where
         K: Borrow<Q>,
     {
+        self.descend(|n| n.child(key))
+    }
+
+    /// Descends with read locks, taking child `pick(node)` of each inner
+    /// node, and returns the leaf read-locked with the bound above its keys.
+    fn descend(&self, pick: impl Fn(&Node<K>) -> usize) -> Result<(ReadNode<'_, K>, Option<K>), RuntimeError> {
         let mut g = read(self.node_cell(ROOT));
         let mut high = None;
         loop {
             let step = self.with_node(&g, |n| {
                 (n.level > 0).then(|| {
-                    let i = n.child(key);
+                    let i = pick(n);
                     (n.ids[i], n.high(i))
                 })
             })?;
@@ -593,117 +511,5 @@ impl<'rt, K: Remotable + Copy + Ord, V: Remotable + Copy> RemBTreeMap<'rt, K, V>
         self.next_value.store(0, Ordering::Relaxed);
         drop(root.take());
         self.len.store(0, Ordering::Relaxed);
-    }
-
-    /// A cursor over the entries whose keys are in `range`, in key order,
-    /// by value. It holds one leaf's entries at a time: each refill goes
-    /// down from the root to the leaf after the last key it returned, so it
-    /// is weakly consistent (it sees each leaf as it is when it gets there)
-    /// and never returns a key twice or out of order.
-    pub fn range(&self, range: impl RangeBounds<K>) -> BTreeIter<'_, 'rt, K, V> {
-        BTreeIter {
-            map: self,
-            from: range.start_bound().cloned(),
-            to: range.end_bound().cloned(),
-            buf: Vec::new(),
-            done: false,
-        }
-    }
-
-    /// A cursor over every entry (see [`RemBTreeMap::range`]).
-    pub fn iter(&self) -> BTreeIter<'_, 'rt, K, V> {
-        self.range(..)
-    }
-
-    /// The entries of the leaf holding keys from `from` on, those in range,
-    /// last first, and the bound above the leaf's keys.
-    fn leaf_entries(&self, from: Bound<K>, to: Bound<K>) -> Result<LeafBatch<K, V>, RuntimeError> {
-        let (leaf, high) = match from {
-            Bound::Included(k) | Bound::Excluded(k) => self.leaf_for(&k)?,
-            Bound::Unbounded => self.leaf_for_first()?,
-        };
-        let entries = self.with_node(&leaf, |n| {
-            n.keys()
-                .iter()
-                .zip(&n.ids)
-                .filter(|(k, _)| (from.as_ref(), to.as_ref()).contains(*k))
-                .map(|(k, id)| (*k, *id))
-                .collect::<Vec<_>>()
-        })?;
-        let mut out = Vec::new();
-        let mut scope = Some(self.rt.scope());
-        for (k, vid) in entries.unwrap_or_default() {
-            // One scope for the leaf's values while their locks are free;
-            // a busy one is waited for outside any scope.
-            let vg = match try_read(self.value_cell(vid)) {
-                Some(vg) => vg,
-                None => {
-                    scope = None;
-                    read(self.value_cell(vid))
-                }
-            };
-            if let Some(b) = vg.as_ref() {
-                let sc = scope.get_or_insert_with(|| self.rt.scope());
-                out.push((k, *b.deref(sc)?));
-            }
-        }
-        drop(scope);
-        drop(leaf);
-        out.reverse();
-        Ok((out, high))
-    }
-
-    fn leaf_for_first(&self) -> Result<(ReadNode<'_, K>, Option<K>), RuntimeError> {
-        let mut g = read(self.node_cell(ROOT));
-        let mut high = None;
-        loop {
-            let step = self.with_node(&g, |n| (n.level > 0).then(|| (n.ids[0], n.high(0))))?;
-            match step {
-                Some(Some((child, h))) => {
-                    let cg = read(self.node_cell(child));
-                    g = cg;
-                    high = h.or(high);
-                }
-                _ => return Ok((g, high)),
-            }
-        }
-    }
-}
-
-/// A cursor over a [`RemBTreeMap`] (see [`RemBTreeMap::range`]).
-pub struct BTreeIter<'m, 'rt, K: Remotable + Copy + Ord, V: Remotable + Copy> {
-    map: &'m RemBTreeMap<'rt, K, V>,
-    from: Bound<K>,
-    to: Bound<K>,
-    /// The current leaf's entries not yet returned, last first.
-    buf: Vec<(K, V)>,
-    done: bool,
-}
-
-impl<K: Remotable + Copy + Ord, V: Remotable + Copy> Iterator for BTreeIter<'_, '_, K, V> {
-    type Item = Result<(K, V), RuntimeError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        while self.buf.is_empty() {
-            if self.done {
-                return None;
-            }
-            match self.map.leaf_entries(self.from, self.to) {
-                Err(e) => {
-                    self.done = true;
-                    return Some(Err(e));
-                }
-                Ok((entries, high)) => {
-                    self.buf = entries;
-                    // The next leaf starts at `high`; keys added to this one
-                    // from now on are not seen (weak consistency).
-                    match high {
-                        Some(h) if (Bound::Unbounded, self.to).contains(&h) => self.from = Bound::Included(h),
-                        _ => self.done = true,
-                    }
-                }
-            }
-        }
-        self.buf.pop().map(Ok)
     }
 }
