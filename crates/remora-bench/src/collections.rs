@@ -191,7 +191,12 @@ where
 {
     let n = args.keys;
     let data = n * (W as u64 * 8 + 64);
-    let cluster = crate::micro::start_cluster(data, 4, 1)?;
+    // Four runtimes at once in the far phase, each holding at least one
+    // stripe group (k+m regions on distinct nodes) and growing a second
+    // while it evicts, whatever the data: small runs need the regions more
+    // than the bytes.
+    let groups = 4 * 2 * crate::micro::MEMNODES as u64 * crate::micro::REGION_SIZE;
+    let cluster = crate::micro::start_cluster_for((data * 3 * 4).max(groups), crate::micro::MEMNODES, 1)?;
     let max_threads = args.threads.iter().copied().max().unwrap_or(1).max(args.far_threads);
     let keys = Keys::draw(n, args.zipf, max_threads, 1 << 20)?;
     let dur = args.duration;

@@ -138,7 +138,7 @@ pub const DEFAULT_PLOT: &str = "remora-micro-sweep.svg";
 /// Region size of the benchmark's memory nodes: far memory is held in
 /// stripe groups of k+m regions, so this sets the steps in which far memory
 /// held can follow the data (96 MiB for RS(4,2)).
-const REGION_SIZE: u64 = 16 << 20;
+pub(crate) const REGION_SIZE: u64 = 16 << 20;
 /// Object sizes the benchmark supports (each is a `[u64; size / 8]`).
 pub const SUPPORTED_SIZES: [u64; 11] = [
     64,
@@ -545,7 +545,7 @@ pub(crate) fn start_cluster(data_bytes: u64, schemes: u64, managers: usize) -> a
 
 /// A local cluster of `memnodes` memory nodes with `far_need` bytes of far
 /// memory in all, spread evenly, plus two spare regions per node.
-fn start_cluster_for(far_need: u64, memnodes: usize, managers: usize) -> anyhow::Result<LocalCluster> {
+pub(crate) fn start_cluster_for(far_need: u64, memnodes: usize, managers: usize) -> anyhow::Result<LocalCluster> {
     let per_node = far_need.div_ceil(memnodes as u64).div_ceil(REGION_SIZE) * REGION_SIZE + 2 * REGION_SIZE;
     let binary = std::env::current_exe().context("locating the remora binary")?;
     let mut cfg = ClusterConfig::new(&binary);
