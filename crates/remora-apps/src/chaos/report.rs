@@ -13,13 +13,6 @@ use super::nemesis::FaultKind;
 
 /// Width of a throughput window, seconds.
 pub(crate) const WINDOW: f64 = 0.05;
-/// Baseline before a fault, seconds.
-const BEFORE: f64 = 5.0;
-/// Throughput counts as back once it stays at this share of the baseline…
-const NORMAL: f64 = 0.9;
-/// …for this long.
-const STAY: f64 = 0.5;
-
 /// A fault as it happened.
 #[derive(Debug, Clone)]
 pub(crate) struct Done {
@@ -48,47 +41,12 @@ impl Done {
     }
 }
 
-/// A fault's effect on throughput.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Dip {
-    /// Mean throughput of the `BEFORE` seconds before the fault.
-    pub(crate) baseline: f64,
-    /// Mean from the fault to its end (rebuilt for a kill, healed for a
-    /// hold) ÷ the baseline.
-    pub(crate) ratio: f64,
-    /// Seconds from the fault (from its end, for a manager outage) until
-    /// throughput stayed at `NORMAL` of the baseline for `STAY` seconds (0
-    /// when the first window after it already did: less than one window).
-    pub(crate) back_after: Option<f64>,
-}
+pub(crate) use crate::throughput::Dip;
 
-/// Mean of the windows whose end lies in `(lo, hi]`.
-fn mean(windows: &[(f64, f64)], lo: f64, hi: f64) -> Option<f64> {
-    let v: Vec<f64> = windows.iter().filter(|w| w.0 > lo && w.0 <= hi).map(|w| w.1).collect();
-    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
-}
-
-/// The dip of a fault at `at` that lasted until `end`, over windows
-/// `(end of window, ops/s)`, with recovery counted from `back_from`: the
-/// manager's outage hurts only once the leases lapse, seconds in, so
-/// throughput "back" before it ended says nothing.
+/// The dip of a fault at `at` that lasted until `end`, over windows of
+/// [`WINDOW`] (see [`crate::throughput::dip`]).
 pub(crate) fn dip(windows: &[(f64, f64)], at: f64, end: f64, back_from: f64) -> Option<Dip> {
-    let baseline = mean(windows, at - BEFORE, at)?;
-    if baseline <= 0.0 {
-        return None;
-    }
-    // A fault shorter than a window still covers the window it falls in.
-    let during = mean(windows, at, end.max(at + WINDOW))?;
-    let after: Vec<&(f64, f64)> = windows.iter().filter(|w| w.0 > back_from).collect();
-    let stay = (STAY / WINDOW).round() as usize;
-    let back_after = (0..after.len().saturating_sub(stay - 1))
-        .find(|&i| after[i..i + stay].iter().all(|w| w.1 >= NORMAL * baseline))
-        .map(|i| (after[i].0 - WINDOW - back_from).max(0.0));
-    Some(Dip {
-        baseline,
-        ratio: during / baseline,
-        back_after,
-    })
+    crate::throughput::dip(windows, WINDOW, at, end, back_from)
 }
 
 /// Far memory needs this long after the manager is back before it flows
