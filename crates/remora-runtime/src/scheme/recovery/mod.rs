@@ -16,7 +16,8 @@
 //! one after another by one thread: two replacements for one group are
 //! never granted on the same node, and a group that lost two positions
 //! (m = 2) rebuilds the second from survivors that include the first.
-//! Different groups rebuild in parallel.
+//! Different groups rebuild in parallel, at most half the cores' worth at
+//! once ([`rebuild_slots`]).
 //!
 //! **When it cannot be rebuilt.** A position whose group has fewer than k
 //! surviving positions is lost for good, and the driver stops trying: a
@@ -120,6 +121,36 @@ struct Driver {
     /// Failed rebuild attempts, logged as a streak: with too few live
     /// nodes or the manager down, every group's worker fails every retry.
     failures: Repeated,
+    /// Rebuilds that may run now (see [`rebuild_slots`]), and the signal
+    /// that one finished.
+    slots: Mutex<usize>,
+    slot_freed: Condvar,
+}
+
+/// How many positions rebuild at once: half the cores (at least one). A
+/// rebuild is CPU work on this machine and on the memory nodes (reading
+/// survivors, decoding, checksums); rebuilding every lost position at once
+/// leaves the application threads nothing for as long as it lasts, while
+/// one at a time on a small machine keeps most of their throughput over a
+/// longer rebuild.
+fn rebuild_slots() -> usize {
+    thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
+}
+
+impl Driver {
+    /// Runs `f` in a rebuild slot, waiting for one to be free.
+    fn in_slot<R>(&self, f: impl FnOnce() -> R) -> R {
+        let mut free = lock(&self.slots);
+        while *free == 0 {
+            free = self.slot_freed.wait(free).unwrap_or_else(|p| p.into_inner());
+        }
+        *free -= 1;
+        drop(free);
+        let r = f();
+        *lock(&self.slots) += 1;
+        self.slot_freed.notify_one();
+        r
+    }
 }
 
 impl Default for Driver {
@@ -129,6 +160,8 @@ impl Default for Driver {
             q: Mutex::new(Queue::default()),
             changed: Condvar::new(),
             failures: Repeated::new("stripe-group rebuilds succeed", "rebuild attempts failed"),
+            slots: Mutex::new(rebuild_slots()),
+            slot_freed: Condvar::new(),
         }
     }
 }
@@ -261,7 +294,7 @@ fn work(d: &Driver, stats: &RecoveryStats, g: usize, code: Code, rebuild: &Rebui
                 pos,
                 attempt: pending.attempts,
             };
-            match rebuild(&lost) {
+            match d.in_slot(|| rebuild(&lost)) {
                 Ok(bytes) => {
                     d.failures.ok();
                     stats.rebuilt_bytes.fetch_add(bytes, Ordering::Relaxed);
