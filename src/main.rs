@@ -112,6 +112,8 @@ enum BenchCmd {
     Runtime(remora_bench::runtime_bench::RuntimeArgs),
     /// Far collections (RemHashMap, RemBTreeMap, RemVec) vs std's and vs `bench micro`'s array.
     Collections(remora_bench::collections::CollectionsArgs),
+    /// The paper's transactional KV store (TPC-A) on every scheme, vs local memory and Redis (Figures 8, 10a).
+    Kv(remora_bench::kv::KvArgs),
     /// Eviction drain rate: fill local memory, lower the budget, time until eviction has drained it.
     Drain(remora_bench::drain::DrainArgs),
 }
@@ -133,6 +135,7 @@ fn main() {
             BenchCmd::Runtime(a) => remora_bench::runtime_bench::run(&a),
             BenchCmd::Drain(a) => remora_bench::drain::run(&a),
             BenchCmd::Collections(a) => remora_bench::collections::run(&a),
+            BenchCmd::Kv(a) => remora_bench::kv::run(&a),
         },
         Cmd::Demo(a) => remora_apps::demo::run(&a),
         Cmd::Chaos(a) => remora_apps::chaos::run(&a),

@@ -8,6 +8,7 @@
 
 pub mod collections;
 pub mod drain;
+pub mod kv;
 pub mod micro;
 pub mod net;
 pub mod runtime_bench;

@@ -92,6 +92,12 @@ impl HistoryLog for Mutex<Vec<HistoryRecord>> {
     }
 }
 
+/// The bank on far memory: a `RemBTreeMap` of rows and a `RemVec` history.
+pub type FarBank<'rt> = KvBank<remora_collections::RemBTreeMap<'rt, (u64, u64), Row>, RemVec<'rt, HistoryRecord>>;
+
+/// The bank on local memory (the yardstick): std collections.
+pub type LocalBank = KvBank<super::LocalTable<Row>, Mutex<Vec<HistoryRecord>>>;
+
 /// A TPC-A bank on a [`KvStore`] of [`Row`]s and a [`HistoryLog`].
 pub struct KvBank<T, H> {
     store: KvStore<Row, T>,

@@ -42,7 +42,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
-pub use bank::{HistoryLog, HistoryRecord, KvBank, ROW_BYTES, Row};
+pub use bank::{FarBank, HistoryLog, HistoryRecord, KvBank, LocalBank, ROW_BYTES, Row};
 use remora_runtime::RuntimeError;
 pub use table::{LocalTable, VersionTable};
 

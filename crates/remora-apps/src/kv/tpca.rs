@@ -126,7 +126,8 @@ pub struct Transfer {
     pub delta: i64,
 }
 
-/// A failed transfer or audit. A failed transfer changed nothing.
+/// A failed transfer or audit. A failed transfer changed nothing, unless
+/// the error is [`BankError::Indeterminate`].
 #[derive(Debug, thiserror::Error)]
 pub enum BankError {
     /// The KV store failed.
@@ -135,6 +136,10 @@ pub enum BankError {
     /// Another store failed (the message says how).
     #[error("{0}")]
     Backend(String),
+    /// A remote store did not say whether the transfer took effect (no
+    /// reply, or fewer replicas acknowledged it than asked): it may have.
+    #[error("outcome unknown: {0}")]
+    Indeterminate(String),
 }
 
 /// What an audit found: the sums of the three tables and of the history,
@@ -216,7 +221,7 @@ impl Audit {
 /// A store that runs TPC-A transfers.
 pub trait Bank: Sync {
     /// Runs one transfer atomically and serializably: on `Err`, nothing of
-    /// it took effect.
+    /// it took effect (but see [`BankError::Indeterminate`]).
     fn transfer(&self, t: &Transfer) -> Result<(), BankError>;
     /// Reads every row's newest value and the whole history, verifying
     /// every value (call it with no transfer running).
@@ -249,5 +254,48 @@ mod tests {
         assert!((1200..1800).contains(&remote), "{remote} remote accounts in 10 000");
         assert_eq!(shape.keys().count() as u64, shape.rows());
         assert_eq!(Shape::table(Shape::key(Table::Teller, 5)), Some(Table::Teller));
+    }
+
+    #[test]
+    fn an_audit_fails_on_any_broken_sum_count_or_value() {
+        let shape = Shape {
+            branches: 2,
+            accounts_per_branch: 3,
+        };
+        let init = |rows: u64| i128::from(INITIAL_BALANCE) * i128::from(rows);
+        let good = Audit {
+            accounts: init(6) + 5,
+            tellers: init(20) + 5,
+            branches: init(2) + 5,
+            history: 5,
+            history_records: 1,
+            values: shape.rows(),
+            bad_values: 0,
+        };
+        good.check(&shape, 1).unwrap();
+        let broken = [
+            Audit {
+                accounts: good.accounts + 1,
+                ..good
+            },
+            Audit {
+                tellers: good.tellers - 1,
+                ..good
+            },
+            Audit {
+                branches: good.branches + 2,
+                ..good
+            },
+            Audit { history: 4, ..good },
+            Audit {
+                values: good.values - 1,
+                ..good
+            },
+            Audit { bad_values: 1, ..good },
+        ];
+        for b in broken {
+            assert!(b.check(&shape, 1).is_err(), "{b:?} passed");
+        }
+        assert!(good.check(&shape, 2).unwrap_err().contains("history records"));
     }
 }

@@ -14,9 +14,9 @@ use super::progress;
 
 /// When the nodes were killed, counted from the call, and how many.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Kill {
-    pub(super) at: Duration,
-    pub(super) nodes: usize,
+pub(crate) struct Kill {
+    pub(crate) at: Duration,
+    pub(crate) nodes: usize,
 }
 
 /// After `after`, kill -9s up to `count` live memory nodes holding regions
@@ -24,7 +24,7 @@ pub(super) struct Kill {
 /// through degraded reads and the recovery; then waits until the manager
 /// declares them dead (the next scheme must not be handed regions there).
 /// A failure to find or kill one is logged, not fatal.
-pub(super) fn kill_nodes(cluster: &LocalCluster, rt: &Runtime, scheme: &str, after: Duration, count: usize) -> Kill {
+pub(crate) fn kill_nodes(cluster: &LocalCluster, rt: &Runtime, scheme: &str, after: Duration, count: usize) -> Kill {
     let start = Instant::now();
     std::thread::sleep(after);
     let held: Vec<String> = rt.regions_with_data().iter().map(|(_, g)| g.addr.clone()).collect();
