@@ -92,12 +92,16 @@ fn one(
     let base = rt.stats().recoveries;
     let samples: Mutex<Vec<(f64, u64)>> = Mutex::new(Vec::new());
     let mut rebuilt: Option<f64> = None;
+    // (seconds, room wait ns, misses) at each sample: where the time went
+    // while the store was rebuilt, against as long a stretch before the kill.
+    let mut waits: Vec<(f64, u64, u64)> = Vec::new();
     let (w, kill) = std::thread::scope(|s| {
         let killer = s.spawn(|| crate::micro::node_kill::kill_nodes(cluster, &rt, name, at, 1));
         let w = super::drive::drive(&store, shape, args.threads, dur, 5, SAMPLE, &mut |t, commits| {
             samples.lock().unwrap_or_else(|p| p.into_inner()).push((t, commits));
             if rebuilt.is_none() {
                 let st = rt.stats();
+                waits.push((t, st.room_wait_ns, st.deref_misses));
                 if st.recoveries > base && st.recovering == 0 && st.spansets_below_tolerance == 0 {
                     rebuilt = Some(t);
                 }
@@ -112,6 +116,16 @@ fn one(
     let windows = throughput::windows(&samples, WINDOW);
     let end = samples.last().map_or(0.0, |s| s.0);
     let dip = throughput::dip(&windows, WINDOW, kill_s, rebuilt.unwrap_or(end), kill_s);
+    // Room waited for (ms, summed over threads) and misses from the kill to
+    // the rebuild, and over as long a stretch just before the kill.
+    let span = |from: f64, to: f64| {
+        let at = |t: f64| waits.iter().rev().find(|w| w.0 <= t).copied().unwrap_or((0.0, 0, 0));
+        let (a, b) = (at(from), at(to));
+        (b.1.saturating_sub(a.1) as f64 / 1e6, b.2.saturating_sub(a.2))
+    };
+    let rebuild_len = rebuilt.map_or(0.0, |r| r - kill_s);
+    let during = span(kill_s, kill_s + rebuild_len);
+    let before = span(kill_s - rebuild_len, kill_s);
     let audit = store
         .bank
         .audit()
@@ -120,7 +134,8 @@ fn one(
     let st = rt.stats();
     progress(format_args!(
         "[{name}] kill at {kill_s:.2} s ({} node): rebuilt {}; dip {} (mean from kill to rebuilt ÷ 5 s before); \
-         back to 90 % {}; {} errors; {} degraded reads; audit {}",
+         back to 90 % {}; {} errors; {} degraded reads; from kill to rebuilt {:.0} ms waiting for room and {} misses \
+         (as long before the kill: {:.0} ms, {}); audit {}",
         kill.nodes,
         rebuilt.map_or("never within the run".into(), |r| format!("{:.2} s after", r - kill_s)),
         dip.map_or("-".into(), |d| format!("{:.0} %", (1.0 - d.ratio) * 100.0)),
@@ -128,6 +143,10 @@ fn one(
             .map_or("not within the run".into(), |b| format!("after {b:.2} s")),
         w.errors,
         st.degraded_reads,
+        during.0,
+        during.1,
+        before.0,
+        before.1,
         match &verdict {
             Ok(()) => "passed".to_string(),
             Err(e) => format!("FAILED: {e}"),
@@ -146,6 +165,10 @@ fn one(
         "first_error": w.first_error,
         "tps": w.tps(),
         "degraded_reads": st.degraded_reads,
+        "room_wait_ms_during_rebuild": during.0,
+        "misses_during_rebuild": during.1,
+        "room_wait_ms_before": before.0,
+        "misses_before": before.1,
         "reconstructed_bytes": st.reconstructed_bytes,
         "audit_ok": verdict.is_ok() && w.errors == 0 && kill.nodes > 0,
         "audit_error": verdict.err(),
