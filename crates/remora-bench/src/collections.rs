@@ -457,9 +457,8 @@ struct Far<'a> {
     op: Box<dyn Fn(u64) -> bool + Sync + 'a>,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+fn median(v: Vec<f64>) -> f64 {
+    crate::net::stats::median(&v).unwrap_or(0.0)
 }
 
 fn far_phase<const W: usize>(

@@ -123,6 +123,9 @@ pub struct KvStore<V, T> {
 pub struct Txn<'s, V, T> {
     store: &'s KvStore<V, T>,
     keys: &'s [u64],
+    /// Newest versions looked up: under the transaction's locks they cannot
+    /// change, so each key's is read from the index once.
+    seen: Vec<(u64, Option<u64>)>,
     writes: Vec<(u64, V)>,
 }
 
@@ -204,21 +207,33 @@ impl<V: Copy, T: VersionTable<V>> KvStore<V, T> {
         let mut txn = Txn {
             store: self,
             keys,
+            seen: Vec::with_capacity(keys.len()),
             writes: Vec::with_capacity(keys.len()),
         };
-        let out = body(&mut txn).and_then(|r| self.commit(txn.writes, hook).map(|()| r));
+        let out = body(&mut txn).and_then(|r| {
+            let writes = std::mem::take(&mut txn.writes)
+                .into_iter()
+                .map(|(key, v)| (key, txn.newest(key), v))
+                .collect();
+            self.commit(writes, hook).map(|()| r)
+        });
         let counter = if out.is_ok() { &self.commits } else { &self.aborts };
         counter.fetch_add(1, Ordering::Relaxed);
         out
     }
 
-    /// Installs `writes` as new versions, runs `hook`, and publishes them;
-    /// on failure removes what it installed. The caller holds the keys' locks.
-    fn commit(&self, writes: Vec<(u64, V)>, hook: impl FnOnce() -> Result<(), KvError>) -> Result<(), KvError> {
+    /// Installs `writes` (key, its newest version now, value) as new
+    /// versions, runs `hook`, and publishes them; on failure removes what it
+    /// installed. The caller holds the keys' locks.
+    fn commit(
+        &self,
+        writes: Vec<(u64, Option<u64>, V)>,
+        hook: impl FnOnce() -> Result<(), KvError>,
+    ) -> Result<(), KvError> {
         let mut installed: Vec<(u64, u64)> = Vec::with_capacity(writes.len());
         let mut result = Ok(());
-        for (key, v) in writes {
-            let version = self.newest(key).map_or(0, |n| n + 1);
+        for (key, newest, v) in writes {
+            let version = newest.map_or(0, |n| n + 1);
             self.table_ops.fetch_add(1, Ordering::Relaxed);
             match self.table.insert((key, version), v) {
                 Ok(()) => installed.push((key, version)),
@@ -348,20 +363,30 @@ impl<V: Copy, T: VersionTable<V>> Txn<'_, V, T> {
         }
     }
 
+    /// `key`'s newest committed version, from the index the first time.
+    fn newest(&mut self, key: u64) -> Option<u64> {
+        if let Some(&(_, n)) = self.seen.iter().find(|(k, _)| *k == key) {
+            return n;
+        }
+        let n = self.store.newest(key);
+        self.seen.push((key, n));
+        n
+    }
+
     /// The newest committed version of `key` (the one a read sees, unless
     /// this transaction wrote the key).
-    pub fn version(&self, key: u64) -> Result<Option<u64>, KvError> {
+    pub fn version(&mut self, key: u64) -> Result<Option<u64>, KvError> {
         self.check(key)?;
-        Ok(self.store.newest(key))
+        Ok(self.newest(key))
     }
 
     /// Runs `f` on the value of `key` this transaction sees.
-    pub fn read_with<R>(&self, key: u64, f: impl FnOnce(&V) -> R) -> Result<R, KvError> {
+    pub fn read_with<R>(&mut self, key: u64, f: impl FnOnce(&V) -> R) -> Result<R, KvError> {
         self.check(key)?;
         if let Some((_, v)) = self.writes.iter().rev().find(|(k, _)| *k == key) {
             return Ok(f(v));
         }
-        let version = self.store.newest(key).ok_or(KvError::NoSuchKey(key))?;
+        let version = self.newest(key).ok_or(KvError::NoSuchKey(key))?;
         self.store.table_ops.fetch_add(1, Ordering::Relaxed);
         // Locked: no commit can trim or replace it meanwhile.
         self.store

@@ -10,10 +10,11 @@ use super::plot::{self, Line};
 use super::subjects::Store;
 use super::{KvArgs, progress};
 
-fn median(mut v: Vec<f64>) -> Option<f64> {
-    v.retain(|x| x.is_finite());
-    v.sort_by(f64::total_cmp);
-    (!v.is_empty()).then(|| v[v.len() / 2])
+/// The median of the finite values (a round in which a store committed
+/// nothing gives an infinite ratio, which says nothing).
+fn median(v: Vec<f64>) -> Option<f64> {
+    let v: Vec<f64> = v.into_iter().filter(|x| x.is_finite()).collect();
+    crate::net::stats::median(&v)
 }
 
 fn mib(b: f64) -> f64 {
