@@ -20,7 +20,7 @@ type Obj1016 = Words<125>;
 fn runtime(c: &remora_cluster::LocalCluster, scheme: &str, budget: usize) -> Runtime {
     let mut cfg = runtime_config(c, &format!("clean-{scheme}"), budget);
     cfg.scheme = remora_runtime::scheme::by_name(scheme).expect("known scheme");
-    cfg.object_swap_in = false;
+    cfg.tuning.object_swap_in = false;
     Runtime::connect(cfg).expect("runtime connects")
 }
 
@@ -131,7 +131,7 @@ fn ec_split_reevicts_clean_spans_without_a_write() {
 fn filtering_leaves_the_cold_objects_of_a_clean_span_in_place() {
     let c = cluster(2, 256 << 20, 16 << 20);
     let mut cfg = fast_filtering_config(&c, "clean-filter", 32 * MIB);
-    cfg.object_swap_in = false;
+    cfg.tuning.object_swap_in = false;
     let rt = Runtime::connect(cfg).expect("runtime connects");
     let (spans, per) = (64usize, 14usize);
     let n = spans * per;

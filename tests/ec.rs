@@ -457,9 +457,9 @@ fn concurrent_evictions_share_a_new_stripe_group() {
     cfg.conn = c.conn_options();
     cfg.scheme = scheme::by_name("ec-batch").unwrap();
     cfg.patience = Duration::from_secs(3);
-    cfg.eviction_threads = 6;
-    cfg.eviction_batch = 4;
-    cfg.filtering_threads = 0;
+    cfg.tuning.eviction_threads = 6;
+    cfg.tuning.eviction_batch = 4;
+    cfg.tuning.filtering_threads = 0;
     cfg.name = "ec-grow".into();
     let rt = Runtime::connect(cfg).unwrap();
     // 16 MiB of 2 KiB objects from 4 threads: far more than the budget, and

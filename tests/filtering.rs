@@ -20,7 +20,7 @@ use remora_runtime::{RemBox, Runtime, Stats};
 
 fn runtime(c: &remora_cluster::LocalCluster, name: &str, budget: usize, filtering: usize) -> Runtime {
     let mut cfg = runtime_config(c, name, budget);
-    cfg.filtering_threads = filtering;
+    cfg.tuning.filtering_threads = filtering;
     Runtime::connect(cfg).expect("runtime connects")
 }
 
@@ -264,8 +264,8 @@ fn stress_filtering_with_eviction_and_frees() {
     let mut cfg = runtime_config(&c, "filtering-stress", budget);
     // Two filtering threads with short pauses: many rounds, so moves race
     // accesses, frees, evictions and each other as often as possible.
-    cfg.filtering_threads = 2;
-    cfg.filter_interval = Duration::from_millis(1);
+    cfg.tuning.filtering_threads = 2;
+    cfg.tuning.filter_interval = Duration::from_millis(1);
     let rt = Runtime::connect(cfg).expect("runtime connects");
     let next_id = AtomicU64::new(N);
     let objs: Vec<RwLock<Shared>> = (0..N)

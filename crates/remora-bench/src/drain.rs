@@ -382,12 +382,16 @@ fn run_scheme<const W: usize>(
     cfg.name = format!("bench-drain-{scheme}");
     cfg.scheme = remora_runtime::scheme::by_name(scheme).ok_or_else(|| anyhow!("unknown scheme {scheme:?}"))?;
     if let Some(t) = args.eviction_threads {
-        cfg.eviction_threads = t as usize;
+        cfg.tuning.eviction_threads = t as usize;
     }
     if let Some(b) = args.eviction_batch {
-        cfg.eviction_batch = b as usize;
+        cfg.tuning.eviction_batch = b as usize;
     }
-    let (low, eviction_threads, eviction_batch) = (cfg.low_watermark, cfg.eviction_threads, cfg.eviction_batch);
+    let (low, eviction_threads, eviction_batch) = (
+        cfg.tuning.low_watermark,
+        cfg.tuning.eviction_threads,
+        cfg.tuning.eviction_batch,
+    );
     let rt = Runtime::connect(cfg).context("connecting the runtime")?;
 
     // Fill.

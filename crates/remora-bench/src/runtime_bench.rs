@@ -43,7 +43,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use remora_cluster::{ClusterConfig, LocalCluster};
 use remora_proto::{ByteSize, ComputeSession, MemNodeClient, MemTransport};
-use remora_runtime::size_classes::PAGE_SIZE;
+use remora_runtime::internals::PAGE_SIZE;
 use remora_runtime::{RemBox, Runtime, RuntimeConfig};
 use serde_json::{Value, json};
 

@@ -18,18 +18,19 @@
 //! way round; finding an object's span is a lock-free page-map lookup. There is no per-thread
 //! cache in front of these lists (the paper has one).
 
+#[cfg(test)]
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::error::{AllocError, FreeError};
 use crate::page_heap::{PageHeap, SpanPtr};
 use crate::size_classes::ClassIndex;
 use crate::span::{EVICTING_POS, NOT_LISTED, SlotError, Span, SpanKind};
 use crate::span_registry::SpanRegistry;
-use crate::{AllocError, FreeError};
 
 /// A snapshot of one class's accounting.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ClassStats {
+pub(crate) struct ClassStats {
     /// Spans of this class taken from the page heap and not yet returned.
     pub spans: usize,
     /// Spans with at least one free slot.
@@ -47,7 +48,7 @@ struct ListState {
 }
 
 /// The central free list of one size class.
-pub struct CentralFreeList {
+pub(crate) struct CentralFreeList {
     class: ClassIndex,
     kind: SpanKind,
     heap: Arc<PageHeap>,
@@ -66,7 +67,8 @@ impl std::fmt::Debug for CentralFreeList {
 
 impl CentralFreeList {
     /// An empty list for `class`, taking spans from `heap`.
-    pub fn new(class: ClassIndex, heap: Arc<PageHeap>) -> Self {
+    #[cfg(test)]
+    pub(crate) fn new(class: ClassIndex, heap: Arc<PageHeap>) -> Self {
         Self::with_registry(class, heap, Arc::new(SpanRegistry::default()))
     }
 
@@ -86,13 +88,9 @@ impl CentralFreeList {
         }
     }
 
-    /// The size class served.
-    pub fn class(&self) -> ClassIndex {
-        self.class
-    }
-
     /// The page heap spans come from.
-    pub fn page_heap(&self) -> &Arc<PageHeap> {
+    #[cfg(test)]
+    pub(crate) fn page_heap(&self) -> &Arc<PageHeap> {
         &self.heap
     }
 
@@ -106,7 +104,8 @@ impl CentralFreeList {
     ///
     /// # Errors
     /// Whatever the page heap reports when a fresh span is needed (budget, `mmap`).
-    pub fn alloc(&self) -> Result<NonNull<u8>, AllocError> {
+    #[cfg(test)]
+    pub(crate) fn alloc(&self) -> Result<NonNull<u8>, AllocError> {
         let addr = self.alloc_with(|_| {})?;
         Ok(NonNull::new(addr as *mut u8).expect("spans never start at address 0"))
     }
@@ -120,7 +119,8 @@ impl CentralFreeList {
     /// # Errors
     /// Misuse that can be detected: a pointer outside this class's spans, not at an object's
     /// start, or to a free slot. Nothing changes then.
-    pub unsafe fn free(&self, ptr: NonNull<u8>) -> Result<(), FreeError> {
+    #[cfg(test)]
+    pub(crate) unsafe fn free(&self, ptr: NonNull<u8>) -> Result<(), FreeError> {
         let addr = ptr.as_ptr() as usize;
         let span = self.heap.span_of(addr).ok_or(FreeError::UnknownPointer(addr))?;
         // SAFETY: forwarded from the caller.
@@ -270,7 +270,7 @@ impl CentralFreeList {
     }
 
     /// A snapshot of the accounting.
-    pub fn stats(&self) -> ClassStats {
+    pub(crate) fn stats(&self) -> ClassStats {
         let st = self.lock();
         let free_slots = st
             .nonempty

@@ -176,3 +176,54 @@ impl RuntimeError {
         )
     }
 }
+
+/// Why an allocation failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum AllocError {
+    /// A new span would take the bytes in spans past the configured budget; the runtime is
+    /// expected to evict before this happens.
+    #[error("local memory budget exceeded: {requested} more bytes with {in_use} of {limit} in use")]
+    BudgetExceeded {
+        /// Bytes of the span that was needed.
+        requested: usize,
+        /// Bytes in spans at the time.
+        in_use: usize,
+        /// The budget.
+        limit: usize,
+    },
+    /// The OS refused memory.
+    #[error("mmap of {bytes} bytes failed")]
+    Map {
+        /// Bytes asked for.
+        bytes: usize,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The OS placed a mapping beyond the 48 bits the page map covers.
+    #[error("mapping at {addr:#x} lies beyond the page map's 48-bit address range")]
+    AddressOutOfRange {
+        /// Where the mapping landed.
+        addr: usize,
+    },
+    /// The size cannot be represented as a span.
+    #[error("an allocation of {size} bytes is too large")]
+    TooLarge {
+        /// Bytes asked for.
+        size: usize,
+    },
+}
+
+/// Why a free was refused; the heap is unchanged when this is returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum FreeError {
+    /// The address is not inside an in-use span of this heap (or of the list's class).
+    #[error("{0:#x} is not in an in-use span of this heap")]
+    UnknownPointer(usize),
+    /// The address is inside a span but not at the start of an object.
+    #[error("{0:#x} is not the start of an object")]
+    NotObjectStart(usize),
+    /// The object is already free.
+    #[error("{0:#x} is already free")]
+    DoubleFree(usize),
+}

@@ -1,110 +1,85 @@
 //! The compute-node runtime of remora: the library applications use.
 //!
 //! Applications keep objects behind remotable pointers ([`RemBox`],
-//! [`RemRc`]) and dereference them inside a [`DerefScope`]. The runtime keeps
-//! hot objects in a bounded local heap of spans (TCMalloc-style, paper §3.3)
-//! and evicts cold spans to memory nodes through a fault-tolerance
-//! [`scheme`]; a dereference of a far object swaps its whole span back in
-//! with one remote read.
+//! [`RemRc`], [`RemSlice`]) and dereference them inside a [`DerefScope`].
+//! The runtime keeps hot objects in a bounded local heap of spans
+//! (TCMalloc-style, paper §3.3) and evicts cold spans to memory nodes
+//! through a fault-tolerance [`scheme`]; a dereference of a far object swaps
+//! its span back in with one remote read.
 //!
-//! One module per paper concept:
-//! - local memory: [`size_classes`], [`page_heap`], [`pagemap`], [`span`],
-//!   [`central_freelist`] (and [`LocalHeap`], the allocator on its own);
-//! - pointers: [`mod@pointer`] (the Figure-2 word and its protocol), `scope`
-//!   (deref scopes, grace periods), `object` (remotable pointers), `slots`;
-//! - far memory: `region_table`, `far_page_heap`, `far_page_map`, [`scheme`];
-//! - background work: [`eviction`] (policies behind a trait, CLOCK default).
+//! ```no_run
+//! use remora_runtime::{Remotable, Runtime, RuntimeConfig};
+//!
+//! #[derive(Clone, Copy)]
+//! struct Point { x: u64, y: u64 }
+//! // SAFETY: plain integers, no pointers.
+//! unsafe impl Remotable for Point {}
+//!
+//! # fn main() -> Result<(), remora_runtime::RuntimeError> {
+//! let rt = Runtime::connect(RuntimeConfig::new("127.0.0.1:7400", 64 << 20))?;
+//! let p = rt.alloc(Point { x: 1, y: 2 })?;
+//! let scope = rt.scope();
+//! assert_eq!(p.deref(&scope)?.y, 2);
+//! # Ok(()) }
+//! ```
+//!
+//! What an application uses is at the crate root: [`Runtime`] and its
+//! [`RuntimeConfig`] (with [`Tuning`] for the background work), the pointers,
+//! [`Remotable`], [`RuntimeError`], [`Stats`], the [`scheme`]s and the
+//! [`eviction`] policies. Everything else is private; benchmarks and
+//! fault-injection tests reach a few internals through the `internals`
+//! feature (not a stable API).
+//!
+//! One module per paper concept (see `docs/design.md`): local memory
+//! (`size_classes`, `page_heap`, `pagemap`, `span`, `central_freelist`,
+//! `object_heap`); pointers (`pointer`, the Figure-2 word and its protocol;
+//! `scope`, deref scopes and grace periods; `object`; `slots`); far memory
+//! (`region_table`, `far_page_heap`, `far_page_map`, [`scheme`]); background
+//! work (`runtime`'s evictor and filtering, [`eviction`] policies).
 //!
 //! Every structure is an instance; there are no globals.
 
+#![deny(missing_docs)]
+
+// Reached from outside only through `internals`.
+#[cfg(any(test, feature = "internals"))]
+#[cfg_attr(not(feature = "internals"), allow(unreachable_pub))]
 mod census;
-pub mod central_freelist;
+mod central_freelist;
 mod detector;
 mod error;
 pub mod eviction;
 mod far_memory;
 mod far_page_heap;
 mod far_page_map;
-mod local_heap;
+#[cfg(feature = "internals")]
+pub mod internals;
 mod loom;
 mod object;
 mod object_heap;
-pub mod page_heap;
-pub mod pagemap;
-pub mod pause_gate;
-pub mod pointer;
+mod page_heap;
+mod pagemap;
+mod pause_gate;
+mod pointer;
 mod region_table;
 mod runtime;
 pub mod scheme;
 mod scope;
-pub mod size_classes;
+#[cfg_attr(not(feature = "internals"), allow(unreachable_pub))]
+mod size_classes;
 mod slice;
 mod slots;
-pub mod span;
+mod span;
 mod span_registry;
 mod traffic;
 
-pub use census::{CensusGroup, LocalCensus, SpanUse};
 pub use error::{LossCause, RuntimeError};
-pub use local_heap::{HeapUsage, LocalHeap};
 pub use object::{RemBox, RemRc, Remotable};
-pub use page_heap::PageHeapConfig;
-pub use runtime::{DerefScope, Runtime, RuntimeConfig, Stats};
+pub use runtime::{DerefScope, Runtime, RuntimeConfig, Stats, Tuning};
 pub use slice::{HEADER_BYTES, MAX_OBJECT_BYTES, RemSlice};
 
-/// Why an allocation failed.
-#[derive(Debug, thiserror::Error)]
-pub enum AllocError {
-    /// A new span would take the bytes in spans past the configured budget; the runtime is
-    /// expected to evict before this happens.
-    #[error("local memory budget exceeded: {requested} more bytes with {in_use} of {limit} in use")]
-    BudgetExceeded {
-        /// Bytes of the span that was needed.
-        requested: usize,
-        /// Bytes in spans at the time.
-        in_use: usize,
-        /// The budget.
-        limit: usize,
-    },
-    /// The OS refused memory.
-    #[error("mmap of {bytes} bytes failed")]
-    Map {
-        /// Bytes asked for.
-        bytes: usize,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The OS placed a mapping beyond the 48 bits the page map covers.
-    #[error("mapping at {addr:#x} lies beyond the page map's 48-bit address range")]
-    AddressOutOfRange {
-        /// Where the mapping landed.
-        addr: usize,
-    },
-    /// The size cannot be represented as a span.
-    #[error("an allocation of {size} bytes is too large")]
-    TooLarge {
-        /// Bytes asked for.
-        size: usize,
-    },
-    /// The alignment exceeds the 8 KiB page alignment of spans.
-    #[error("alignment {align} exceeds the 8 KiB page")]
-    UnsupportedAlignment {
-        /// The alignment asked for.
-        align: usize,
-    },
-}
-
-/// Why a free was refused; the heap is unchanged when this is returned.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum FreeError {
-    /// The address is not inside an in-use span of this heap (or of the list's class).
-    #[error("{0:#x} is not in an in-use span of this heap")]
-    UnknownPointer(usize),
-    /// The address is inside a span but not at the start of an object.
-    #[error("{0:#x} is not the start of an object")]
-    NotObjectStart(usize),
-    /// The object is already free.
-    #[error("{0:#x} is already free")]
-    DoubleFree(usize),
-}
+/// The README's example, compiled by `cargo test` (doctests) so it cannot
+/// drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;

@@ -5,16 +5,17 @@
 
 use std::sync::{Arc, Mutex};
 
+#[cfg(any(test, feature = "internals"))]
 use crate::census::LocalCensus;
 use crate::central_freelist::CentralFreeList;
 use crate::error::RuntimeError;
+use crate::error::{AllocError, FreeError};
 use crate::eviction::{EvictionPolicy, Sweep};
 use crate::page_heap::{PageHeap, PageHeapConfig};
 use crate::size_classes::{ClassIndex, NUM_CLASSES, PAGE_SIZE, SizeClass};
 use crate::span::{EVICTING_POS, NOT_LISTED, Span, SpanKind};
 pub(crate) use crate::span_registry::SpanRef;
 use crate::span_registry::SpanRegistry;
-use crate::{AllocError, FreeError};
 
 /// The local heap of objects.
 pub(crate) struct ObjectHeap {
@@ -290,6 +291,7 @@ impl ObjectHeap {
     }
 
     /// The local spans grouped by what they are doing (see [`LocalCensus`]).
+    #[cfg(any(test, feature = "internals"))]
     pub(crate) fn census(&self) -> LocalCensus {
         LocalCensus::of(&self.registry.lock())
     }

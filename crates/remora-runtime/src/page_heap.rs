@@ -38,19 +38,19 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
+use crate::error::{AllocError, FreeError};
 use crate::pagemap::{ADDRESS_BITS, PageMap, page_of};
 use crate::size_classes::{ClassIndex, PAGE_SIZE};
 use crate::span::{Span, SpanKind};
-use crate::{AllocError, FreeError};
 
 /// Granularity and alignment of memory obtained from the OS: one x86-64 huge page.
-pub const CHUNK_SIZE: usize = 2 << 20;
+pub(crate) const CHUNK_SIZE: usize = 2 << 20;
 /// Free runs shorter than this many pages have a list of their own.
-pub const MAX_LISTED_PAGES: usize = 128;
+pub(crate) const MAX_LISTED_PAGES: usize = 128;
 
 /// How a page heap gets and limits memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PageHeapConfig {
+pub(crate) struct PageHeapConfig {
     /// Most bytes that may be in spans at once, or `None` for no limit. Allocations that would
     /// exceed it fail with [`AllocError::BudgetExceeded`].
     pub limit: Option<usize>,
@@ -69,7 +69,7 @@ impl Default for PageHeapConfig {
 
 /// A snapshot of a page heap's accounting.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PageHeapStats {
+pub(crate) struct PageHeapStats {
     /// Bytes mapped from the OS (never shrinks before drop).
     pub mapped_bytes: usize,
     /// Bytes in spans handed out (small-object and large).
@@ -127,7 +127,7 @@ struct State {
 }
 
 /// The local page heap (see the module docs).
-pub struct PageHeap {
+pub(crate) struct PageHeap {
     pagemap: PageMap<Span>,
     state: Mutex<State>,
     /// Mirror of the locked `in_use`, readable without the lock (the runtime
@@ -152,7 +152,7 @@ impl std::fmt::Debug for PageHeap {
 
 impl PageHeap {
     /// An empty heap; maps nothing until the first allocation.
-    pub fn new(config: PageHeapConfig) -> Self {
+    pub(crate) fn new(config: PageHeapConfig) -> Self {
         Self {
             pagemap: PageMap::new(),
             in_use_bytes: AtomicUsize::new(0),
@@ -192,7 +192,7 @@ impl PageHeap {
     ///
     /// # Errors
     /// [`AllocError::BudgetExceeded`] past the limit; otherwise only when the OS refuses memory.
-    pub fn alloc_small(&self, class: ClassIndex) -> Result<&Span, AllocError> {
+    pub(crate) fn alloc_small(&self, class: ClassIndex) -> Result<&Span, AllocError> {
         self.alloc_span(class.info().pages(), SpanKind::Small(class))
     }
 
@@ -201,7 +201,7 @@ impl PageHeap {
     ///
     /// # Errors
     /// As [`PageHeap::alloc_small`], plus [`AllocError::TooLarge`] for absurd lengths.
-    pub fn alloc_large(&self, pages: usize) -> Result<&Span, AllocError> {
+    pub(crate) fn alloc_large(&self, pages: usize) -> Result<&Span, AllocError> {
         self.alloc_span(pages.max(1), SpanKind::Large)
     }
 
@@ -250,7 +250,7 @@ impl PageHeap {
     }
 
     /// Bytes in spans handed out, without taking the heap's lock.
-    pub fn in_use_bytes(&self) -> usize {
+    pub(crate) fn in_use_bytes(&self) -> usize {
         self.in_use_bytes.load(Ordering::Relaxed)
     }
 
@@ -262,7 +262,7 @@ impl PageHeap {
     /// # Errors
     /// [`FreeError::UnknownPointer`] if `span` is not an in-use span of this heap; nothing
     /// changes then.
-    pub unsafe fn free_span(&self, span: &Span) -> Result<(), FreeError> {
+    pub(crate) unsafe fn free_span(&self, span: &Span) -> Result<(), FreeError> {
         let ptr = SpanPtr::from_ref(span);
         let mut st = self.lock();
         // Under the lock the extent and kind cannot change, so this check is reliable.
@@ -313,20 +313,15 @@ impl PageHeap {
     /// The in-use span containing `addr`, without locking. `None` for addresses outside this
     /// heap's in-use spans.
     #[inline]
-    pub fn span_of(&self, addr: usize) -> Option<&Span> {
+    pub(crate) fn span_of(&self, addr: usize) -> Option<&Span> {
         let ptr = NonNull::new(self.pagemap.get_addr(addr))?;
         let span = self.span(SpanPtr(ptr));
         // Interior entries of free runs can be stale; a current in-use span contains `addr`.
         (span.kind().is_some() && span.contains(addr)).then_some(span)
     }
 
-    /// The raw page map (entries for free runs may be stale; see the module docs).
-    pub fn pagemap(&self) -> &PageMap<Span> {
-        &self.pagemap
-    }
-
     /// A snapshot of the accounting.
-    pub fn stats(&self) -> PageHeapStats {
+    pub(crate) fn stats(&self) -> PageHeapStats {
         let st = self.lock();
         PageHeapStats {
             mapped_bytes: st.mapped,
@@ -342,7 +337,8 @@ impl PageHeap {
 
     /// Changes the limit on bytes in use. Lowering it below current use fails later
     /// allocations only; nothing is reclaimed.
-    pub fn set_limit(&self, limit: Option<usize>) {
+    #[cfg(test)]
+    pub(crate) fn set_limit(&self, limit: Option<usize>) {
         self.lock().limit = limit;
     }
 
@@ -351,7 +347,8 @@ impl PageHeap {
     /// released. The heap also does this by itself when a limit is set and mapping another
     /// chunk would take the mapped bytes past it, so that resident memory stays near the
     /// budget even when free runs are too fragmented to reuse.
-    pub fn release_free_memory(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn release_free_memory(&self) -> usize {
         let st = self.lock();
         self.release_runs(&st)
     }

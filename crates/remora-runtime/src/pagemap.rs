@@ -29,20 +29,20 @@ use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use crate::size_classes::PAGE_SHIFT;
 
 /// Bits of virtual address the map covers.
-pub const ADDRESS_BITS: u32 = 48;
+pub(crate) const ADDRESS_BITS: u32 = 48;
 /// Bits of page number: `ADDRESS_BITS - PAGE_SHIFT`.
-pub const PAGE_NUMBER_BITS: u32 = ADDRESS_BITS - PAGE_SHIFT;
+pub(crate) const PAGE_NUMBER_BITS: u32 = ADDRESS_BITS - PAGE_SHIFT;
 /// Bits of page number that index the root.
-pub const ROOT_BITS: u32 = 20;
+pub(crate) const ROOT_BITS: u32 = 20;
 /// Bits of page number that index a leaf.
-pub const LEAF_BITS: u32 = PAGE_NUMBER_BITS - ROOT_BITS;
+pub(crate) const LEAF_BITS: u32 = PAGE_NUMBER_BITS - ROOT_BITS;
 
 const ROOT_LEN: usize = 1 << ROOT_BITS;
 const LEAF_LEN: usize = 1 << LEAF_BITS;
 
 /// The page number of the page holding `addr`.
 #[inline]
-pub const fn page_of(addr: usize) -> usize {
+pub(crate) const fn page_of(addr: usize) -> usize {
     addr >> PAGE_SHIFT
 }
 
@@ -52,7 +52,7 @@ struct Leaf<T> {
 }
 
 /// A two-level radix tree from page numbers to `*mut T`, with lock-free lookups.
-pub struct PageMap<T> {
+pub(crate) struct PageMap<T> {
     root: NonNull<AtomicPtr<Leaf<T>>>,
     leaves: AtomicUsize,
 }
@@ -71,7 +71,7 @@ impl<T> Default for PageMap<T> {
 
 impl<T> PageMap<T> {
     /// An empty map. Reserves the 8 MiB root, zeroed lazily by the OS.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             root: zeroed_array::<AtomicPtr<Leaf<T>>>(ROOT_LEN),
             leaves: AtomicUsize::new(0),
@@ -88,7 +88,7 @@ impl<T> PageMap<T> {
     /// The entry for page number `page`, or null when none was ever set or `page` is beyond
     /// the map's 35 bits.
     #[inline]
-    pub fn get(&self, page: usize) -> *mut T {
+    pub(crate) fn get(&self, page: usize) -> *mut T {
         if page >> PAGE_NUMBER_BITS != 0 {
             return ptr::null_mut();
         }
@@ -103,7 +103,7 @@ impl<T> PageMap<T> {
 
     /// The entry for the page holding `addr`.
     #[inline]
-    pub fn get_addr(&self, addr: usize) -> *mut T {
+    pub(crate) fn get_addr(&self, addr: usize) -> *mut T {
         self.get(page_of(addr))
     }
 
@@ -112,7 +112,7 @@ impl<T> PageMap<T> {
     /// # Panics
     /// If `page` does not fit in [`PAGE_NUMBER_BITS`]; callers check addresses when they map
     /// memory.
-    pub fn set(&self, page: usize, value: *mut T) {
+    pub(crate) fn set(&self, page: usize, value: *mut T) {
         self.leaf_for(page).entries[page & (LEAF_LEN - 1)].store(value, Ordering::Release);
     }
 
@@ -120,7 +120,7 @@ impl<T> PageMap<T> {
     ///
     /// # Panics
     /// As [`PageMap::set`], for any page of the range.
-    pub fn set_range(&self, first: usize, count: usize, value: *mut T) {
+    pub(crate) fn set_range(&self, first: usize, count: usize, value: *mut T) {
         let mut page = first;
         let end = first.checked_add(count).expect("page range overflows");
         while page < end {
@@ -134,7 +134,8 @@ impl<T> PageMap<T> {
     }
 
     /// Number of leaves allocated so far (each costs 256 KiB of address space).
-    pub fn leaves_allocated(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn leaves_allocated(&self) -> usize {
         self.leaves.load(Ordering::Relaxed)
     }
 

@@ -20,7 +20,7 @@ use crate::loom::{AtomicBool, AtomicUsize, Ordering, fence, nap};
 
 /// A pause flag and the rounds that passed it.
 #[derive(Debug, Default)]
-pub struct PauseGate {
+pub(crate) struct PauseGate {
     paused: AtomicBool,
     in_flight: AtomicUsize,
 }
@@ -28,7 +28,7 @@ pub struct PauseGate {
 /// A round let through the gate: counted in flight until dropped.
 #[derive(Debug)]
 #[must_use = "the round is in flight only while its pass is held"]
-pub struct Pass<'a>(&'a AtomicUsize);
+pub(crate) struct Pass<'a>(&'a AtomicUsize);
 
 impl Drop for Pass<'_> {
     fn drop(&mut self) {
@@ -38,13 +38,13 @@ impl Drop for Pass<'_> {
 
 impl PauseGate {
     /// An open gate.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// Lets a round start unless the gate is paused; the round is in flight
     /// until the pass drops.
-    pub fn enter(&self) -> Option<Pass<'_>> {
+    pub(crate) fn enter(&self) -> Option<Pass<'_>> {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         let pass = Pass(&self.in_flight);
         fence(Ordering::SeqCst);
@@ -54,18 +54,18 @@ impl PauseGate {
     /// Closes the gate and waits until no round that passed it is in
     /// flight. Must not be called from inside a round (it would wait for
     /// itself), nor while holding anything a round waits for.
-    pub fn pause(&self) {
+    pub(crate) fn pause(&self) {
         self.close();
         self.wait_idle();
     }
 
     /// Closes the gate without waiting for rounds in flight.
-    pub fn close(&self) {
+    pub(crate) fn close(&self) {
         self.paused.store(true, Ordering::SeqCst);
     }
 
     /// Waits until no round that passed the gate is in flight.
-    pub fn wait_idle(&self) {
+    pub(crate) fn wait_idle(&self) {
         fence(Ordering::SeqCst);
         while self.in_flight.load(Ordering::SeqCst) > 0 {
             nap();
@@ -73,12 +73,13 @@ impl PauseGate {
     }
 
     /// Opens the gate.
-    pub fn resume(&self) {
+    pub(crate) fn resume(&self) {
         self.paused.store(false, Ordering::SeqCst);
     }
 
     /// Whether the gate is closed.
-    pub fn is_paused(&self) -> bool {
+    #[cfg(any(test, loom))]
+    pub(crate) fn is_paused(&self) -> bool {
         self.paused.load(Ordering::SeqCst)
     }
 }

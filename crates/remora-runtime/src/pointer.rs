@@ -107,40 +107,42 @@
 //! - I6: a word carries at most one of `E` and `M`, and a span is pinned by
 //!   at most one background thread (eviction or filtering) at a time.
 
-use crate::loom::{AtomicU64, Ordering, spin_yield};
+#[cfg(any(test, loom))]
+use crate::loom::spin_yield;
+use crate::loom::{AtomicU64, Ordering};
 
 /// Present: the object is in local memory.
-pub const PRESENT: u64 = 1 << 0;
+pub(crate) const PRESENT: u64 = 1 << 0;
 /// Lock: a thread holds the word's spinlock.
-pub const LOCK: u64 = 1 << 1;
+pub(crate) const LOCK: u64 = 1 << 1;
 /// Shared: the slot belongs to a `RemRc` (reference counted).
-pub const SHARED: u64 = 1 << 2;
+pub(crate) const SHARED: u64 = 1 << 2;
 /// Moving: a filtering thread is moving the object between local spans.
-pub const MOVING: u64 = 1 << 3;
+pub(crate) const MOVING: u64 = 1 << 3;
 /// Evicting: an eviction thread is swapping the object's span out.
-pub const EVICTING: u64 = 1 << 4;
+pub(crate) const EVICTING: u64 = 1 << 4;
 /// Dirty: written since it was last swapped in.
-pub const DIRTY: u64 = 1 << 5;
+pub(crate) const DIRTY: u64 = 1 << 5;
 /// Sealed: the eviction is past its grace period and will complete or be
 /// abandoned by the evictor alone.
-pub const SEALED: u64 = 1 << 6;
+pub(crate) const SEALED: u64 = 1 << 6;
 /// Fresh: swapped in and not dereferenced since (counts the bytes a
 /// swap-in brought that were used: swap-in amplification). Set only by
 /// swap-in, so its first dereference of each object takes the slow path
 /// once; objects allocated locally never have it.
-pub const FRESH: u64 = 1 << 7;
+pub(crate) const FRESH: u64 = 1 << 7;
 /// Shift of the hotness byte.
-pub const HOT_SHIFT: u32 = 8;
+pub(crate) const HOT_SHIFT: u32 = 8;
 /// Mask of the hotness byte.
-pub const HOT_MASK: u64 = 0xFF << HOT_SHIFT;
+pub(crate) const HOT_MASK: u64 = 0xFF << HOT_SHIFT;
 /// Shift of the payload.
-pub const PAYLOAD_SHIFT: u32 = 16;
+pub(crate) const PAYLOAD_SHIFT: u32 = 16;
 /// The bits that make a fast-path dereference impossible, plus `P`.
-pub const FAST_MASK: u64 = PRESENT | LOCK | MOVING | EVICTING | FRESH;
+pub(crate) const FAST_MASK: u64 = PRESENT | LOCK | MOVING | EVICTING | FRESH;
 
 /// Where a far object lives: region-table index, span page and object index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct FarLoc {
+pub(crate) struct FarLoc {
     /// Index in the compute node's region table.
     pub region: u16,
     /// Page index of the span inside the region (8 KiB pages).
@@ -150,9 +152,9 @@ pub struct FarLoc {
 }
 
 /// Largest page index a far word can name.
-pub const MAX_FAR_PAGE: u32 = (1 << 20) - 1;
+pub(crate) const MAX_FAR_PAGE: u32 = (1 << 20) - 1;
 /// Largest object index a far word can name.
-pub const MAX_FAR_OBJECT: u16 = (1 << 12) - 1;
+pub(crate) const MAX_FAR_OBJECT: u16 = (1 << 12) - 1;
 
 impl FarLoc {
     fn to_payload(self) -> u64 {
@@ -170,27 +172,27 @@ impl FarLoc {
 }
 
 /// Builds the word of a local object.
-pub const fn local_word(header_addr: usize, flags: u64, hotness: u8) -> u64 {
+pub(crate) const fn local_word(header_addr: usize, flags: u64, hotness: u8) -> u64 {
     ((header_addr as u64) << PAYLOAD_SHIFT) | ((hotness as u64) << HOT_SHIFT) | flags | PRESENT
 }
 
 /// Builds the word of a far object (`P` clear); `flags` keeps `S`.
-pub fn far_word(loc: FarLoc, flags: u64, hotness: u8) -> u64 {
+pub(crate) fn far_word(loc: FarLoc, flags: u64, hotness: u8) -> u64 {
     (loc.to_payload() << PAYLOAD_SHIFT) | ((hotness as u64) << HOT_SHIFT) | (flags & SHARED)
 }
 
 /// The local header address in a present word.
-pub const fn local_addr(w: u64) -> usize {
+pub(crate) const fn local_addr(w: u64) -> usize {
     (w >> PAYLOAD_SHIFT) as usize
 }
 
 /// The far location in a word without `P`.
-pub fn far_loc(w: u64) -> FarLoc {
+pub(crate) fn far_loc(w: u64) -> FarLoc {
     FarLoc::from_payload(w >> PAYLOAD_SHIFT)
 }
 
 /// The hotness byte.
-pub const fn hotness(w: u64) -> u8 {
+pub(crate) const fn hotness(w: u64) -> u8 {
     ((w & HOT_MASK) >> HOT_SHIFT) as u8
 }
 
@@ -198,7 +200,7 @@ pub const fn hotness(w: u64) -> u8 {
 /// Slots never move while in use.
 #[derive(Debug)]
 #[repr(C, align(16))]
-pub struct Slot {
+pub(crate) struct Slot {
     /// The Figure-2 word.
     pub word: AtomicU64,
     /// `RemRc` reference count (unused by `RemBox`); next-free link when free.
@@ -207,7 +209,8 @@ pub struct Slot {
 
 impl Slot {
     /// A slot holding `word`.
-    pub fn new(word: u64) -> Self {
+    #[cfg(any(test, loom))]
+    pub(crate) fn new(word: u64) -> Self {
         Self {
             word: AtomicU64::new(word),
             refs: AtomicU64::new(1),
@@ -215,7 +218,8 @@ impl Slot {
     }
 
     /// Spins until it holds `L`; returns the word as it was (without `L`).
-    pub fn lock(&self) -> u64 {
+    #[cfg(any(test, loom))]
+    pub(crate) fn lock(&self) -> u64 {
         loop {
             let w = self.word.load(Ordering::Acquire);
             if w & LOCK == 0
@@ -231,14 +235,14 @@ impl Slot {
     }
 
     /// Tries once to take `L` on a word equal to `expect` (which has `L` clear).
-    pub fn try_lock_exact(&self, expect: u64) -> bool {
+    pub(crate) fn try_lock_exact(&self, expect: u64) -> bool {
         self.word
             .compare_exchange(expect, expect | LOCK, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
     }
 
     /// Stores `w` (which must not have `L`), releasing the lock.
-    pub fn unlock_with(&self, w: u64) {
+    pub(crate) fn unlock_with(&self, w: u64) {
         debug_assert_eq!(w & LOCK, 0);
         self.word.store(w, Ordering::Release);
     }
@@ -247,7 +251,7 @@ impl Slot {
     /// object at `addr` with a SeqCst `fetch_or` (the Dekker half of the
     /// grace period). Returns the marked word, or `None` (and nothing marked)
     /// if the word is locked, already marked, or names another object.
-    pub fn mark(&self, addr: usize, bit: u64) -> Option<u64> {
+    pub(crate) fn mark(&self, addr: usize, bit: u64) -> Option<u64> {
         let prev = self.word.fetch_or(bit, Ordering::SeqCst);
         if prev & (PRESENT | LOCK | MOVING | EVICTING) == PRESENT && local_addr(prev) == addr {
             Some(prev | bit)
@@ -263,7 +267,7 @@ impl Slot {
     /// the flags `need` among P, L, M, E, Z, whatever its hotness and dirty
     /// bits say (steps 4 and 5). Returns the new word, or `None` if the word
     /// no longer qualifies (the object was freed, or an access aborted the mark).
-    pub fn transition(&self, addr: usize, need: u64, add: u64) -> Option<u64> {
+    pub(crate) fn transition(&self, addr: usize, need: u64, add: u64) -> Option<u64> {
         const FLAGS: u64 = PRESENT | LOCK | MOVING | EVICTING | SEALED;
         loop {
             let w = self.word.load(Ordering::Acquire);
@@ -284,7 +288,7 @@ impl Slot {
     /// the object at `addr`, whatever happened to its hotness or dirty bits
     /// meanwhile. A word that is locked, freed or already unmarked is left to
     /// its holder.
-    pub fn unmark(&self, addr: usize, bits: u64) {
+    pub(crate) fn unmark(&self, addr: usize, bits: u64) {
         let mark = bits & (EVICTING | MOVING);
         loop {
             let w = self.word.load(Ordering::Acquire);
@@ -303,7 +307,7 @@ impl Slot {
 
     /// The first dereference after a swap-in clears `F` on `w`; true if this
     /// call did (so the caller counts the object as used).
-    pub fn clear_fresh(&self, w: u64) -> bool {
+    pub(crate) fn clear_fresh(&self, w: u64) -> bool {
         w & FRESH != 0
             && self
                 .word
@@ -314,7 +318,7 @@ impl Slot {
     /// The aging sweep: replaces the hotness of `w` with `aged` if the word
     /// is still `w` and nobody has marked or locked it (a mark's commit
     /// expects the word it marked, hotness included). Best effort.
-    pub fn age(&self, w: u64, aged: u8) {
+    pub(crate) fn age(&self, w: u64, aged: u8) {
         if w & (EVICTING | SEALED | LOCK | MOVING) == 0 && hotness(w) != aged {
             let new = (w & !HOT_MASK) | ((aged as u64) << HOT_SHIFT);
             let _ = self.word.compare_exchange(w, new, Ordering::Relaxed, Ordering::Relaxed);
@@ -331,7 +335,7 @@ impl Slot {
     /// A `swap` rather than a store: the same release, and it keeps loom
     /// 0.7 from placing it between the read and write of a concurrent RMW
     /// (tokio-rs/loom#254; see `tests/loom_pointer.rs`).
-    pub fn commit_move(&self, locked: u64, new_addr: usize) -> u64 {
+    pub(crate) fn commit_move(&self, locked: u64, new_addr: usize) -> u64 {
         const FLAGS: u64 = PRESENT | LOCK | MOVING | EVICTING | SEALED;
         debug_assert_eq!(locked & FLAGS, PRESENT | LOCK | MOVING);
         let w = local_word(new_addr, (locked & (SHARED | FRESH)) | DIRTY, hotness(locked));

@@ -27,21 +27,21 @@
 //! multiple of 8; both facts are checked when the table is built (at compile time).
 
 /// log2 of the page size.
-pub const PAGE_SHIFT: u32 = 13;
+pub(crate) const PAGE_SHIFT: u32 = 13;
 /// The page size: spans are made of whole pages and aligned to a page boundary.
 pub const PAGE_SIZE: usize = 1 << PAGE_SHIFT;
 /// Number of size classes, counting the unused class 0 as TCMalloc does.
-pub const NUM_CLASSES: usize = 86;
+pub(crate) const NUM_CLASSES: usize = 86;
 /// The largest size served from a size class; larger objects get a dedicated span.
-pub const MAX_SIZE: usize = 262_144;
+pub(crate) const MAX_SIZE: usize = 262_144;
 /// A span of fewer objects than this is one the filtering threads leave alone, and one
 /// [`SizeClass::for_object`] may replace by a span per object.
-pub const MIN_SHARED_OBJECTS: usize = 4;
+pub(crate) const MIN_SHARED_OBJECTS: usize = 4;
 /// A dedicated span may cost up to `DEDICATED_MAX_NUM / DEDICATED_MAX_DEN` of the span
 /// bytes per object of the class it replaces ([`SizeClass::for_object`]).
-pub const DEDICATED_MAX_NUM: usize = 5;
+pub(crate) const DEDICATED_MAX_NUM: usize = 5;
 /// See [`DEDICATED_MAX_NUM`].
-pub const DEDICATED_MAX_DEN: usize = 4;
+pub(crate) const DEDICATED_MAX_DEN: usize = 4;
 /// Sizes up to this one are looked up at 8-byte granularity.
 const MAX_SMALL_SIZE: usize = 1024;
 
@@ -140,7 +140,7 @@ impl SizeClass {
 /// Pages of a dedicated span for an object of `bytes` bytes (at least one page); `None` on
 /// overflow.
 #[inline]
-pub const fn pages_for(bytes: usize) -> Option<usize> {
+pub(crate) const fn pages_for(bytes: usize) -> Option<usize> {
     match bytes.checked_add(PAGE_SIZE - 1) {
         Some(b) if bytes > 0 => Some(b >> PAGE_SHIFT),
         Some(_) => Some(1),
@@ -185,7 +185,7 @@ const fn c(size: u32, pages: u32) -> SizeClass {
 }
 
 /// The table, indexed by class; entry 0 is TCMalloc's empty sentinel.
-pub static SIZE_CLASSES: [SizeClass; NUM_CLASSES] = TABLE;
+pub(crate) static SIZE_CLASSES: [SizeClass; NUM_CLASSES] = TABLE;
 
 /// TCMalloc's table with each span shortened as far as it goes without more tail waste.
 const TABLE: [SizeClass; NUM_CLASSES] = shortest_spans(TCMALLOC);

@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use crate::size_classes::{ClassIndex, NUM_CLASSES, PAGE_SIZE};
 
 /// Most objects a span can hold: one page of the 8-byte class.
-pub const MAX_OBJECTS_PER_SPAN: usize = PAGE_SIZE / 8;
+pub(crate) const MAX_OBJECTS_PER_SPAN: usize = PAGE_SIZE / 8;
 const BITMAP_WORDS: usize = MAX_OBJECTS_PER_SPAN / 64;
 
 // `kind` encoding: size classes are 1..NUM_CLASSES, so they double as their own codes.

@@ -344,7 +344,7 @@ fn a_rebuild_finds_survivors_row_by_row_around_corrupt_members() {
     let (n0, n1) = (c.node(r0.node).unwrap(), c.node(r1.node).unwrap());
     // Position 0: the group's first spanset (first page). Position 1: a
     // spanset half-way through what the region holds.
-    let page = remora_runtime::size_classes::PAGE_SIZE as u64;
+    let page = remora_runtime::internals::PAGE_SIZE as u64;
     let used = (0..r1.size / page)
         .filter(|&p| {
             n1.peek(r1.cap.region, p * page, page as usize)

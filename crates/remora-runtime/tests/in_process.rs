@@ -69,7 +69,7 @@ fn a_swap_out_batch_sends_each_node_one_write() {
     for name in ["non-ft", "ec-batch"] {
         let c = cluster();
         let mut cfg = in_process::config(name, &SchemeOptions::default(), MIB);
-        cfg.eviction_batch = 32;
+        cfg.tuning.eviction_batch = 32;
         let rt = in_process::runtime(&c, cfg);
         let objs = fill(&rt, 8 * KIB as u64);
         let st = rt.stats();
@@ -563,7 +563,7 @@ fn redundant_schemes_rebuild_kept_copies() {
         // span makes it dirty, and on a loaded machine it may reach every
         // span before eviction does.
         let mut cfg = in_process::config(name, &SchemeOptions::default(), MIB);
-        cfg.filtering_threads = 0;
+        cfg.tuning.filtering_threads = 0;
         let rt = in_process::runtime(&c, cfg);
         let objs = fill(&rt, 8 * KIB as u64);
         // Read-only passes over every other run of 8 objects (half of each

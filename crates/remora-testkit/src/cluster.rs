@@ -88,8 +88,8 @@ pub fn runtime_config(c: &LocalCluster, name: &str, budget: usize) -> RuntimeCon
 /// millisecond (tests that watch filtering decisions want them made promptly).
 pub fn fast_filtering_config(c: &LocalCluster, name: &str, budget: usize) -> RuntimeConfig {
     let mut cfg = runtime_config(c, name, budget);
-    cfg.filtering_threads = 1;
-    cfg.filter_interval = Duration::from_millis(1);
+    cfg.tuning.filtering_threads = 1;
+    cfg.tuning.filter_interval = Duration::from_millis(1);
     cfg
 }
 

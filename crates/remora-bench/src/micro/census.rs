@@ -1,10 +1,10 @@
 //! `--census`: the local spans of each remora run by what they are doing,
 //! averaged over the samples of its measured phase
-//! ([`remora_runtime::LocalCensus`]). It says where the local budget goes
+//! ([`remora_runtime::internals::LocalCensus`]). It says where the local budget goes
 //! when the objects kept locally fall short of what it would hold: holes
 //! left by moved objects, cold spans waiting for eviction, spans pinned.
 
-use remora_runtime::LocalCensus;
+use remora_runtime::internals::LocalCensus;
 
 /// Groups below this share of the spans are left out of the table (the
 /// JSON has them all).
@@ -139,7 +139,7 @@ pub(crate) fn print(runs: &[(&str, &CensusAvg)], w: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use remora_runtime::{CensusGroup, SpanUse};
+    use remora_runtime::internals::{CensusGroup, SpanUse};
 
     #[test]
     fn averages_over_samples_and_counts_holes() {

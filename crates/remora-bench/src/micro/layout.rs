@@ -2,7 +2,7 @@
 //! data, the local budget and the simulated caches the way the runtime's
 //! allocator will lay the objects out.
 
-use remora_runtime::size_classes::{PAGE_SIZE, SizeClass};
+use remora_runtime::internals::{PAGE_SIZE, SizeClass};
 
 /// How objects of one size sit in local spans (TCMalloc size classes, with
 /// the runtime's 8-byte object header, or a span each: `SizeClass::for_object`).

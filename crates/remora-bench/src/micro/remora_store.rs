@@ -131,31 +131,31 @@ fn connect(args: &MicroArgs, plan: &Plan, cluster: &LocalCluster, scheme: &str) 
     };
     cfg.scheme = remora_runtime::scheme::make(name, &opts).map_err(|e| anyhow!("building scheme {scheme}: {e}"))?;
     if let Some(t) = args.filtering_threads {
-        cfg.filtering_threads = t as usize;
+        cfg.tuning.filtering_threads = t as usize;
     }
     if let Some(t) = args.eviction_threads {
-        cfg.eviction_threads = t as usize;
+        cfg.tuning.eviction_threads = t as usize;
     }
     if let Some(b) = args.eviction_batch {
-        cfg.eviction_batch = b as usize;
+        cfg.tuning.eviction_batch = b as usize;
     }
     if args.span_swap_in {
-        cfg.object_swap_in = false;
+        cfg.tuning.object_swap_in = false;
     }
     if let Some(d) = args.filter_interval {
-        cfg.filter_interval = d;
+        cfg.tuning.filter_interval = d;
     }
     if let Some(h) = args.high_watermark {
-        cfg.high_watermark = h;
+        cfg.tuning.high_watermark = h;
     }
     if let Some(l) = args.low_watermark {
-        cfg.low_watermark = l;
+        cfg.tuning.low_watermark = l;
     }
-    if cfg.low_watermark > cfg.high_watermark {
+    if cfg.tuning.low_watermark > cfg.tuning.high_watermark {
         bail!(
             "--low-watermark {} is above --high-watermark {}",
-            cfg.low_watermark,
-            cfg.high_watermark
+            cfg.tuning.low_watermark,
+            cfg.tuning.high_watermark
         );
     }
     Runtime::connect(cfg).context("connecting the runtime")

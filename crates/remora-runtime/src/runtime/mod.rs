@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 mod access;
 mod background;
+mod config;
 mod evictor;
 mod filtering;
 mod free;
@@ -18,15 +19,15 @@ mod room;
 mod stats;
 mod swap_in;
 
-use remora_proto::ConnOptions;
-
 use self::background::{confirm_loop, eviction_loop, notice_loop};
+pub use self::config::{RuntimeConfig, Tuning};
 use self::stats::Counters;
 pub use self::stats::Stats;
 
+#[cfg(feature = "internals")]
 use crate::census::LocalCensus;
 use crate::error::RuntimeError;
-use crate::eviction::{Clock, EvictionPolicy};
+use crate::eviction::EvictionPolicy;
 use crate::far_memory::FarMemory;
 use crate::far_page_map::{FarPageMap, FarSpan};
 use crate::loom::Ordering;
@@ -37,94 +38,11 @@ use crate::pointer::{
     self, DIRTY, EVICTING, FAST_MASK, FRESH, HOT_MASK, HOT_SHIFT, LOCK, MOVING, PRESENT, SEALED, SHARED, Slot, far_loc,
     far_word, local_addr, local_word,
 };
-use crate::scheme::{NonFt, Scheme, SpanAddr};
+use crate::scheme::{Scheme, SpanAddr};
 use crate::scope::{Rcu, ScopeGuard};
 use crate::slice::RemSlice;
 use crate::slots::{SlotTable, owner_of};
 use remora_proto::checksum::checksum;
-
-/// How a runtime is set up.
-pub struct RuntimeConfig {
-    /// The manager's address.
-    pub manager: String,
-    /// Name shown by `remora status`.
-    pub name: String,
-    /// Local memory budget in bytes (spans holding objects).
-    pub local_budget: usize,
-    /// Eviction starts above this fraction of the budget...
-    pub high_watermark: f64,
-    /// ...and stops below this one. Above it, spans the filtering threads
-    /// found cold go as soon as a batch of them is queued.
-    pub low_watermark: f64,
-    /// Fault-tolerance scheme.
-    pub scheme: Box<dyn Scheme>,
-    /// Which spans are cold.
-    pub policy: Box<dyn EvictionPolicy>,
-    /// Number of eviction threads.
-    pub eviction_threads: usize,
-    /// Spans evicted per batch (one grace period per batch).
-    pub eviction_batch: usize,
-    /// Connection options for the manager and memory nodes.
-    pub conn: ConnOptions,
-    /// How long an allocation outside a scope waits for eviction, and how
-    /// long to wait for far memory when the manager has none.
-    pub patience: Duration,
-    /// How long an operation waits out far memory that is unreachable but
-    /// not lost (the manager down and the memory nodes' leases lapsed, a
-    /// memory node cut off but not declared dead) before failing with
-    /// [`RuntimeError::Unavailable`]. Far data is reported lost
-    /// ([`RuntimeError::DataLost`]) only when more members of a spanset than
-    /// parity covers were declared dead by the manager or fail their checksums.
-    pub outage_deadline: Duration,
-    /// Number of filtering threads (paper §3.3: they move objects so spans
-    /// hold only hot or only cold objects); 0 disables filtering.
-    pub filtering_threads: usize,
-    /// Pause between a filtering thread's rounds (each looks at the spans
-    /// swapped in since the last, and every second round also sweeps a
-    /// window of spans, ages their objects and moves those of mixed or
-    /// sparse spans). Short, so a span swapped in for one object gives that
-    /// object to a hot span and goes back soon (5 ms: bench micro, 1 KiB
-    /// objects, T=2, ran ~10 % faster than at 20 ms, and 80 ms was worse
-    /// again).
-    pub filter_interval: Duration,
-    /// A swap-in from a span of small objects (at least
-    /// [`crate::size_classes::MIN_SHARED_OBJECTS`] per span) brings back
-    /// only the object asked for, while filtering runs: the remote read is
-    /// still one read of the whole span, checked against its checksum, and
-    /// the object is copied into a local span of its class as an allocation
-    /// would place it. The far span keeps its other objects; a second miss
-    /// on it within 10 ms (a scan) brings them all back. `false` swaps
-    /// the whole span in (the paper's swap-in; filtering then moves the
-    /// object out and the rest goes back, clean, without a write).
-    pub object_swap_in: bool,
-}
-
-impl RuntimeConfig {
-    /// Defaults for a manager at `manager` and a local budget in bytes:
-    /// `non-ft`, CLOCK, two eviction threads, one filtering thread, watermarks 97 % / 94 %
-    /// (with the filter's cold spans queued for eviction, the gap between them
-    /// only needs to absorb a burst of swap-ins; every byte under the
-    /// watermark is cache).
-    pub fn new(manager: impl Into<String>, local_budget: usize) -> Self {
-        Self {
-            manager: manager.into(),
-            name: format!("remora-runtime-{}", std::process::id()),
-            local_budget,
-            high_watermark: 0.97,
-            low_watermark: 0.94,
-            scheme: Box::new(NonFt::default()),
-            policy: Box::new(Clock),
-            eviction_threads: 2,
-            eviction_batch: 32,
-            conn: ConnOptions::default(),
-            patience: Duration::from_secs(30),
-            outage_deadline: Duration::from_secs(60),
-            filtering_threads: 1,
-            filter_interval: Duration::from_millis(5),
-            object_swap_in: true,
-        }
-    }
-}
 
 /// Shared state of a runtime; kept alive by the handle and by every live object.
 pub(crate) struct Inner {
@@ -163,7 +81,7 @@ pub(crate) struct Inner {
     /// Filtering threads run (else nobody drains `swapped_in`).
     filtering: bool,
     /// Swap-ins from spans of small objects bring back one object (only
-    /// while filtering runs; see [`RuntimeConfig::object_swap_in`]).
+    /// while filtering runs; see [`Tuning::object_swap_in`]).
     object_swap_in: bool,
     /// Filtering rounds pass it (see `Runtime::pause_background`).
     filtering_gate: PauseGate,
@@ -240,9 +158,9 @@ impl Runtime {
             scheme: cfg.scheme,
             policy,
             budget: AtomicU64::new(cfg.local_budget as u64),
-            high: cfg.high_watermark,
-            low: cfg.low_watermark,
-            batch: cfg.eviction_batch.max(1),
+            high: cfg.tuning.high_watermark,
+            low: cfg.tuning.low_watermark,
+            batch: cfg.tuning.eviction_batch.max(1),
             patience: cfg.patience,
             counters: Counters::default(),
             rounds: AtomicU64::new(0),
@@ -255,8 +173,8 @@ impl Runtime {
             room: room::Room::default(),
             kept: kept::KeptTable::default(),
             swapped_in: filtering::SwappedIn::default(),
-            filtering: cfg.filtering_threads > 0,
-            object_swap_in: cfg.object_swap_in && cfg.filtering_threads > 0,
+            filtering: cfg.tuning.filtering_threads > 0,
+            object_swap_in: cfg.tuning.object_swap_in && cfg.tuning.filtering_threads > 0,
             filtering_gate: PauseGate::new(),
             swap_out_failures: remora_proto::Repeated::new("swap-outs succeed", "swap-outs deferred"),
         });
@@ -265,7 +183,7 @@ impl Runtime {
             return Err(e);
         }
         let mut threads = Vec::new();
-        for i in 0..cfg.eviction_threads.max(1) {
+        for i in 0..cfg.tuning.eviction_threads.max(1) {
             let weak = Arc::downgrade(&inner);
             threads.push(
                 thread::Builder::new()
@@ -274,9 +192,9 @@ impl Runtime {
                     .map_err(|e| RuntimeError::LocalMemory(format!("cannot spawn eviction thread: {e}")))?,
             );
         }
-        for i in 0..cfg.filtering_threads {
+        for i in 0..cfg.tuning.filtering_threads {
             let weak = Arc::downgrade(&inner);
-            let interval = cfg.filter_interval;
+            let interval = cfg.tuning.filter_interval;
             threads.push(
                 thread::Builder::new()
                     .name(format!("remora-filter-{i}"))
@@ -365,6 +283,7 @@ impl Runtime {
     /// A census of the local spans: how many are hot, cold, kept, pinned or
     /// listed with holes, and how full (see [`LocalCensus`]). It walks every
     /// local span under the registry's lock: a diagnostic, not a counter.
+    #[cfg(feature = "internals")]
     pub fn local_census(&self) -> LocalCensus {
         self.inner.heap.census()
     }
@@ -391,6 +310,7 @@ impl Runtime {
     /// For quiescing a runtime while another one on the same machine is
     /// measured or latency-critical: `remora bench micro` alternates
     /// runtimes this way so their background work never overlaps.
+    #[cfg(feature = "internals")]
     pub fn pause_background(&self, paused: bool) {
         let gate = &self.inner.filtering_gate;
         if !paused {
@@ -436,6 +356,7 @@ impl Runtime {
 
     /// The far-memory regions this runtime holds now, by region-table index
     /// (for tools and fault-injection tests).
+    #[cfg(feature = "internals")]
     pub fn regions(&self) -> Vec<(u16, remora_proto::RegionGrant)> {
         self.inner.far.regions().held()
     }
@@ -444,6 +365,7 @@ impl Runtime {
     /// loses data only when more than m of them are lost before it is
     /// rebuilt. For fault-injection tools that must stay within the code's
     /// tolerance (`remora chaos`).
+    #[cfg(feature = "internals")]
     pub fn stripe_groups(&self) -> Vec<Vec<String>> {
         let far = &self.inner.far;
         self.inner
@@ -457,6 +379,7 @@ impl Runtime {
     /// The regions that hold far data now (spans, parity, holes or kept
     /// copies), fullest first; an empty region kept as a spare is not among
     /// them. For fault-injection tests that must hit the data.
+    #[cfg(feature = "internals")]
     pub fn regions_with_data(&self) -> Vec<(u16, remora_proto::RegionGrant)> {
         let far = &self.inner.far;
         let mut v: Vec<_> = far

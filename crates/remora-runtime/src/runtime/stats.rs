@@ -93,7 +93,7 @@ pub struct Stats {
     /// Dereferences that waited for a swap-in, their own or another thread's (misses).
     pub deref_misses: u64,
     /// Of the swap-ins, those that brought back only the object asked for
-    /// ([`crate::RuntimeConfig::object_swap_in`]).
+    /// ([`crate::Tuning::object_swap_in`]).
     pub object_swap_ins: u64,
     /// Bytes of spans swapped in (read whole, also for an object swap-in).
     pub swap_in_bytes: u64,

@@ -182,7 +182,7 @@ impl Inner {
     }
 
     /// The size class of `fs` if a swap-in from it brings back only the
-    /// object asked for (see [`RuntimeConfig::object_swap_in`]).
+    /// object asked for (see [`Tuning::object_swap_in`]).
     fn object_swap_in_class(&self, fs: &FarSpan) -> Option<ClassIndex> {
         if !self.object_swap_in || fs.class == 0 || (fs.capacity as usize) < MIN_SHARED_OBJECTS {
             return None;

@@ -17,9 +17,9 @@ fn queued_cold_spans_go_between_the_watermarks() {
     // 1 KiB objects take the 1152-byte class, 7 to an 8 KiB span: the
     // budget puts 100 spans at 95.2 %, between the default watermarks.
     let mut cfg = RuntimeConfig::new("unused:0", SPANS * 8192 * 1000 / 952);
-    cfg.filtering_threads = 0; // this test runs the rounds itself
-    cfg.eviction_threads = 1;
-    cfg.eviction_batch = 4;
+    cfg.tuning.filtering_threads = 0; // this test runs the rounds itself
+    cfg.tuning.eviction_threads = 1;
+    cfg.tuning.eviction_batch = 4;
     let rt = Runtime::with_backend(cfg, c.backend()).expect("runtime starts");
     let objs: Vec<RemBox<[u64; 128]>> = (0..SPANS * 7)
         .map(|i| rt.alloc([i as u64; 128]).expect("alloc"))

@@ -13,7 +13,7 @@ fn the_sweep_chooses_from_its_window_when_fresh_spans_fill_the_batch() {
     const MIXED: usize = 10;
     let c = InProcessCluster::new(1, 8, 2 << 20);
     let mut cfg = RuntimeConfig::new("unused:0", 64 << 20);
-    cfg.filtering_threads = 0; // this test runs the rounds itself
+    cfg.tuning.filtering_threads = 0; // this test runs the rounds itself
     let rt = Runtime::with_backend(cfg, c.backend()).expect("runtime starts");
     // 1 KiB objects: the 1152-byte class, 7 to an 8 KiB span, filled in
     // allocation order.
