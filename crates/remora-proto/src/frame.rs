@@ -8,12 +8,12 @@
 //!  0       2    3    4         6         8                 16         20         24
 //!  +-------+----+----+---------+---------+-----------------+----------+----------+
 //!  | magic |ver |kind| flags=0 | rsvd=0  |   request id    | head len | payld len|
-//!  | "Rm"  | 2  |    |  (u16)  |  (u16)  |      (u64)      |  (u32)   |  (u32)   |
+//!  | "Rm"  |VERS|    |  (u16)  |  (u16)  |      (u64)      |  (u32)   |  (u32)   |
 //!  +-------+----+----+---------+---------+-----------------+----------+----------+
 //!  | head: head-len bytes of postcard  | payload: payload-len raw bytes           |
 //! ```
 //!
-//! `kind` is 1 for a request, 2 for a successful response and 3 for an error
+//! `VERS` is [`VERSION`]. `kind` is 1 for a request, 2 for a successful response and 3 for an error
 //! response whose head is a [`crate::RemoteError`]. A response carries the id of
 //! the request it answers; responses may come in any order, so a client keeps
 //! many requests in flight on one connection.

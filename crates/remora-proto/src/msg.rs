@@ -859,7 +859,10 @@ pub enum RemoteError {
     /// The daemon was built without this feature.
     #[error("not supported by this daemon: {0}")]
     Unsupported(String),
-    /// The node is paused by fault injection.
+    /// The node does not serve data now: its lease with the manager lapsed
+    /// (paused, partitioned or fenced, it must not answer from regions the
+    /// manager may have handed elsewhere), or fault injection paused it. Its
+    /// data is not lost; readers read around it.
     #[error("node unavailable")]
     Unavailable,
     /// Something failed inside the server.
