@@ -16,10 +16,13 @@
 //! counted as waiting for room.
 
 use std::collections::VecDeque;
-use std::sync::atomic::AtomicUsize;
-use std::thread::Thread;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering as StdOrdering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, Thread};
+use std::time::{Duration, Instant};
 
-use super::*;
+use super::Inner;
+use crate::error::RuntimeError;
 
 /// One parked application thread.
 struct Waiter {
@@ -107,14 +110,14 @@ impl Inner {
         let mut last_progress = (self.heap.bytes_in_use(), Instant::now());
         let mut reclaim = !self.rcu.in_scope();
         loop {
-            self.kick();
+            self.pressure.kick();
             if reclaim {
                 // Direct reclaim: one round of our own while the eviction
                 // threads run theirs. A round that finds nothing to evict
                 // ends our help; we wait for theirs then.
                 let n = self.evict_round();
                 if n > 0 {
-                    self.stalled.store(false, StdOrdering::Release);
+                    self.pressure.progressed();
                     self.room.wake(self.heap.bytes_in_use() as u64);
                 } else {
                     reclaim = false;
@@ -124,7 +127,7 @@ impl Inner {
             if used as u64 <= target {
                 return Ok(());
             }
-            if self.stop.load(StdOrdering::Acquire) {
+            if self.lifecycle.stopping() {
                 return Err(RuntimeError::Shutdown);
             }
             if used < last_progress.0 {
@@ -139,10 +142,10 @@ impl Inner {
             // Join the queue, then look again: a wake between our look and
             // our join would otherwise be lost.
             let w = self.room.join(target);
-            if self.heap.bytes_in_use() as u64 > target && !self.stop.load(StdOrdering::Acquire) {
+            if self.heap.bytes_in_use() as u64 > target && !self.lifecycle.stopping() {
                 while !w.woken.load(StdOrdering::Acquire) {
                     thread::park_timeout(CHECK_EVERY);
-                    if self.stop.load(StdOrdering::Acquire) || last_progress.1.elapsed() > CHECK_EVERY {
+                    if self.lifecycle.stopping() || last_progress.1.elapsed() > CHECK_EVERY {
                         break;
                     }
                 }
