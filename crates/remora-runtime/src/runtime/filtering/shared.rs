@@ -46,6 +46,7 @@ impl Filtering {
     }
 
     /// Hands a span just swapped in to the filtering threads, if they run.
+    #[inline]
     pub(in crate::runtime) fn swapped_in(&self, s: SpanRef) {
         if self.runs {
             self.queue(s);
