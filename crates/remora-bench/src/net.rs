@@ -55,7 +55,6 @@ pub(crate) mod stats;
 mod throughput;
 mod tls;
 
-use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -64,13 +63,12 @@ use anyhow::{Context, anyhow, bail};
 use remora_cluster::{ClusterConfig, LocalCluster};
 use remora_proto::rpc::Ticket;
 use remora_proto::{ByteSize, Cap, ComputeSession, MemNodeClient, MemTransport, RegionGrant, parse_duration};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use self::latency::{LatencyRow, latency_phase};
-use self::pattern::{Image, Offsets};
+use self::pattern::Image;
 use self::raw::{RawChild, RawClient, RawServer};
 use self::report::{Report, us};
-use self::stats::{Latency, Tally};
 use self::throughput::{Op, TputParams, TputRow, throughput_phase};
 
 /// READ p50 goal: at most this many times the raw TCP round trip of the same size.

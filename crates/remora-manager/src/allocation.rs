@@ -4,8 +4,14 @@
 //! Telling them is idempotent, so a grant retried after a change of leader
 //! (the same request number, answered from the log) is simply told again.
 
-use super::*;
+use std::time::Duration;
+
+use remora_proto::msg::MgrResponse;
+use remora_proto::{ConnOptions, MemNodeClient, NodeId, RegionId, RemoteError, Session, Token};
+
+use crate::machine::{Command, Outcome};
 use crate::requests::grant_of;
+use crate::{Shared, lock};
 
 /// Regions one request may ask for.
 const MAX_ALLOC: u32 = 4096;

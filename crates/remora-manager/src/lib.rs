@@ -42,19 +42,12 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use openraft::{LogId, StoredMembership};
-use remora_proto::frame::{FrameKind, FrameReader, MAX_PAYLOAD_LEN, ReadError};
-use remora_proto::msg::{
-    ClusterStatus, ComputeStatus, Event, ManagerRole, ManagerStatus, MemNodeStatus, MgrRequest, MgrResponse, NodeLoad,
-    PeerTraffic, decode,
-};
-use remora_proto::server::{ConnGuard, Limits, Listener, Responder};
-use remora_proto::{
-    Cap, ClusterKey, ComputeId, ConnOptions, MemNodeClient, NodeId, NodeState, Plane, RegionGrant, RegionId,
-    RemoteError, Rights, RpcConn, Session, Stream, TlsConfig, Token,
-};
+use remora_proto::msg::{ClusterStatus, MgrRequest, MgrResponse, NodeLoad, PeerTraffic, decode};
+use remora_proto::server::{Limits, Listener};
+use remora_proto::{ClusterKey, ComputeId, ConnOptions, MemNodeClient, NodeId, Plane, RemoteError, RpcConn, TlsConfig};
 
 use consensus::{Member, Raft};
-use machine::{Command, Gone, Machine, Outcome, Proposal, Region};
+use machine::{Command, Machine, Proposal};
 use store::Store;
 pub use store::{SCHEMA_VERSION, StoreError};
 

@@ -2,7 +2,14 @@
 //! (commands through the log), and revoking the regions taken from their
 //! owners before they return to the pool.
 
-use super::*;
+use std::sync::atomic::Ordering;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use remora_proto::{ComputeId, NodeId, NodeState, RegionId};
+
+use crate::machine::{Command, Gone};
+use crate::{Shared, allocation, lock};
 
 /// Every tenth of the timeout, while this member leads.
 pub(crate) fn monitor(shared: &Shared) {

@@ -2,7 +2,21 @@
 //! messages handed to the group, the rest answered from (or proposed to)
 //! the replicated state, and status reports.
 
-use super::*;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use remora_proto::frame::{FrameKind, FrameReader, MAX_PAYLOAD_LEN, ReadError};
+use remora_proto::msg::{
+    ClusterStatus, ComputeStatus, Event, ManagerRole, ManagerStatus, MemNodeStatus, MgrRequest, MgrResponse, NodeLoad,
+    PeerTraffic, decode,
+};
+use remora_proto::server::{ConnGuard, Responder};
+use remora_proto::{Cap, NodeState, RegionGrant, RegionId, RemoteError, Rights, RpcConn, Session, Stream, Token};
+
+use crate::machine::{Command, Gone, Machine, Outcome, Region};
+use crate::{Live, Seen, Shared, allocation, consensus, heartbeat_interval, lock, suspect};
 
 pub(crate) fn serve(shared: &Arc<Shared>, sock: Stream, guard: ConnGuard) {
     let peer = sock.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());

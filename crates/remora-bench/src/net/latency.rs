@@ -1,7 +1,13 @@
 //! The READ latency phase: one request outstanding, the two sides
 //! alternating in blocks of samples (see the module docs of `net`).
 
-use super::*;
+use std::time::Instant;
+
+use remora_proto::ByteSize;
+
+use super::pattern::{Image, Offsets};
+use super::stats::Latency;
+use super::{Checked, Endpoint, Names, NetArgs, Remora, Side, progress, to_usize};
 
 /// The latency results of one size.
 pub(super) struct LatencyRow {

@@ -1,6 +1,12 @@
 //! What `remora bench net` prints and writes as JSON.
 
-use super::*;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::latency::LatencyRow;
+use super::throughput::TputRow;
+use super::{GOAL_P50_RATIO, NetArgs, Side};
 
 /// Everything the run produced, for printing and JSON.
 pub(super) struct Report<'a> {

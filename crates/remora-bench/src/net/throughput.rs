@@ -3,7 +3,16 @@
 //! everything written.
 
 use super::cpu;
-use super::*;
+use std::collections::VecDeque;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail};
+use remora_proto::ByteSize;
+
+use super::pattern::Image;
+use super::stats::{self, Tally};
+use super::{Checked, Endpoint, Names, NetArgs, Remora, Side, progress, to_usize};
 
 /// Read or write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,7 +1,16 @@
 //! The access barrier: the fast and slow paths of a dereference (pointer
 //! protocol steps 1 and 3).
 
-use super::*;
+use std::ptr::NonNull;
+use std::sync::atomic::Ordering as StdOrdering;
+
+use super::{DerefScope, Inner, slot_ref};
+use crate::error::RuntimeError;
+use crate::loom::Ordering;
+use crate::pointer::{
+    DIRTY, EVICTING, FAST_MASK, FRESH, HOT_MASK, HOT_SHIFT, LOCK, MOVING, PRESENT, SEALED, Slot, far_loc, local_addr,
+};
+use crate::scheme::SpanAddr;
 
 impl Inner {
     /// Resolves a pointer to its object's header address, swapping the span
@@ -57,7 +66,7 @@ impl Inner {
                 missed = true;
                 let loc = far_loc(w);
                 if let Err(e) = self.swap_in(loc, scope) {
-                    return Err(if self.expired.load(StdOrdering::Acquire) {
+                    return Err(if self.lifecycle.expired() {
                         RuntimeError::SessionExpired
                     } else {
                         // A loss names the object the caller asked for.

@@ -1,7 +1,12 @@
 //! The runtime's background threads: eviction, and the manager's notices
 //! (whose thread also gives empty regions back now and then).
 
-use super::*;
+use std::sync::Arc;
+use std::sync::atomic::Ordering as StdOrdering;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::Inner;
 
 /// How often empty regions are given back to the manager.
 const GIVE_BACK_EVERY: Duration = Duration::from_secs(1);
@@ -16,7 +21,7 @@ pub(super) fn notice_loop(
         let ev = match events.recv_timeout(Duration::from_millis(100)) {
             Ok(ev) => ev,
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => match weak.upgrade() {
-                Some(inner) if !inner.stop.load(StdOrdering::Acquire) => {
+                Some(inner) if !inner.lifecycle.stopping() => {
                     if last_give_back.elapsed() >= GIVE_BACK_EVERY {
                         inner.give_back_empty();
                         last_give_back = Instant::now();
@@ -45,7 +50,7 @@ pub(super) fn notice_loop(
             },
             remora_proto::SessionEvent::Resync => tracing::info!("manager restarted"),
             remora_proto::SessionEvent::Expired => {
-                inner.expired.store(true, StdOrdering::Release);
+                inner.lifecycle.expire();
                 tracing::error!("the manager declared this compute node dead: far memory is gone")
             }
         }
@@ -59,7 +64,7 @@ pub(super) fn confirm_loop(weak: &std::sync::Weak<Inner>) {
     loop {
         let node = {
             let Some(inner) = weak.upgrade() else { return };
-            if inner.stop.load(StdOrdering::Acquire) {
+            if inner.lifecycle.stopping() {
                 return;
             }
             match inner
@@ -107,19 +112,19 @@ pub(super) fn eviction_loop(weak: &std::sync::Weak<Inner>) {
     let mut last_sweep = Instant::now();
     loop {
         let Some(inner) = weak.upgrade() else { return };
-        if inner.stop.load(StdOrdering::Acquire) {
+        if inner.lifecycle.stopping() {
             return;
         }
         if last_sweep.elapsed() >= KEPT_SWEEP_EVERY {
             inner.sweep_kept();
             last_sweep = Instant::now();
         }
-        if inner.heap.bytes_in_use() as u64 > inner.high_bytes() {
+        if inner.heap.bytes_in_use() as u64 > inner.pressure.high_bytes() {
             let mut stuck = 0;
-            while (inner.heap.bytes_in_use() as u64) > inner.low_bytes() && !inner.stop.load(StdOrdering::Acquire) {
+            while (inner.heap.bytes_in_use() as u64) > inner.pressure.low_bytes() && !inner.lifecycle.stopping() {
                 let n = inner.evict_round();
                 if n > 0 {
-                    inner.stalled.store(false, StdOrdering::Release);
+                    inner.pressure.progressed();
                     stuck = 0;
                 } else {
                     stuck += 1;
@@ -130,7 +135,7 @@ pub(super) fn eviction_loop(weak: &std::sync::Weak<Inner>) {
                 }
             }
         }
-        while inner.queued_cold_due() && !inner.stop.load(StdOrdering::Acquire) {
+        while inner.queued_cold_due() && !inner.lifecycle.stopping() {
             if inner.evict_queued_round() == 0 {
                 break;
             }
@@ -140,17 +145,9 @@ pub(super) fn eviction_loop(weak: &std::sync::Weak<Inner>) {
         let restriping = inner.restripe_round() > 0;
         // Sleep until kicked. Announce the sleep, then look at the level
         // again: a kick between the two sees us idle (both sides SeqCst).
-        let k = inner.kick.lock().unwrap_or_else(|p| p.into_inner());
-        inner.idle_evictors.fetch_add(1, StdOrdering::SeqCst);
-        if inner.heap.bytes_in_use() as u64 <= inner.high_bytes()
-            && !restriping
-            && !inner.stop.load(StdOrdering::Acquire)
-        {
-            let _ = inner.kicked.wait_timeout(k, Duration::from_millis(100));
-        } else {
-            drop(k);
-        }
-        inner.idle_evictors.fetch_sub(1, StdOrdering::SeqCst);
+        inner.pressure.idle(Duration::from_millis(100), || {
+            inner.heap.bytes_in_use() as u64 > inner.pressure.high_bytes() || restriping || inner.lifecycle.stopping()
+        });
     }
 }
 
@@ -160,7 +157,7 @@ impl Inner {
     /// fill the band between the two until the next round, and hot objects
     /// would get only the low watermark's worth of local memory.
     pub(super) fn queued_cold_due(&self) -> bool {
-        self.heap.bytes_in_use() as u64 > self.low_bytes() && self.heap.cold_queued() >= self.batch
+        self.heap.bytes_in_use() as u64 > self.pressure.low_bytes() && self.heap.cold_queued() >= self.pressure.batch()
     }
 
     /// Hands the scheme's empty regions back to the manager.

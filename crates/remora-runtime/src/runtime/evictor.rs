@@ -1,7 +1,19 @@
 //! The evictor: marks cold spans, waits one grace period per batch, writes
 //! them out through the scheme and commits (pointer protocol steps 2, 4, 5).
 
-use super::*;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::sync::atomic::Ordering as StdOrdering;
+use std::time::Instant;
+
+use remora_proto::checksum::checksum;
+
+use super::{Inner, kept, slot_ref};
+use crate::error::RuntimeError;
+use crate::far_page_map::FarSpan;
+use crate::object_heap::SpanRef;
+use crate::pointer::{self, EVICTING, LOCK, PRESENT, SEALED, Slot, far_word, local_addr};
+use crate::scheme::SpanAddr;
 
 impl Inner {
     /// One round of eviction: pick cold spans and swap them out.
@@ -16,9 +28,9 @@ impl Inner {
 
     fn evict_round_of(&self, queued: bool) -> usize {
         let start = Instant::now();
-        self.rounds.fetch_add(1, StdOrdering::AcqRel);
+        self.pressure.round_started();
         let n = self.evict_round_inner(queued);
-        self.rounds.fetch_sub(1, StdOrdering::AcqRel);
+        self.pressure.round_ended();
         if n > 0 {
             self.wake_room();
         }
@@ -36,7 +48,8 @@ impl Inner {
                 self.heap.pick_cold(&*self.policy, n)
             }
         };
-        let mut candidates = pick(self.batch);
+        let batch = self.pressure.batch();
+        let mut candidates = pick(batch);
         if candidates.is_empty() {
             return 0;
         }
@@ -48,8 +61,8 @@ impl Inner {
         let want = self.scheme.stripe_spans();
         let to_write = |c: &[SpanRef]| c.iter().filter(|s| s.get().kept() == 0).count();
         let mut picks = 1;
-        while picks < MAX_GATHER && to_write(&candidates) % want != 0 && candidates.len() == picks * self.batch {
-            let more = pick(self.batch);
+        while picks < MAX_GATHER && to_write(&candidates) % want != 0 && candidates.len() == picks * batch {
+            let more = pick(batch);
             if more.is_empty() {
                 break;
             }
@@ -129,13 +142,13 @@ impl Inner {
         } else {
             match self.scheme.swap_out(&self.far, &bufs, &sums) {
                 Ok(p) => {
-                    self.swap_out_failures.ok();
+                    self.pressure.swap_out_ok();
                     p
                 }
                 Err(e) => {
                     if !matches!(e, RuntimeError::Shutdown) {
-                        self.swap_out_failures
-                            .fail(format_args!("swap-out of {} spans failed: {e}", bufs.len()));
+                        self.pressure
+                            .swap_out_failed(format_args!("swap-out of {} spans failed: {e}", bufs.len()));
                     }
                     for ((span, objs), k) in marked.into_iter().zip(kept) {
                         if let Some(k) = k {

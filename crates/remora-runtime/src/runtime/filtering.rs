@@ -53,15 +53,25 @@
 //! the same class with objects of that temperature: the pin is taken under
 //! the class lock, so this is a placement question, not a safety one.)
 
-use super::*;
-
 use std::collections::HashMap;
+use std::ptr::NonNull;
+use std::sync::atomic::Ordering as StdOrdering;
+use std::time::{Duration, Instant};
 
+use super::{Inner, header, slot_ref};
+use crate::error::RuntimeError;
+use crate::loom::Ordering;
+use crate::object::HEADER;
+use crate::object_heap::SpanRef;
+use crate::pointer::{self, LOCK, MOVING, PRESENT, Slot};
 use crate::size_classes::ClassIndex;
-use crate::span::{EVICTING_POS, SpanKind};
+use crate::span::SpanKind;
 
 mod classify;
 mod destination;
+mod shared;
+
+pub(super) use shared::Filtering;
 
 /// Spans a round classifies (the window its clock hand advances by).
 const WINDOW: usize = 64;
@@ -99,71 +109,31 @@ const ROOM: usize = 16;
 const DENSE_NUM: usize = 3;
 const DENSE_DEN: usize = 4;
 
-/// Spans swapped in and not yet looked at by a filtering thread (bounded:
-/// beyond it the oldest are left to the regular sweep).
-#[derive(Default)]
-pub(super) struct SwappedIn {
-    queue: Mutex<std::collections::VecDeque<SpanRef>>,
-}
-
-/// Most spans `SwappedIn` remembers.
-const SWAPPED_IN_MAX: usize = 4096;
-
-impl SwappedIn {
-    pub(super) fn push(&self, s: SpanRef) {
-        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
-        if q.len() >= SWAPPED_IN_MAX {
-            q.pop_front();
-        }
-        q.push_back(s);
-    }
-
-    fn take(&self, n: usize) -> Vec<SpanRef> {
-        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
-        let n = n.min(q.len());
-        q.drain(..n).collect()
-    }
-
-    fn len(&self) -> usize {
-        self.queue.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-}
-
 /// A filtering thread's body: a round every `interval` until the runtime stops.
 pub(super) fn filtering_loop(weak: &std::sync::Weak<Inner>, index: usize, interval: Duration) {
     let mut filter = Filter::new(index, interval);
     loop {
         let Some(inner) = weak.upgrade() else { return };
-        if inner.stop.load(StdOrdering::Acquire) {
+        if inner.lifecycle.stopping() {
             return;
         }
-        let paused = match inner.filtering_gate.enter() {
+        let paused = match inner.filtering.enter() {
             Some(_pass) => {
                 inner.filter_round(&mut filter);
                 if inner.queued_cold_due() {
-                    inner.kick();
+                    inner.pressure.kick();
                 }
                 false
             }
             None => true,
         };
-        if !paused && inner.swapped_in.len() >= BATCH {
+        if !paused && inner.filtering.swapped_in_waiting() >= BATCH {
             continue; // behind on fresh spans: no sleep
         }
         // Sleep, waking early when the runtime stops (its drop kicks).
-        let deadline = Instant::now() + interval;
-        let mut k = inner.kick.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
-            let now = Instant::now();
-            if now >= deadline || inner.stop.load(StdOrdering::Acquire) {
-                break;
-            }
-            k = inner
-                .kicked
-                .wait_timeout(k, deadline - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
+        inner
+            .pressure
+            .sleep_until(Instant::now() + interval, || inner.lifecycle.stopping());
     }
 }
 
@@ -264,9 +234,9 @@ impl Inner {
         }
         // Counted with the eviction rounds while it pins spans, so
         // `wait_for_eviction` also waits for the spans it holds to be released.
-        self.rounds.fetch_add(1, StdOrdering::AcqRel);
+        self.pressure.round_started();
         let moved = self.move_batch(f, chosen);
-        self.rounds.fetch_sub(1, StdOrdering::AcqRel);
+        self.pressure.round_ended();
         moved
     }
 

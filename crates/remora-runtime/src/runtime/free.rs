@@ -1,7 +1,16 @@
 //! Freeing objects, local or far.
 
-use super::*;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::sync::atomic::Ordering as StdOrdering;
+
+use super::{Inner, header, slot_ref};
 use crate::far_page_map::{FarSpan, FarSpanState};
+use crate::loom::Ordering;
+use crate::object::{HEADER, Remotable};
+use crate::pointer::{EVICTING, LOCK, PRESENT, Slot, far_loc, local_addr};
+use crate::scheme::SpanAddr;
+use crate::slots::owner_of;
 
 impl Inner {
     /// Frees the object owned by `slot` (dropping its value first if `T`

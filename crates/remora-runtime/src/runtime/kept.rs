@@ -19,9 +19,13 @@
 //! then refuses and the span is written normally).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering as StdOrdering};
+use std::sync::{Mutex, MutexGuard};
 
+use super::Inner;
 use super::evictor::Marked;
-use super::*;
+use crate::pointer::DIRTY;
+use crate::scheme::SpanAddr;
 use crate::span::Span;
 
 /// A kept far copy of a local span.
@@ -44,8 +48,27 @@ pub(super) struct KeptTable {
 }
 
 impl KeptTable {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Kept>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Kept>> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records `k`; returns its id (never 0: a span's 0 means no copy).
+    fn insert(&self, k: Kept) -> u64 {
+        let id = self.next.fetch_add(1, StdOrdering::Relaxed) + 1;
+        self.lock().insert(id, k);
+        id
+    }
+
+    /// Takes the copy with id `id` out, if it is still recorded.
+    fn take(&self, id: u64) -> Option<Kept> {
+        self.lock().remove(&id)
+    }
+
+    /// Takes out every copy that `dead` says is orphaned, by id.
+    fn take_orphans(&self, dead: impl Fn(u64, &Kept) -> bool) -> Vec<Kept> {
+        let mut map = self.lock();
+        let ids: Vec<u64> = map.iter().filter(|(id, k)| dead(**id, k)).map(|(id, _)| *id).collect();
+        ids.into_iter().filter_map(|id| map.remove(&id)).collect()
     }
 }
 
@@ -56,18 +79,14 @@ impl Inner {
         let Some(token) = self.scheme.keep(&self.far, at, pages) else {
             return;
         };
-        let id = self.kept.next.fetch_add(1, StdOrdering::Relaxed) + 1;
-        self.kept.lock().insert(
-            id,
-            Kept {
-                at,
-                pages,
-                token,
-                checksum,
-                start: span.start(),
-                live,
-            },
-        );
+        let id = self.kept.insert(Kept {
+            at,
+            pages,
+            token,
+            checksum,
+            start: span.start(),
+            live,
+        });
         span.set_kept(id);
     }
 
@@ -79,7 +98,7 @@ impl Inner {
         if id == 0 {
             return None;
         }
-        let k = self.kept.lock().remove(&id)?;
+        let k = self.kept.take(id)?;
         let clean = k.start == span.start()
             && k.pages as usize == span.pages()
             && objs
@@ -94,15 +113,9 @@ impl Inner {
 
     /// Drops kept copies whose local span was freed or reused meanwhile.
     pub(super) fn sweep_kept(&self) {
-        let orphans: Vec<Kept> = {
-            let mut map = self.kept.lock();
-            let dead: Vec<u64> = map
-                .iter()
-                .filter(|(id, k)| self.heap.span_at(k.start).is_none_or(|s| s.kept() != **id))
-                .map(|(id, _)| *id)
-                .collect();
-            dead.into_iter().filter_map(|id| map.remove(&id)).collect()
-        };
+        let orphans = self
+            .kept
+            .take_orphans(|id, k| self.heap.span_at(k.start).is_none_or(|s| s.kept() != id));
         for k in orphans {
             self.scheme.drop_kept(&self.far, k.at, k.pages, k.token);
         }

@@ -3,8 +3,8 @@
 //! The pointer protocol these follow is written down in [`crate::pointer`].
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as StdOrdering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::Ordering as StdOrdering;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -15,12 +15,19 @@ mod evictor;
 mod filtering;
 mod free;
 mod kept;
+mod lifecycle;
+mod pressure;
 mod room;
 mod stats;
 mod swap_in;
 
 use self::background::{confirm_loop, eviction_loop, notice_loop};
 pub use self::config::{RuntimeConfig, Tuning};
+use self::filtering::Filtering;
+use self::kept::KeptTable;
+use self::lifecycle::Lifecycle;
+use self::pressure::Pressure;
+use self::room::Room;
 use self::stats::Counters;
 pub use self::stats::Stats;
 
@@ -29,22 +36,23 @@ use crate::census::LocalCensus;
 use crate::error::RuntimeError;
 use crate::eviction::EvictionPolicy;
 use crate::far_memory::FarMemory;
-use crate::far_page_map::{FarPageMap, FarSpan};
+use crate::far_page_map::FarPageMap;
 use crate::loom::Ordering;
 use crate::object::{HEADER, RemBox, RemRc, Remotable};
-use crate::object_heap::{ObjectHeap, SpanRef};
-use crate::pause_gate::PauseGate;
-use crate::pointer::{
-    self, DIRTY, EVICTING, FAST_MASK, FRESH, HOT_MASK, HOT_SHIFT, LOCK, MOVING, PRESENT, SEALED, SHARED, Slot, far_loc,
-    far_word, local_addr, local_word,
-};
-use crate::scheme::{Scheme, SpanAddr};
+use crate::object_heap::ObjectHeap;
+use crate::pointer::{DIRTY, SHARED, Slot, local_word};
+use crate::scheme::Scheme;
 use crate::scope::{Rcu, ScopeGuard};
 use crate::slice::RemSlice;
-use crate::slots::{SlotTable, owner_of};
-use remora_proto::checksum::checksum;
+use crate::slots::SlotTable;
 
 /// Shared state of a runtime; kept alive by the handle and by every live object.
+///
+/// The shared core (the scope, slots, heap, far memory and its map, scheme
+/// and policy) is used by every path; the rest is in parts that own their
+/// fields: [`Pressure`] (budget, watermarks and the eviction threads),
+/// [`Filtering`] (the filtering threads' hand-off), [`Lifecycle`], the
+/// [`Room`] waiters, the [`KeptTable`] and the [`Counters`].
 pub(crate) struct Inner {
     rcu: Rcu,
     slots: SlotTable,
@@ -53,41 +61,18 @@ pub(crate) struct Inner {
     far_map: FarPageMap,
     scheme: Box<dyn Scheme>,
     policy: Arc<dyn EvictionPolicy>,
-    budget: AtomicU64,
-    high: f64,
-    low: f64,
-    batch: usize,
+    /// How long an allocation outside a scope waits for eviction.
     patience: Duration,
     counters: Counters,
-    /// Eviction rounds under way (a round holds far pages until it commits
-    /// or aborts), and filtering rounds that pin spans.
-    rounds: AtomicU64,
-    /// The manager expired our session: far memory is gone.
-    expired: AtomicBool,
-    /// A wait for eviction timed out and no span has been evicted since.
-    stalled: AtomicBool,
-    stop: AtomicBool,
-    /// Wakes eviction threads (pressure); see `kick`.
-    kick: Mutex<()>,
-    kicked: Condvar,
-    /// Eviction threads asleep on `kicked`.
-    idle_evictors: AtomicU64,
+    /// Budget, watermarks, and waking the eviction threads.
+    pressure: Pressure,
+    lifecycle: Lifecycle,
     /// Application threads waiting for local room.
-    room: room::Room,
+    room: Room,
     /// Kept far copies of swapped-in clean spans.
-    kept: kept::KeptTable,
-    /// Spans swapped in, for the filtering threads to look at first.
-    swapped_in: filtering::SwappedIn,
-    /// Filtering threads run (else nobody drains `swapped_in`).
-    filtering: bool,
-    /// Swap-ins from spans of small objects bring back one object (only
-    /// while filtering runs; see [`Tuning::object_swap_in`]).
-    object_swap_in: bool,
-    /// Filtering rounds pass it (see `Runtime::pause_background`).
-    filtering_gate: PauseGate,
-    /// Swap-outs that fail, logged as a streak: while far memory is
-    /// unreachable every eviction round fails, on every eviction thread.
-    swap_out_failures: remora_proto::Repeated,
+    kept: KeptTable,
+    /// What the filtering threads share with the rest of the runtime.
+    filtering: Filtering,
 }
 
 /// A connection to far memory and the local heap: the handle applications use.
@@ -157,26 +142,18 @@ impl Runtime {
             far_map: FarPageMap::default(),
             scheme: cfg.scheme,
             policy,
-            budget: AtomicU64::new(cfg.local_budget as u64),
-            high: cfg.tuning.high_watermark,
-            low: cfg.tuning.low_watermark,
-            batch: cfg.tuning.eviction_batch.max(1),
             patience: cfg.patience,
             counters: Counters::default(),
-            rounds: AtomicU64::new(0),
-            expired: AtomicBool::new(false),
-            stalled: AtomicBool::new(false),
-            stop: AtomicBool::new(false),
-            kick: Mutex::new(()),
-            kicked: Condvar::new(),
-            idle_evictors: AtomicU64::new(0),
-            room: room::Room::default(),
-            kept: kept::KeptTable::default(),
-            swapped_in: filtering::SwappedIn::default(),
-            filtering: cfg.tuning.filtering_threads > 0,
-            object_swap_in: cfg.tuning.object_swap_in && cfg.tuning.filtering_threads > 0,
-            filtering_gate: PauseGate::new(),
-            swap_out_failures: remora_proto::Repeated::new("swap-outs succeed", "swap-outs deferred"),
+            pressure: Pressure::new(
+                cfg.local_budget,
+                cfg.tuning.high_watermark,
+                cfg.tuning.low_watermark,
+                cfg.tuning.eviction_batch,
+            ),
+            lifecycle: Lifecycle::default(),
+            room: Room::default(),
+            kept: KeptTable::default(),
+            filtering: Filtering::new(cfg.tuning.filtering_threads, cfg.tuning.object_swap_in),
         });
         if let Err(e) = inner.scheme.start(&inner.far) {
             inner.scheme.stop();
@@ -233,15 +210,15 @@ impl Runtime {
     /// never wait; this bounds how far they can overshoot.)
     pub fn scope(&self) -> DerefScope<'_> {
         let inner = &*self.inner;
-        if inner.heap.bytes_in_use() as u64 > inner.budget()
-            && !inner.stalled.load(StdOrdering::Acquire)
+        if inner.heap.bytes_in_use() as u64 > inner.pressure.budget()
+            && !inner.pressure.stalled()
             && !inner.rcu.in_scope()
         {
-            inner.kick();
-            if let Err(e) = inner.wait_below(inner.budget(), inner.patience) {
+            inner.pressure.kick();
+            if let Err(e) = inner.wait_below(inner.pressure.budget(), inner.patience) {
                 // Don't make every later scope wait as long: until eviction
                 // makes progress again, the budget is left soft.
-                inner.stalled.store(true, StdOrdering::Release);
+                inner.pressure.stall();
                 tracing::warn!("entering a scope over budget: {e}");
             }
         }
@@ -312,21 +289,14 @@ impl Runtime {
     /// runtimes this way so their background work never overlaps.
     #[cfg(feature = "internals")]
     pub fn pause_background(&self, paused: bool) {
-        let gate = &self.inner.filtering_gate;
-        if !paused {
-            gate.resume();
-        } else if self.inner.rcu.in_scope() {
-            gate.close();
-        } else {
-            gate.pause();
-        }
+        self.inner.filtering.pause(paused, self.inner.rcu.in_scope());
         self.inner.scheme.pause(paused);
     }
 
     /// Changes the local memory budget.
     pub fn set_local_budget(&self, bytes: usize) {
-        self.inner.budget.store(bytes as u64, StdOrdering::Relaxed);
-        self.inner.kick();
+        self.inner.pressure.set_budget(bytes);
+        self.inner.pressure.kick();
         self.inner.wake_room();
     }
 
@@ -336,8 +306,8 @@ impl Runtime {
     /// away.
     pub fn wait_for_eviction(&self, timeout: Duration) -> Result<(), RuntimeError> {
         let start = Instant::now();
-        self.inner.wait_below(self.inner.low_bytes(), timeout)?;
-        while self.inner.rounds.load(StdOrdering::Acquire) > 0 {
+        self.inner.wait_below(self.inner.pressure.low_bytes(), timeout)?;
+        while self.inner.pressure.rounds_under_way() {
             if start.elapsed() > timeout {
                 return Err(RuntimeError::EvictionStalled(timeout));
             }
@@ -409,12 +379,9 @@ impl Drop for Runtime {
         // rebuild waiting for a replacement, read retries) looks at
         // `far.is_stopping()`, so the joins below are prompt even while the
         // cluster is degraded.
-        self.inner.stop.store(true, StdOrdering::Release);
+        self.inner.lifecycle.stop();
         self.inner.far.stop();
-        {
-            let _k = self.inner.kick.lock().unwrap_or_else(|p| p.into_inner());
-            self.inner.kicked.notify_all();
-        }
+        self.inner.pressure.wake_all();
         self.inner.room.wake_all();
         self.inner.far.detector().suspects.wake();
         for t in self.threads.drain(..) {
@@ -455,26 +422,9 @@ fn slot_ref<'a>(s: NonNull<Slot>) -> &'a Slot {
 }
 
 impl Inner {
-    /// Wakes the eviction threads if any sleeps: one atomic load otherwise,
-    /// so the swap-in path can call it freely.
-    fn kick(&self) {
-        if self.idle_evictors.load(StdOrdering::SeqCst) > 0 {
-            let _k = self.kick.lock().unwrap_or_else(|p| p.into_inner());
-            self.kicked.notify_all();
-        }
-    }
-
     /// Wakes the application threads whose room now exists.
     fn wake_room(&self) {
         self.room.wake(self.heap.bytes_in_use() as u64);
-    }
-
-    fn budget(&self) -> u64 {
-        self.budget.load(StdOrdering::Relaxed)
-    }
-
-    fn high_bytes(&self) -> u64 {
-        (self.budget() as f64 * self.high) as u64
     }
 
     /// A scope on this thread, without the wait for room `Runtime::scope`
@@ -485,10 +435,6 @@ impl Inner {
             guard: self.rcu.enter(),
             handed: std::cell::Cell::new(false),
         }
-    }
-
-    fn low_bytes(&self) -> u64 {
-        (self.budget() as f64 * self.low) as u64
     }
 
     fn alloc_object<T: Remotable>(self: &Arc<Self>, value: T, flags: u64) -> Result<NonNull<Slot>, RuntimeError> {
@@ -516,12 +462,12 @@ impl Inner {
         init: impl FnOnce(usize),
     ) -> Result<NonNull<Slot>, RuntimeError> {
         let used = self.heap.bytes_in_use() as u64;
-        if used >= self.high_bytes() {
-            self.kick();
+        if used >= self.pressure.high_bytes() {
+            self.pressure.kick();
             // Waiting inside a scope could deadlock with the evictor's grace
             // period, so there the budget is a soft limit.
-            if used >= self.budget() && !self.rcu.in_scope() {
-                self.wait_below(self.budget().saturating_sub(size as u64), self.patience)?;
+            if used >= self.pressure.budget() && !self.rcu.in_scope() {
+                self.wait_below(self.pressure.budget().saturating_sub(size as u64), self.patience)?;
             }
         }
         let slot = self.slots.alloc(0);

@@ -1,6 +1,8 @@
 //! The runtime's counters and the [`Stats`] snapshot benchmarks and tests read.
 
-use super::*;
+use std::sync::atomic::{AtomicU64, Ordering as StdOrdering};
+
+use super::Inner;
 
 /// Counters and levels, for benchmarks and tests.
 #[derive(Debug, Clone, Default, PartialEq)]

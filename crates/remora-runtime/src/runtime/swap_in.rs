@@ -3,8 +3,18 @@
 //! of its class, and the far span keeps the rest ([`Inner::swap_in_object`]);
 //! otherwise the whole span comes back and its objects' words point at it.
 
-use super::*;
-use crate::far_page_map::FarSpan;
+use std::sync::MutexGuard;
+use std::sync::atomic::Ordering as StdOrdering;
+use std::time::{Duration, Instant};
+
+use super::{DerefScope, Inner, header};
+use crate::error::RuntimeError;
+use crate::far_page_map::{FarSpan, FarSpanState};
+use crate::loom::Ordering;
+use crate::object::HEADER;
+use crate::object_heap::SpanRef;
+use crate::pointer::{self, DIRTY, FRESH, PRESENT, SHARED, Slot, far_loc, local_word};
+use crate::scheme::SpanAddr;
 use crate::size_classes::{ClassIndex, MIN_SHARED_OBJECTS};
 
 /// An object swap-in from a far span this soon after the last one from it
@@ -66,11 +76,11 @@ impl Inner {
     pub(super) fn swap_in_whole(
         &self,
         fs: &FarSpan,
-        mut st: std::sync::MutexGuard<'_, crate::far_page_map::FarSpanState>,
+        mut st: MutexGuard<'_, FarSpanState>,
         at: SpanAddr,
         scope: &DerefScope<'_>,
         keep: bool,
-    ) -> Result<crate::object_heap::SpanRef, RuntimeError> {
+    ) -> Result<SpanRef, RuntimeError> {
         let span = self.heap.new_span(fs.class, fs.pages as usize)?;
         // SAFETY: the span was just allocated for us and is not yet visible
         // to anyone; its memory is `bytes()` long and mapped.
@@ -98,9 +108,7 @@ impl Inner {
             }
         });
         self.policy.span_swapped_in(span.get());
-        if self.filtering {
-            self.swapped_in.push(span);
-        }
+        self.filtering.swapped_in(span);
         st.gone = true;
         self.far_map.remove(fs.region, fs.page, st.live_count);
         if keepable && keep {
@@ -119,10 +127,10 @@ impl Inner {
     /// Runs only while local memory is below the high watermark (room for
     /// the application first); returns the spans brought back.
     pub(super) fn restripe_round(&self) -> usize {
-        if self.heap.bytes_in_use() as u64 > self.high_bytes() {
+        if self.heap.bytes_in_use() as u64 > self.pressure.high_bytes() {
             return 0;
         }
-        let spans = self.far.take_restripe(self.batch.max(1));
+        let spans = self.far.take_restripe(self.pressure.batch().max(1));
         if spans.is_empty() {
             return 0;
         }
@@ -160,8 +168,8 @@ impl Inner {
         self.counters
             .swap_in_bytes
             .fetch_add(bytes as u64, StdOrdering::Relaxed);
-        if self.heap.bytes_in_use() as u64 >= self.high_bytes() {
-            self.kick();
+        if self.heap.bytes_in_use() as u64 >= self.pressure.high_bytes() {
+            self.pressure.kick();
         }
     }
 
@@ -184,7 +192,7 @@ impl Inner {
     /// The size class of `fs` if a swap-in from it brings back only the
     /// object asked for (see [`Tuning::object_swap_in`]).
     fn object_swap_in_class(&self, fs: &FarSpan) -> Option<ClassIndex> {
-        if !self.object_swap_in || fs.class == 0 || (fs.capacity as usize) < MIN_SHARED_OBJECTS {
+        if !self.filtering.object_swap_in() || fs.class == 0 || (fs.capacity as usize) < MIN_SHARED_OBJECTS {
             return None;
         }
         ClassIndex::new(fs.class as usize)
@@ -205,7 +213,7 @@ impl Inner {
     fn swap_in_object(
         &self,
         fs: &FarSpan,
-        mut st: std::sync::MutexGuard<'_, crate::far_page_map::FarSpanState>,
+        mut st: MutexGuard<'_, FarSpanState>,
         object: u16,
         class: ClassIndex,
         at: SpanAddr,

@@ -3,8 +3,10 @@
 
 use super::*;
 use crate::runtime::filtering::Filter;
-use crate::{RemBox, RuntimeConfig};
+use crate::{RemBox, Runtime, RuntimeConfig};
 use remora_memnode::InProcessCluster;
+use std::thread;
+use std::time::Duration;
 
 /// Between the watermarks, spans the filter queued as cold are evicted
 /// without waiting for the high watermark: otherwise they fill the band
@@ -27,9 +29,9 @@ fn queued_cold_spans_go_between_the_watermarks() {
     let inner = &rt.inner;
     let level = inner.heap.bytes_in_use() as u64;
     assert!(
-        level > inner.low_bytes() && level <= inner.high_bytes(),
+        level > inner.pressure.low_bytes() && level <= inner.pressure.high_bytes(),
         "the fill sits between the watermarks: {level} of {}",
-        inner.budget()
+        inner.pressure.budget()
     );
     assert_eq!(rt.stats().swap_outs, 0, "nothing is evicted below the high watermark");
 
@@ -44,12 +46,12 @@ fn queued_cold_spans_go_between_the_watermarks() {
 
     // The evictor looks at the queue at least every 100 ms.
     let deadline = Instant::now() + Duration::from_secs(20);
-    while inner.heap.bytes_in_use() as u64 > inner.low_bytes() {
+    while inner.heap.bytes_in_use() as u64 > inner.pressure.low_bytes() {
         assert!(
             Instant::now() < deadline,
             "queued cold spans were not evicted: {} bytes local, low watermark {}, {} queued",
             inner.heap.bytes_in_use(),
-            inner.low_bytes(),
+            inner.pressure.low_bytes(),
             inner.heap.cold_queued()
         );
         thread::sleep(Duration::from_millis(10));

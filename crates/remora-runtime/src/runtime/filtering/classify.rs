@@ -1,6 +1,14 @@
 //! Step 1 of a filtering round: which spans to move objects out of.
 
-use super::*;
+use std::time::Instant;
+
+use super::{
+    BATCH, Chosen, DENSE_DEN, DENSE_NUM, Filter, KEPT_DEN, KEPT_NUM, MIN_SLOTS, SPARSE, SWEEP_EVERY, Temp, WINDOW,
+};
+use crate::object_heap::SpanRef;
+use crate::pointer;
+use crate::runtime::Inner;
+use crate::span::{EVICTING_POS, SpanKind};
 
 impl Inner {
     /// Step 1: sweeps a window of spans, ages their objects and returns the
@@ -14,7 +22,7 @@ impl Inner {
         // the object that was touched, and its other objects are cold, so
         // the touched one moves out at once and the rest can go back (clean,
         // without a write) before it pins local memory for a whole sweep.
-        let fresh = self.swapped_in.take(BATCH);
+        let fresh = self.filtering.take_swapped_in(BATCH);
         // Fresh spans may fill the batch; the sweep's window is chosen from
         // beyond it. When fresh spans capped the batch for both, a steady
         // stream of swap-ins left every span the sweep passed unclassified

@@ -1,6 +1,11 @@
 //! Where moved objects go: each filtering thread's destination spans.
 
-use super::*;
+use super::{Dest, Filter, Temp};
+use crate::error::RuntimeError;
+use crate::object_heap::SpanRef;
+use crate::runtime::Inner;
+use crate::size_classes::ClassIndex;
+use crate::span::SpanKind;
 
 impl Inner {
     /// The pinned destination span with room for `class` objects of `temp`:

@@ -1,7 +1,7 @@
 //! Filtering rounds driven by hand on in-process memory nodes.
 
 use super::*;
-use crate::{RemBox, RuntimeConfig};
+use crate::{RemBox, Runtime, RuntimeConfig};
 use remora_memnode::InProcessCluster;
 
 /// The sweep's window is classified even when fresh spans fill the
@@ -40,7 +40,7 @@ fn the_sweep_chooses_from_its_window_when_fresh_spans_fill_the_batch() {
     // All but the first spans of the window come back as swapped in:
     // more than a batch of them.
     for &s in &spans[MIXED..] {
-        inner.swapped_in.push(s);
+        inner.filtering.queue(s);
     }
     const { assert!(SPANS - MIXED > BATCH) };
     inner.filter_round(&mut Filter::new(0, Duration::from_millis(1)));

@@ -2,7 +2,18 @@
 //! enough have arrived and passed the caller's check (see the module docs
 //! of `shards`).
 
-use super::*;
+use std::sync::{Arc, mpsc};
+use std::time::Instant;
+
+use remora_proto::msg::{MemRequest, MemResponse};
+use remora_proto::rpc::Ticket;
+use remora_proto::{NodeId, RpcError};
+
+use super::Waiters;
+use crate::error::RuntimeError;
+use crate::far_memory::FarMemory;
+use crate::region_table::Link;
+use crate::scheme::retry::Retry;
 
 /// One shard to read: its code position, where it is, its length (0: an
 /// all-zero shard that was never written, read for free).

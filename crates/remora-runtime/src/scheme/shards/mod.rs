@@ -18,23 +18,19 @@
 //!   waits for one ticket at a time, so "the first k of k+1 to arrive"
 //!   needs the waits to run in parallel: one thread per connection.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::JoinHandle;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
 use remora_proto::msg::{MemRequest, MemResponse};
 use remora_proto::rpc::Ticket;
-use remora_proto::{Cap, NodeId, RpcError};
+use remora_proto::{Cap, RpcError};
 
 use remora_ec::Codec;
 
 use super::SchemeReport;
-use super::node_writes::{self, NodeWrites};
 use super::placement::Placement;
 use super::recovery::Recovery;
-use super::retry::Retry;
 use crate::error::RuntimeError;
 use crate::far_memory::FarMemory;
 use crate::region_table::Link;

@@ -1,6 +1,11 @@
 //! [`Waiters`]: one thread per connection waiting for late-bound reads.
 
-use super::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::thread::JoinHandle;
+
+use super::lock;
+use crate::region_table::Link;
 
 pub(super) type Job = Box<dyn FnOnce() + Send>;
 

@@ -2,7 +2,20 @@
 //! position at once, one request per memory node, re-placing a stripe away
 //! from a node that failed its write.
 
-use super::*;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use remora_proto::msg::MemResponse;
+use remora_proto::rpc::Ticket;
+use remora_proto::{NodeId, RpcError};
+
+use super::{Stripes, WRITE_ATTEMPTS, Waiters, lock};
+use crate::error::RuntimeError;
+use crate::far_memory::FarMemory;
+use crate::region_table::Link;
+use crate::scheme::node_writes::{self, NodeWrites};
+use crate::scheme::placement::Placement;
 
 /// One write of a stripe: to position `pos`, the pieces `(offset, bytes)`
 /// (one piece: a plain write; several: one vectored write).
