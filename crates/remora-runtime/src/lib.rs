@@ -27,6 +27,8 @@ mod far_page_heap;
 mod far_page_map;
 mod local_heap;
 mod loom;
+#[cfg(all(test, loom))]
+mod loom_models;
 mod object;
 mod object_heap;
 pub mod page_heap;
