@@ -205,6 +205,13 @@ fn unmark(w: &World, exp: u64) {
 /// Returns what it saw: the local value, or the far copy if it found the word far.
 pub(super) fn reader(w: &World, r: usize, write: bool) -> (Access, u64) {
     let scope = w.scopes.enter(r);
+    let seen = use_object(w, write);
+    drop(scope);
+    seen
+}
+
+/// [`reader`]'s work inside a scope the caller holds.
+pub(super) fn use_object(w: &World, write: bool) -> (Access, u64) {
     let a = access(&w.slot, write);
     let v = match a {
         Access::Fast(_) | Access::Slow(_) => {
@@ -227,7 +234,6 @@ pub(super) fn reader(w: &World, r: usize, write: bool) -> (Access, u64) {
             v
         }
     };
-    drop(scope);
     (a, v)
 }
 

@@ -124,6 +124,22 @@ impl Drop for InScope<'_> {
     }
 }
 
+impl InScope<'_> {
+    /// Leaves the scope and enters a new one.
+    fn renew(&mut self) {
+        match self {
+            InScope::Current(g) => g.as_mut().expect("held until drop").renew(),
+            InScope::BeforeFix(st) => {
+                // The old `exit_rec` then `enter_rec`, as `renew` runs them.
+                let s = st.load(Ordering::Relaxed);
+                st.store(s + 1, Ordering::Release);
+                st.store(s + 2, Ordering::Relaxed);
+                fence(Ordering::SeqCst);
+            }
+        }
+    }
+}
+
 impl Scopes {
     /// The real handshake for `Release` (the scope entry as `enter_rec`
     /// makes it), the old copy for `Relaxed`.
