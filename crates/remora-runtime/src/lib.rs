@@ -55,6 +55,8 @@ mod far_page_map;
 #[cfg(feature = "internals")]
 pub mod internals;
 mod loom;
+#[cfg(all(test, loom))]
+mod loom_models;
 mod object;
 mod object_heap;
 mod page_heap;

@@ -14,7 +14,7 @@
 //! thread sees the flag and skips its round, or the pause sees the thread in
 //! flight and waits for its round to end. (SeqCst accesses alone would do on
 //! hardware, but loom models them as AcqRel and checks only the fences.)
-//! `tests/loom_pause.rs` checks this with loom.
+//! `loom_models::pause` checks this with loom.
 
 use crate::loom::{AtomicBool, AtomicUsize, Ordering, fence, nap};
 

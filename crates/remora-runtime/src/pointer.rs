@@ -68,7 +68,8 @@
 //!    it refuses a word with `E`, `M` or `L`, and the evictor's mark refuses
 //!    one with `M`), then ONE grace period for the batch. Per object: take
 //!    `L` only if the word is still exactly `P|M` for the object's address
-//!    ([`Slot::transition`]; hotness and dirty may differ, as in step 4);
+//!    ([`Slot::move_marked`] runs this step and the next two;
+//!    [`Slot::transition`]: hotness and dirty may differ, as in step 4);
 //!    copy the object (header and payload) into a free slot of the
 //!    destination and claim that slot; store the word naming the copy
 //!    ([`Slot::commit_move`]: same `S`, `F` and hotness, `D` set by the
@@ -83,10 +84,11 @@
 //!    new word. `L` is taken *before* the copy on purpose: copying first and
 //!    validating after (seqlock style) would let a thread that cleared `M`
 //!    write the object while the mover reads it, a data race (loom reports
-//!    it: `copy_before_lock_races_a_writer` in `tests/loom_moving.rs`).
+//!    it: `copy_before_lock_races_a_writer` in `loom_models/moving.rs`).
 //!
-//! `loom` checks these steps in `tests/loom_pointer.rs` and (the move)
-//! `tests/loom_moving.rs`.
+//! `loom` checks these steps, the crate's own `Slot` methods and deref
+//! scopes, in the unit-test modules `loom_models::pointer` and (the move)
+//! `loom_models::moving` (run under `--cfg loom`).
 //!
 //! # Invariants
 //!
@@ -325,6 +327,23 @@ impl Slot {
         }
     }
 
+    /// Step 6 after the grace period, for the object at `addr` marked `M`:
+    /// takes `L` if the word is still exactly `P|M` for it, runs `copy`
+    /// (given the locked word; it copies the object and returns the new
+    /// header address) and commits ([`Slot::commit_move`]). Returns the new
+    /// word, or `None` if the word no longer qualified (an access cleared
+    /// `M`, or the owner freed the object): nothing was copied and the mark
+    /// is taken back if still there. One function for the runtime's
+    /// `move_object` and the loom model of the move.
+    pub(crate) fn move_marked(&self, addr: usize, copy: impl FnOnce(u64) -> usize) -> Option<u64> {
+        let Some(locked) = self.transition(addr, PRESENT | MOVING, LOCK) else {
+            self.unmark(addr, MOVING);
+            return None;
+        };
+        let to = copy(locked);
+        Some(self.commit_move(locked, to))
+    }
+
     /// Step 6, the move's commit: with `L` held on `locked` (the word
     /// [`Slot::transition`]`(addr, P|M, L)` returned), stores the word of the
     /// same object at `new_addr`, keeping `S`, `F` and hotness, setting `D`
@@ -334,7 +353,7 @@ impl Slot {
     ///
     /// A `swap` rather than a store: the same release, and it keeps loom
     /// 0.7 from placing it between the read and write of a concurrent RMW
-    /// (tokio-rs/loom#254; see `tests/loom_pointer.rs`).
+    /// (tokio-rs/loom#254; see `loom_models::store`).
     pub(crate) fn commit_move(&self, locked: u64, new_addr: usize) -> u64 {
         const FLAGS: u64 = PRESENT | LOCK | MOVING | EVICTING | SEALED;
         debug_assert_eq!(locked & FLAGS, PRESENT | LOCK | MOVING);

@@ -22,14 +22,16 @@
 //! network. Only the waits: from the moment a swapped-in span is published
 //! the evictor may pick it, and the rest of the swap-in uses it, so that part
 //! runs inside the scope again. The deref that follows reloads the word.
+//!
+//! The registry, the records and their thread-local go through
+//! `crate::loom`, so the loom models (`loom_models`) run this code itself.
 
 use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU32, AtomicUsize};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::loom::{AtomicU64, Ordering, fence};
+use crate::loom::{Arc, AtomicU64, Mutex, Ordering, fence, spin_hint, spin_yield};
 
 /// One thread's scope state for one runtime.
 #[derive(Debug, Default)]
@@ -50,9 +52,16 @@ pub(crate) struct Rcu {
 
 static NEXT_RCU_ID: AtomicUsize = AtomicUsize::new(1);
 
+#[cfg(not(loom))]
 thread_local! {
     /// This thread's records, one per runtime it has used.
     static RECS: RefCell<Vec<(usize, Arc<ThreadRec>)>> = const { RefCell::new(Vec::new()) };
+}
+
+// Loom runs its threads on one OS thread, so each needs loom's thread-local.
+#[cfg(loom)]
+loom::thread_local! {
+    static RECS: RefCell<Vec<(usize, Arc<ThreadRec>)>> = RefCell::new(Vec::new());
 }
 
 impl Rcu {
@@ -72,7 +81,16 @@ impl Rcu {
             let rec = Arc::new(ThreadRec::default());
             let mut threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
             // Forget threads that have exited (only the registry still holds them).
+            let known = threads.len();
             threads.retain(|t| Arc::strong_count(t) > 1);
+            if threads.len() < known {
+                // A grace period that no longer sees a forgotten thread's
+                // record must still come after its last scope, which loading
+                // its even state used to give. The count's last drop was a
+                // release: acquire it (then the registry's lock passes it on).
+                // The loom models found this.
+                fence(Ordering::Acquire);
+            }
             threads.push(Arc::clone(&rec));
             r.push((self.id, Arc::clone(&rec)));
             rec
@@ -119,9 +137,9 @@ impl Rcu {
             while t.state.load(Ordering::Acquire) == s {
                 spins += 1;
                 if spins < 64 {
-                    std::hint::spin_loop();
+                    spin_hint();
                 } else {
-                    std::thread::yield_now();
+                    spin_yield();
                 }
             }
         }

@@ -63,7 +63,7 @@ use crate::error::RuntimeError;
 use crate::loom::Ordering;
 use crate::object::HEADER;
 use crate::object_heap::SpanRef;
-use crate::pointer::{self, LOCK, MOVING, PRESENT, Slot};
+use crate::pointer::{self, MOVING, Slot};
 use crate::size_classes::ClassIndex;
 use crate::span::SpanKind;
 
@@ -348,34 +348,35 @@ impl Inner {
                 return Err(e);
             }
         };
-        let Some(locked) = s.transition(o.addr, PRESENT | MOVING, LOCK) else {
-            // An access cleared M (it keeps the object here) or the owner
-            // freed it; take the mark back if it is still there.
-            s.unmark(o.addr, MOVING);
-            return Ok(false);
-        };
         let d = dest.get();
-        let index = d
-            .first_free()
-            .expect("a pinned destination with room keeps it (only its filter claims)");
-        let to = d.object_addr(index);
-        let size = d.object_size();
-        // SAFETY: we hold L on a word naming the object at `o.addr`, after a
-        // grace period that began after M was set: no application thread
-        // reads or writes the object now (pointer protocol I2, I5), and its
-        // span is pinned so the slot is neither reused nor released. Slot
-        // `index` of the pinned destination is free and only this thread
-        // claims slots there, so nothing else uses those bytes either. Both
-        // are `size`-byte slots of one size class in different spans.
-        unsafe {
-            std::ptr::copy_nonoverlapping((o.addr + HEADER) as *const u8, (to + HEADER) as *mut u8, size - HEADER);
-            header(to).store(o.slot.as_ptr() as u64, StdOrdering::Release);
+        let moved = s.move_marked(o.addr, |_| {
+            let index = d
+                .first_free()
+                .expect("a pinned destination with room keeps it (only its filter claims)");
+            let to = d.object_addr(index);
+            let size = d.object_size();
+            // SAFETY: we hold L on a word naming the object at `o.addr`, after a
+            // grace period that began after M was set: no application thread
+            // reads or writes the object now (pointer protocol I2, I5), and its
+            // span is pinned so the slot is neither reused nor released. Slot
+            // `index` of the pinned destination is free and only this thread
+            // claims slots there, so nothing else uses those bytes either. Both
+            // are `size`-byte slots of one size class in different spans.
+            unsafe {
+                std::ptr::copy_nonoverlapping((o.addr + HEADER) as *const u8, (to + HEADER) as *mut u8, size - HEADER);
+                header(to).store(o.slot.as_ptr() as u64, StdOrdering::Release);
+            }
+            // Written first, claimed second: sweeps read the header of every
+            // claimed slot without our lock.
+            let claimed = self.heap.claim_pinned(dest, index);
+            debug_assert!(claimed, "slot {index} of a pinned destination was free");
+            to
+        });
+        if moved.is_none() {
+            // An access cleared M (it keeps the object here) or the owner
+            // freed it; `move_marked` took the mark back if it was still there.
+            return Ok(false);
         }
-        // Written first, claimed second: sweeps read the header of every
-        // claimed slot without our lock.
-        let claimed = self.heap.claim_pinned(dest, index);
-        debug_assert!(claimed, "slot {index} of a pinned destination was free");
-        s.commit_move(locked, to);
         // The old copy is unreachable now: the word names the new one, and
         // every thread that could have loaded the old address has left its
         // scope (grace period) or found M and met our lock.

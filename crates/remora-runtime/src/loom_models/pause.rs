@@ -1,4 +1,4 @@
-//! Loom model of the pause gate ([`remora_runtime::pause_gate`]) that
+//! Loom model of the pause gate ([`crate::pause_gate`]) that
 //! filtering rounds and compaction folds pass: once `PauseGate::pause`
 //! returns, no round is under way and none starts.
 //!
@@ -8,28 +8,18 @@
 //! reports a round whose write is not ordered before that read, and the
 //! final check catches a round that started after the pause.
 //!
-//! `flag_read_before_count_lets_a_round_through` runs the gate with its two
-//! steps in the other order (read the flag, then count in flight), which
-//! lets a round that read the flag before the pause start after the pause
+//! `flag_read_before_count_lets_a_round_through` runs a labelled copy of
+//! the gate with its two steps in the other order (read the flag, then
+//! count in flight), which lets a round that read the flag before the pause start after the pause
 //! returned; it shows the model catches that defect.
-//!
-//! Run (a second in release):
-//!
-//! ```text
-//! RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
-//!     cargo test -p remora-runtime --release --test loom_pause -- --nocapture
-//! ```
-
-#![cfg(loom)]
-
-mod loom_common;
 
 use loom::cell::UnsafeCell;
 use loom::sync::Arc;
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::thread;
-use loom_common::check;
-use remora_runtime::pause_gate::PauseGate;
+
+use super::check;
+use crate::pause_gate::PauseGate;
 
 /// Rounds each background thread tries.
 const ROUNDS: usize = 2;
@@ -98,8 +88,8 @@ fn rounds_resume_after_the_gate_opens() {
     });
 }
 
-/// The gate's steps in the wrong order: a thread reads the flag, then
-/// counts itself in flight. Loom finds the round that slips past the pause.
+/// A copy of the gate with its steps in the wrong order: a thread reads
+/// the flag, then counts itself in flight. Loom finds the round that slips past the pause.
 #[test]
 #[should_panic]
 fn flag_read_before_count_lets_a_round_through() {
