@@ -52,6 +52,11 @@ pub use page_heap::PageHeapConfig;
 pub use runtime::{DerefScope, Runtime, RuntimeConfig, Stats};
 pub use slice::{HEADER_BYTES, MAX_OBJECT_BYTES, RemSlice};
 
+/// The runtime's [`Stats`] and its groups, by where each figure is counted.
+pub mod stats {
+    pub use crate::runtime::stats::{DetectionStats, FarStats, LocalStats, SchemeStats, Stats, TrafficStats};
+}
+
 /// Why an allocation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum AllocError {

@@ -15,7 +15,7 @@ mod filtering;
 mod free;
 mod kept;
 mod room;
-mod stats;
+pub(crate) mod stats;
 mod swap_in;
 
 use remora_proto::ConnOptions;
