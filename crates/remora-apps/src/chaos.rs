@@ -695,14 +695,13 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
             "longest_zero_outside_outages_s": longest_zero_outside,
             "manager_outages": outages.len(),
             "shrink_phases": shrink_phases,
-            "restriped_spans": st.scheme.restriped_spans,
-            "doubt_repairs": st.scheme.doubt_repairs,
-            "spansets_below_tolerance": st.scheme.spansets_below_tolerance,
             "manager_down_s": down_total,
             "manager_down_longest_s": down_longest,
             "settled": settled,
             "window_s": WINDOW,
             "timeline": windows.iter().map(|w| [w.0, w.1]).collect::<Vec<_>>(),
+            // The runtime's own figures at the end of the run (since its start).
+            "stats": st,
         });
         std::fs::write(path, serde_json::to_string_pretty(&v)?)
             .with_context(|| format!("writing {}", path.display()))?;

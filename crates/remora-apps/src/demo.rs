@@ -14,7 +14,7 @@ use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
 use remora_cluster::{ClusterConfig, LocalCluster};
 use remora_proto::ByteSize;
-use remora_runtime::{RemBox, Runtime, RuntimeConfig, Stats, scheme};
+use remora_runtime::{RemBox, Runtime, RuntimeConfig, scheme};
 
 use crate::workload::{Obj, Verified, is, make, verify_all};
 
@@ -358,9 +358,6 @@ pub fn run(args: &DemoArgs) -> Result<()> {
             "lost_objects": lost,
             "corrupt_objects": corrupt,
             "errors": errors.len(),
-            "degraded_reads": st.scheme.degraded_reads,
-            "reconstructed_bytes": st.scheme.reconstructed_bytes,
-            "reconstruct_seconds": st.scheme.reconstruct_seconds,
             "reconstruct_gbps": speed,
             "throughput_before": before,
             "throughput_during": during,
@@ -377,7 +374,8 @@ pub fn run(args: &DemoArgs) -> Result<()> {
             "threads": args.threads,
             "write_bytes_ratio": st.traffic.bytes_written_remote as f64 / st.traffic.bytes_evicted_data.max(1) as f64,
             "timeline": samples.iter().map(|s| serde_json::json!([s.t, s.ops_per_sec, s.degraded])).collect::<Vec<_>>(),
-            "stats": stats_json(&st),
+            // The runtime's own figures at the end of the run (since its start).
+            "stats": st,
         });
         std::fs::write(path, serde_json::to_string_pretty(&v)?)
             .with_context(|| format!("writing {}", path.display()))?;
@@ -390,16 +388,6 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-fn stats_json(s: &Stats) -> serde_json::Value {
-    serde_json::json!({
-        "swap_ins": s.traffic.swap_ins, "swap_in_reads": s.traffic.swap_in_reads, "swap_outs": s.traffic.swap_outs,
-        "bytes_evicted_data": s.traffic.bytes_evicted_data, "bytes_written_remote": s.traffic.bytes_written_remote,
-        "bytes_read_remote": s.traffic.bytes_read_remote, "remote_bytes_used": s.far.remote_bytes_used,
-        "spansets_written": s.scheme.spansets_written, "partial_spansets": s.scheme.partial_spansets,
-        "hole_bytes": s.far.hole_bytes, "local_bytes": s.local.local_bytes,
-    })
 }
 
 /// Draws the throughput timeline as an SVG: ops/s every 100 ms, the kill

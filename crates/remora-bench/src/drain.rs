@@ -196,11 +196,7 @@ impl Record {
             "drain_mibps": self.mibps(),
             "goal_gbps": self.goal_gbps,
             "goal_met": self.goal_met(),
-            "bytes_written_remote": d.traffic.bytes_written_remote,
             "write_amplification": self.write_amp(),
-            "swap_outs": d.traffic.swap_outs,
-            "evictions_aborted": d.traffic.evictions_aborted,
-            "evict_busy_ns": d.local.evict_busy_ns,
             "evict_busy_fraction": self.busy_fraction(),
             "t50_s": curve_time(&self.curve, 0.5),
             "t90_s": curve_time(&self.curve, 0.9),
@@ -210,6 +206,9 @@ impl Record {
             "wrong": self.wrong,
             "errors": self.errors,
             "verify_s": self.verify_time.as_secs_f64(),
+            // The runtime's own figures over the drain: counters the drain's,
+            // levels as at its end.
+            "stats": d,
         });
         if let (Value::Object(m), Value::Object(o)) = (&mut v, measured) {
             m.extend(o);

@@ -164,15 +164,15 @@ fn one(
         "errors": w.errors,
         "first_error": w.first_error,
         "tps": w.tps(),
-        "degraded_reads": st.scheme.degraded_reads,
         "room_wait_ms_during_rebuild": during.0,
         "misses_during_rebuild": during.1,
         "room_wait_ms_before": before.0,
         "misses_before": before.1,
-        "reconstructed_bytes": st.scheme.reconstructed_bytes,
         "audit_ok": verdict.is_ok() && w.errors == 0 && kill.nodes > 0,
         "audit_error": verdict.err(),
         "windows": windows.iter().map(|w| json!([w.0, w.1])).collect::<Vec<_>>(),
+        // The runtime's own figures at the end of the run (since its start).
+        "stats": st,
     });
     Ok((
         record,

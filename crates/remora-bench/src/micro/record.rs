@@ -406,21 +406,18 @@ impl Record {
         })
     }
 
-    /// remora's runtime figures (all `null` for other stores).
+    /// remora's runtime figures (all `null` for other stores): the runtime's
+    /// own counters over the measured phase as `stats` (its groups, as
+    /// [`Stats::since`] gives them: counters the phase's, levels as at its
+    /// end), and beside them the figures derived from them.
     fn remora_json(&self, args: &MicroArgs) -> Value {
         let Some(f) = self.remora() else {
             return json!({
-                "swap_ins": null, "object_swap_ins": null, "swap_in_reads": null, "swap_outs": null, "evictions_aborted": null,
-                "reads_per_swap_in": null, "swap_ins_per_op": null, "bytes_read_remote": null,
-                "bytes_written_remote": null, "bytes_evicted_data": null, "live_bytes": null,
-                "miss_ratio": null, "deref_misses": null,
-                "swap_in_amplification": null, "evict_mib_s": null, "evict_mib_per_busy_s": null,
-                "room_wait_pct": null, "clean_evictions": null, "clean_bytes_saved": null,
-                "write_amplification": null, "misses_per_op": null, "degraded_reads": null,
-                "overdue_reads": null, "suspicions": null,
-                "reconstructed_bytes": null,
-                "kept_bytes": null, "local_objects": null, "objects_moved": null, "objects_moved_hot": null, "spans_filtered": null,
-                "far_bytes_held": null, "far_bytes_given_back": null, "timeline": null, "census": null,
+                "stats": null, "reads_per_swap_in": null, "swap_ins_per_op": null, "live_bytes": null,
+                "miss_ratio": null, "swap_in_amplification": null, "evict_mib_s": null, "evict_mib_per_busy_s": null,
+                "evict_busy_s": null, "room_wait_pct": null, "write_amplification": null, "misses_per_op": null,
+                "peer_bytes": null, "compaction_bytes": null, "compaction_busy_s": null, "network_bytes": null,
+                "kept_bytes": null, "local_objects": null, "far_bytes_held": null, "timeline": null, "census": null,
             });
         };
         let d = &f.delta;
@@ -432,61 +429,25 @@ impl Record {
             "far_held_bytes": f.timeline.iter().map(|p| p.far_held).collect::<Vec<_>>(),
         });
         json!({
-            "swap_ins": d.traffic.swap_ins,
-            "swap_in_reads": d.traffic.swap_in_reads,
-            "swap_outs": d.traffic.swap_outs,
-            "evictions_aborted": d.traffic.evictions_aborted,
+            "stats": d,
             "reads_per_swap_in": f.reads_per_swap_in(),
             "swap_ins_per_op": d.traffic.swap_ins as f64 / self.run.ops.max(1) as f64,
-            "bytes_read_remote": d.traffic.bytes_read_remote,
-            "bytes_written_remote": d.traffic.bytes_written_remote,
-            "bytes_evicted_data": d.traffic.bytes_evicted_data,
             "write_amplification": f.write_amplification(),
             "misses_per_op": self.measured_miss_ratio(),
-            "degraded_reads": d.scheme.degraded_reads,
-            "overdue_reads": d.detection.overdue_reads,
-            "suspicions": d.detection.suspicions,
-            "reconstructed_bytes": d.scheme.reconstructed_bytes,
-            "spansets_written": d.scheme.spansets_written,
-            "partial_spansets": d.scheme.partial_spansets,
             "peer_bytes": f.peer_bytes,
-            "compactions": f.delta.scheme.compactions,
-            "compactions_aborted": f.delta.scheme.compactions_aborted,
-            // One nested object: serde_json's macro would hit the recursion
-            // limit with these as five more top-level keys.
-            "compaction_modes": json!({
-                "local": d.scheme.compactions_local,
-                "remote": d.scheme.compactions_remote,
-                "switches": d.scheme.compaction_switches,
-                "mode_now": d.scheme.compaction_mode,
-                "memnode_cpu_permille": d.scheme.memnode_cpu_permille,
-            }),
-            "compacted_bytes_freed": f.delta.scheme.compacted_bytes_freed,
-            "compacted_dead_bytes": f.delta.scheme.compacted_dead_bytes,
             "compaction_bytes": f.compaction_bytes(),
-            "compaction_busy_s": f.delta.scheme.compaction_busy_ns as f64 / 1e9,
+            "compaction_busy_s": d.scheme.compaction_busy_ns as f64 / 1e9,
             "network_bytes": f.network_bytes(),
             "live_bytes": f.avg_live,
             "miss_ratio": self.measured_miss_ratio(),
-            "deref_misses": d.local.deref_misses,
-            "swap_in_bytes": d.traffic.swap_in_bytes,
-            "object_swap_ins": d.traffic.object_swap_ins,
-            "swap_in_used_bytes": d.traffic.swap_in_used_bytes,
             "swap_in_amplification": f.swap_in_amplification(),
             "evict_mib_s": f.evict_mib_s(elapsed),
             "evict_busy_s": d.local.evict_busy_ns as f64 / 1e9,
             "evict_mib_per_busy_s": f.evict_mib_per_busy_s(),
-            "room_wait_ns": d.local.room_wait_ns,
             "room_wait_pct": f.room_wait_pct(args.threads, elapsed),
-            "clean_evictions": d.traffic.clean_evictions,
-            "clean_bytes_saved": d.traffic.clean_bytes_saved,
             "kept_bytes": f.avg_kept,
             "local_objects": f.avg_local_objects,
-            "objects_moved": d.local.objects_moved,
-            "objects_moved_hot": d.local.objects_moved_hot,
-            "spans_filtered": d.local.spans_filtered,
             "far_bytes_held": f.timeline.last().map(|p| p.far_held),
-            "far_bytes_given_back": d.far.far_bytes_given_back,
             "timeline": timeline,
             "census": f.census.as_ref().map(super::census::CensusAvg::json),
         })
