@@ -31,7 +31,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let objects = (0..n).map(|i| rt.alloc(chunk(i))).collect::<Result<Vec<_>, _>>()?;
     println!(
         "allocated {n} objects (1 GiB) with {} MiB local",
-        rt.stats().local_bytes >> 20
+        rt.stats().local.local_bytes >> 20
     );
 
     for (i, obj) in objects.iter().enumerate() {
@@ -43,7 +43,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let s = rt.stats();
     println!(
         "verified all {n} objects: {} swap-ins ({} remote reads), {} swap-outs",
-        s.swap_ins, s.swap_in_reads, s.swap_outs
+        s.traffic.swap_ins, s.traffic.swap_in_reads, s.traffic.swap_outs
     );
     Ok(())
 }

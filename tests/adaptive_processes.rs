@@ -38,12 +38,12 @@ fn ec_batch_switches_to_local_compaction_while_a_memory_node_is_busy() {
     let rt = Runtime::connect(cfg).unwrap();
     let mut objs = objects(&rt);
 
-    let idle = objs.until(&rt, "remote folds", PATIENCE, |s| s.compactions_remote >= 4);
-    assert_eq!(idle.compaction_mode, Some("remote"), "{idle:?}");
-    assert_eq!(idle.compactions_local, 0, "idle nodes: {idle:?}");
+    let idle = objs.until(&rt, "remote folds", PATIENCE, |s| s.scheme.compactions_remote >= 4);
+    assert_eq!(idle.scheme.compaction_mode, Some("remote"), "{idle:?}");
+    assert_eq!(idle.scheme.compactions_local, 0, "idle nodes: {idle:?}");
     // Remote folds send the compute node no delta: only small requests.
     assert_eq!(
-        idle.txn_bytes, 0,
+        idle.traffic.txn_bytes, 0,
         "deltas crossed the compute node in Remote mode: {idle:?}"
     );
     let idle_cpu = c
@@ -68,13 +68,13 @@ fn ec_batch_switches_to_local_compaction_while_a_memory_node_is_busy() {
     )
     .unwrap();
     let busy = objs.until(&rt, "switch to local", PATIENCE, |s| {
-        s.compaction_mode == Some("local") && s.compactions_local >= 4
+        s.scheme.compaction_mode == Some("local") && s.scheme.compactions_local >= 4
     });
-    assert!(busy.compaction_switches >= 1, "{busy:?}");
-    assert!(busy.memnode_cpu_permille >= 500, "{busy:?}");
+    assert!(busy.scheme.compaction_switches >= 1, "{busy:?}");
+    assert!(busy.scheme.memnode_cpu_permille >= 500, "{busy:?}");
     // Local folds bring the deltas to the compute node.
     assert!(
-        busy.txn_bytes > 0,
+        busy.traffic.txn_bytes > 0,
         "no delta reached the compute node in Local mode: {busy:?}"
     );
     // The manager sees it too, from the node's heartbeats.
@@ -95,12 +95,12 @@ fn ec_batch_switches_to_local_compaction_while_a_memory_node_is_busy() {
         st.memory_nodes.iter().map(|m| m.load.cpu_permille).collect::<Vec<_>>()
     );
     let more = objs.until(&rt, "more local folds", PATIENCE, |s| {
-        s.compactions_local >= busy.compactions_local + 4
+        s.scheme.compactions_local >= busy.scheme.compactions_local + 4
     });
-    assert!(more.compactions_local > busy.compactions_local);
+    assert!(more.scheme.compactions_local > busy.scheme.compactions_local);
     assert_eq!(
-        more.compactions,
-        more.compactions_local + more.compactions_remote,
+        more.scheme.compactions,
+        more.scheme.compactions_local + more.scheme.compactions_remote,
         "every fold ran in one mode: {more:?}"
     );
     objs.verify(&rt, "while busy");
@@ -108,9 +108,9 @@ fn ec_batch_switches_to_local_compaction_while_a_memory_node_is_busy() {
     // Cleared: once the node calms down, Remote again.
     c.fault(busy_node, Fault::Resume).unwrap();
     let calm = objs.until(&rt, "switch back to remote", PATIENCE, |s| {
-        s.compaction_mode == Some("remote") && s.compactions_remote > more.compactions_remote
+        s.scheme.compaction_mode == Some("remote") && s.scheme.compactions_remote > more.scheme.compactions_remote
     });
-    assert!(calm.compaction_switches >= 2, "{calm:?}");
+    assert!(calm.scheme.compaction_switches >= 2, "{calm:?}");
     objs.verify(&rt, "after the fault");
-    assert_eq!(rt.stats().compactions_aborted, 0, "no fold failed: {calm:?}");
+    assert_eq!(rt.stats().scheme.compactions_aborted, 0, "no fold failed: {calm:?}");
 }

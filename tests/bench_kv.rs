@@ -165,7 +165,8 @@ fn bench_kv_kills_a_node_under_replication_and_ec_batch_without_a_failed_transfe
         assert_eq!(k["audit_ok"], true, "{k}");
         assert!(k["rebuilt_after_s"].as_f64().is_some(), "never rebuilt: {k}");
         assert!(
-            k["degraded_reads"].as_u64().unwrap() > 0 || k["reconstructed_bytes"].as_u64().unwrap() > 0,
+            k["stats"]["scheme"]["degraded_reads"].as_u64().unwrap() > 0
+                || k["stats"]["scheme"]["reconstructed_bytes"].as_u64().unwrap() > 0,
             "{k}"
         );
         assert!(k["windows"].as_array().unwrap().len() >= 35, "{k}");

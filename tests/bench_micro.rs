@@ -58,13 +58,9 @@ fn micro_runs_swaps_and_verifies() {
         "p99_us",
         "p999_us",
         "samples",
-        "swap_ins",
-        "swap_outs",
+        "stats",
         "reads_per_swap_in",
         "errors",
-        "bytes_read_remote",
-        "bytes_written_remote",
-        "bytes_evicted_data",
         "remote_bytes_used",
         "live_bytes",
         "objects",
@@ -79,7 +75,19 @@ fn micro_runs_swaps_and_verifies() {
     }
     assert_eq!(r["scheme"], "non-ft");
     assert_eq!(r["errors"], 0, "{r}");
-    assert!(r["swap_ins"].as_u64().unwrap() > 0, "{r}");
+    // The runtime's counters, as `Stats` serializes them: one object per group.
+    let traffic = &r["stats"]["traffic"];
+    for key in [
+        "swap_ins",
+        "swap_outs",
+        "bytes_read_remote",
+        "bytes_written_remote",
+        "bytes_evicted_data",
+    ] {
+        assert!(traffic.get(key).is_some(), "missing stats.traffic.{key} in {r}");
+    }
+    assert!(traffic["swap_ins"].as_u64().unwrap() > 0, "{r}");
+    assert!(r["stats"]["far"]["live_bytes"].as_u64().is_some(), "{r}");
     // About a quarter of 2000 objects fits locally (the budget is a quarter of their spans).
     let local = r["local_objects"].as_f64().expect("local_objects");
     assert!(local > 0.0 && local <= 600.0, "{r}");
@@ -368,14 +376,18 @@ fn micro_all_schemes_sweep_and_plot() {
         let scheme = r["scheme"].as_str().unwrap();
         assert_eq!(r["errors"], 0, "{r}");
         assert_eq!(r["wrong_bytes"], 0, "{r}");
-        assert!(r["swap_ins"].as_u64().unwrap() > 0, "{r}");
+        let traffic = &r["stats"]["traffic"];
+        assert!(traffic["swap_ins"].as_u64().unwrap() > 0, "{r}");
         if ["non-ft", "replication", "ec-batch"].contains(&scheme) {
             // One read per swap-in; reads are counted at the transport, so
             // each thread may have one in flight across either window edge.
             // A read left overdue by a starved node is read around (more
             // reads): the count holds only without one.
-            let (ins, reads) = (r["swap_ins"].as_u64().unwrap(), r["swap_in_reads"].as_u64().unwrap());
-            if r["overdue_reads"].as_u64() == Some(0) {
+            let (ins, reads) = (
+                traffic["swap_ins"].as_u64().unwrap(),
+                traffic["swap_in_reads"].as_u64().unwrap(),
+            );
+            if r["stats"]["detection"]["overdue_reads"].as_u64() == Some(0) {
                 assert!(ins.abs_diff(reads) <= 2 * threads, "one read per swap-in: {r}");
             }
         }
@@ -459,16 +471,22 @@ fn micro_redundant_schemes_survive_a_kill_mid_run() {
     assert_clean_results(&v);
     for r in v["results"].as_array().unwrap() {
         // Network figures add in what memory nodes sent each other.
-        let sum = ["bytes_read_remote", "bytes_written_remote", "peer_bytes"]
-            .iter()
-            .map(|k| r[*k].as_u64().unwrap())
-            .sum::<u64>();
+        let sum = [
+            "/stats/traffic/bytes_read_remote",
+            "/stats/traffic/bytes_written_remote",
+            "/stats/traffic/txn_bytes",
+            "/peer_bytes",
+        ]
+        .iter()
+        .map(|k| r.pointer(k).and_then(serde_json::Value::as_u64).unwrap())
+        .sum::<u64>();
         assert_eq!(r["network_bytes"].as_u64().unwrap(), sum, "{r}");
         // The node's data is read around (degraded) or already rebuilt:
         // found dead by the first request to fail, it may be rebuilt
         // before the workload threads, starved on a loaded machine, meet it.
         assert!(
-            r["degraded_reads"].as_u64().unwrap() > 0 || r["reconstructed_bytes"].as_u64().unwrap_or(0) > 0,
+            r["stats"]["scheme"]["degraded_reads"].as_u64().unwrap() > 0
+                || r["stats"]["scheme"]["reconstructed_bytes"].as_u64().unwrap_or(0) > 0,
             "uniform accesses over 3/4 far data must meet the dead node: {r}"
         );
     }
@@ -533,8 +551,11 @@ fn micro_compaction_counts_alternate_in_rounds() {
         );
     }
     let (c0, c2) = (&results[0], &results[1]);
-    assert_eq!(c0["compactions"], 0, "no thread folds: {c0}");
-    assert!(c2["compactions"].as_u64().unwrap() > 0, "two threads fold: {c2}");
+    assert_eq!(c0["stats"]["scheme"]["compactions"], 0, "no thread folds: {c0}");
+    assert!(
+        c2["stats"]["scheme"]["compactions"].as_u64().unwrap() > 0,
+        "two threads fold: {c2}"
+    );
     assert!(c0["rounds"]["base"].is_null(), "{c0}");
     assert_eq!(c2["rounds"]["base"], "ec-batch-local:c0", "{c2}");
     let ratios = c2["rounds"]["throughput_ratio_to_base"].as_array().expect("ratios");

@@ -145,7 +145,7 @@ fn phases_below_k_plus_m_lose_nothing() {
             "every killed node's data was re-striped: {v}"
         );
     }
-    assert!(v["restriped_spans"].as_u64().unwrap() > 0, "{v}");
+    assert!(v["stats"]["scheme"]["restriped_spans"].as_u64().unwrap() > 0, "{v}");
 }
 
 /// Plans a 9.8 s manager outage early in the 16 s run (the memory nodes'

@@ -51,9 +51,9 @@ fn clean_reeviction(scheme: &str) {
     let s0 = rt.stats();
     read_all(&rt, &objs, &versions);
     let s1 = rt.stats();
-    let clean = s1.clean_evictions - s0.clean_evictions;
-    let written = s1.bytes_evicted_data - s0.bytes_evicted_data;
-    let saved = s1.clean_bytes_saved - s0.clean_bytes_saved;
+    let clean = s1.traffic.clean_evictions - s0.traffic.clean_evictions;
+    let written = s1.traffic.bytes_evicted_data - s0.traffic.bytes_evicted_data;
+    let saved = s1.traffic.clean_bytes_saved - s0.traffic.clean_bytes_saved;
     eprintln!("{scheme}: read-only pass: {clean} clean re-evictions, {saved} bytes not written, {written} written");
     assert!(clean > 0, "{scheme}: no clean re-eviction in a read-only pass: {s1:?}");
     if scheme != "ec-batch" {
@@ -64,7 +64,7 @@ fn clean_reeviction(scheme: &str) {
             "{scheme}: a read-only pass should mostly skip writes: {saved} saved, {written} written"
         );
     }
-    assert!(s1.kept_bytes > 0, "{scheme}: kept copies not reported: {s1:?}");
+    assert!(s1.far.kept_bytes > 0, "{scheme}: kept copies not reported: {s1:?}");
 
     // Write one object in every span's worth, then read everything: a
     // dirty span must be written, never flipped back to its stale copy.
@@ -78,7 +78,7 @@ fn clean_reeviction(scheme: &str) {
     }
     let s2 = rt.stats();
     assert!(
-        s2.bytes_evicted_data > s1.bytes_evicted_data,
+        s2.traffic.bytes_evicted_data > s1.traffic.bytes_evicted_data,
         "{scheme}: dirty spans were not written"
     );
 
@@ -92,14 +92,20 @@ fn clean_reeviction(scheme: &str) {
     let mut st: Stats;
     loop {
         st = rt.stats();
-        if (st.kept_bytes == 0 && st.remote_bytes_used == 0) || Instant::now() > deadline {
+        if (st.far.kept_bytes == 0 && st.far.remote_bytes_used == 0) || Instant::now() > deadline {
             break;
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert_eq!(st.objects, 0);
-    assert_eq!(st.kept_bytes, 0, "{scheme}: kept copies outlived their objects: {st:?}");
-    assert_eq!(st.remote_bytes_used, 0, "{scheme}: far memory not given back: {st:?}");
+    assert_eq!(st.local.objects, 0);
+    assert_eq!(
+        st.far.kept_bytes, 0,
+        "{scheme}: kept copies outlived their objects: {st:?}"
+    );
+    assert_eq!(
+        st.far.remote_bytes_used, 0,
+        "{scheme}: far memory not given back: {st:?}"
+    );
 }
 
 #[test]
@@ -138,7 +144,7 @@ fn filtering_leaves_the_cold_objects_of_a_clean_span_in_place() {
     let objs: Vec<RemBox<Obj1016>> = (0..n).map(|i| rt.alloc(obj(i as u64, 0)).unwrap()).collect();
     rt.set_local_budget(MIB / 4);
     rt.wait_for_eviction(Duration::from_secs(30)).unwrap();
-    assert!(rt.stats().far_objects as usize >= n * 3 / 4, "{:?}", rt.stats());
+    assert!(rt.stats().far.far_objects as usize >= n * 3 / 4, "{:?}", rt.stats());
     rt.set_local_budget(32 * MIB);
     // Each span comes back for 5 of its objects, read again and again while
     // the filter moves them to hot spans.
@@ -151,12 +157,15 @@ fn filtering_leaves_the_cold_objects_of_a_clean_span_in_place() {
         }
     }
     let s0 = rt.stats();
-    assert!(s0.swap_ins as usize >= spans / 2, "spans did not come back: {s0:?}");
+    assert!(
+        s0.traffic.swap_ins as usize >= spans / 2,
+        "spans did not come back: {s0:?}"
+    );
     rt.set_local_budget(MIB / 4);
     rt.wait_for_eviction(Duration::from_secs(30)).unwrap();
     let s1 = rt.stats();
-    let clean = s1.clean_evictions - s0.clean_evictions;
-    let written = s1.bytes_evicted_data - s0.bytes_evicted_data;
+    let clean = s1.traffic.clean_evictions - s0.traffic.clean_evictions;
+    let written = s1.traffic.bytes_evicted_data - s0.traffic.bytes_evicted_data;
     let span_bytes = 16 << 10;
     eprintln!("{clean} clean re-evictions, {written} bytes written: {s1:?}");
     assert!(

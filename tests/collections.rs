@@ -144,7 +144,7 @@ fn run_with_a_kill(c: &remora_cluster::LocalCluster, rt: &Runtime, store: &dyn S
         let killed = Instant::now();
         loop {
             let st = rt.stats();
-            if st.recoveries >= 1 && st.recovering == 0 {
+            if st.scheme.recoveries >= 1 && st.scheme.recovering == 0 {
                 break;
             }
             assert!(
@@ -188,14 +188,21 @@ fn hash_map_with_a_kill(name: &str) {
     let reads = run_with_a_kill(&c, &rt, &map);
     let st = rt.stats();
     eprintln!("map under {name}: {reads} reads checked; {st:?}");
-    assert!(st.reconstructed_bytes > 0 && st.swap_ins > 1000, "{st:?}");
+    assert!(
+        st.scheme.reconstructed_bytes > 0 && st.traffic.swap_ins > 1000,
+        "{st:?}"
+    );
     // Dropping the map frees its far values without reading them back.
     rt.wait_for_eviction(Duration::from_secs(20)).unwrap();
     let before = rt.stats();
-    assert!(before.far_objects > KEYS / 2, "{before:?}");
+    assert!(before.far.far_objects > KEYS / 2, "{before:?}");
     drop(map);
     let after = rt.stats();
-    assert_eq!((after.objects, after.swap_ins), (0, before.swap_ins), "{after:?}");
+    assert_eq!(
+        (after.local.objects, after.traffic.swap_ins),
+        (0, before.traffic.swap_ins),
+        "{after:?}"
+    );
 }
 
 #[test]
@@ -228,7 +235,10 @@ fn a_btree_map_a_tenth_local_survives_a_killed_node_with_checked_histories() {
     let reads = run_with_a_kill(&c, &rt, &map);
     let st = rt.stats();
     eprintln!("btree: {reads} reads checked; {st:?}");
-    assert!(st.reconstructed_bytes > 0 && st.swap_ins > 1000, "{st:?}");
+    assert!(
+        st.scheme.reconstructed_bytes > 0 && st.traffic.swap_ins > 1000,
+        "{st:?}"
+    );
     // In key order, every key once.
     let keys: Vec<u64> = map.iter().map(|e| e.unwrap().0).collect();
     assert_eq!(keys, (0..KEYS).collect::<Vec<_>>());
@@ -236,7 +246,11 @@ fn a_btree_map_a_tenth_local_survives_a_killed_node_with_checked_histories() {
     let before = rt.stats();
     drop(map);
     let after = rt.stats();
-    assert_eq!((after.objects, after.swap_ins), (0, before.swap_ins), "{after:?}");
+    assert_eq!(
+        (after.local.objects, after.traffic.swap_ins),
+        (0, before.traffic.swap_ins),
+        "{after:?}"
+    );
 }
 
 #[test]
@@ -251,7 +265,7 @@ fn a_vec_a_tenth_local_survives_a_killed_node_with_checked_histories() {
     let reads = run_with_a_kill(&c, &rt, &v);
     let st = rt.stats();
     eprintln!("vec: {reads} reads checked; {st:?}");
-    assert!(st.reconstructed_bytes > 0 && st.swap_ins > 100, "{st:?}");
+    assert!(st.scheme.reconstructed_bytes > 0 && st.traffic.swap_ins > 100, "{st:?}");
     // A scan by the cursor sees every value, then clearing frees far chunks unread.
     for (k, x) in v.iter().enumerate() {
         assert!(version_of(k as u64, &x.unwrap()).is_some(), "index {k}");
@@ -260,7 +274,11 @@ fn a_vec_a_tenth_local_survives_a_killed_node_with_checked_histories() {
     let before = rt.stats();
     v.clear();
     let after = rt.stats();
-    assert_eq!((after.objects, after.swap_ins), (0, before.swap_ins), "{after:?}");
+    assert_eq!(
+        (after.local.objects, after.traffic.swap_ins),
+        (0, before.traffic.swap_ins),
+        "{after:?}"
+    );
 }
 
 /// A scan of a 1 GiB vector with a 64 MiB budget: every value checked, and
@@ -289,7 +307,7 @@ fn a_gibibyte_vec_scans_within_its_budget() {
     std::thread::scope(|s| {
         s.spawn(|| {
             while !stop.load(Ordering::Relaxed) {
-                peak.fetch_max(rt.stats().local_bytes, Ordering::Relaxed);
+                peak.fetch_max(rt.stats().local.local_bytes, Ordering::Relaxed);
                 std::thread::sleep(Duration::from_millis(1));
             }
         });
@@ -313,7 +331,7 @@ fn a_gibibyte_vec_scans_within_its_budget() {
         BUDGET >> 20
     );
     assert!(
-        st.swap_ins * v.chunk_len() as u64 >= LEN / 2,
+        st.traffic.swap_ins * v.chunk_len() as u64 >= LEN / 2,
         "most chunks came from far: {st:?}"
     );
     assert!(

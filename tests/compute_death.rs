@@ -423,7 +423,7 @@ fn new_runtime_reads_back_what_it_wrote(c: &LocalCluster, scheme_name: &str, com
             "object {i} did not read back as version {want}"
         );
     }
-    assert!(rt.stats().swap_outs > 0, "the survivor never used far memory");
+    assert!(rt.stats().traffic.swap_outs > 0, "the survivor never used far memory");
 }
 
 #[test]

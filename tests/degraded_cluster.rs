@@ -112,9 +112,9 @@ fn outage(kill_memnode: bool) -> Outage {
         }
         let warn_during = warnings.0.load(Ordering::Relaxed) - warn_before;
         c.start_manager_again().unwrap();
-        let swap_ins_at_restart = rt.stats().swap_ins;
+        let swap_ins_at_restart = rt.stats().traffic.swap_ins;
         std::thread::sleep(Duration::from_secs(2));
-        let swap_ins_after = rt.stats().swap_ins - swap_ins_at_restart;
+        let swap_ins_after = rt.stats().traffic.swap_ins - swap_ins_at_restart;
         std::thread::sleep(Duration::from_secs(3));
         w.stop.store(true, Ordering::Relaxed);
         (warn_during, swap_ins_after)
@@ -127,7 +127,7 @@ fn outage(kill_memnode: bool) -> Outage {
     if kill_memnode {
         // The dead memory node's members are rebuilt once the manager is back.
         let deadline = Instant::now() + Duration::from_secs(60);
-        while rt.stats().recoveries == 0 || rt.stats().recovering > 0 {
+        while rt.stats().scheme.recoveries == 0 || rt.stats().scheme.recovering > 0 {
             assert!(
                 Instant::now() < deadline,
                 "no rebuild after the restart: {:?}",
@@ -152,7 +152,12 @@ fn outage(kill_memnode: bool) -> Outage {
         vec![]
     };
     assert_eq!(dead, killed, "{status:?}");
-    assert_eq!(rt.stats().lost_positions, 0, "nothing may be lost: {:?}", rt.stats());
+    assert_eq!(
+        rt.stats().scheme.lost_positions,
+        0,
+        "nothing may be lost: {:?}",
+        rt.stats()
+    );
     Outage {
         before: w.ops_between(kill_at - 2 * second, kill_at),
         first_second: w.ops_between(restart, restart + second),
@@ -222,8 +227,9 @@ fn two_of_seven_memory_nodes_dying_at_once_keep_serving_and_restripe() {
         let mut short_seen = 0;
         let restored_after = loop {
             let st = rt.stats();
-            short_seen = short_seen.max(st.short_spansets);
-            let done = st.recoveries >= 2 && st.recovering == 0 && st.spansets_below_tolerance == 0;
+            short_seen = short_seen.max(st.scheme.short_spansets);
+            let done =
+                st.scheme.recoveries >= 2 && st.scheme.recovering == 0 && st.scheme.spansets_below_tolerance == 0;
             if done || killed.elapsed() > Duration::from_secs(60) {
                 break done.then(|| killed.elapsed());
             }
@@ -243,7 +249,10 @@ fn two_of_seven_memory_nodes_dying_at_once_keep_serving_and_restripe() {
         restored_after < Duration::from_secs(30),
         "every spanset tolerates two losses again only {restored_after:?} after the kill"
     );
-    assert!(st.swap_outs > at_kill.swap_outs, "eviction went on after the kill");
+    assert!(
+        st.traffic.swap_outs > at_kill.traffic.swap_outs,
+        "eviction went on after the kill"
+    );
     assert!(
         short_seen > 0,
         "3+2 spansets were written while five nodes lived: {st:?}"
@@ -252,7 +261,7 @@ fn two_of_seven_memory_nodes_dying_at_once_keep_serving_and_restripe() {
     // reached it depends on how fast the workload brought them back (every
     // swap-in re-evicts into a live group): re-striping itself is checked
     // at an exact step in-process (`failures_in_process.rs`).
-    assert_eq!(st.lost_positions, 0, "nothing may be lost: {st:?}");
+    assert_eq!(st.scheme.lost_positions, 0, "nothing may be lost: {st:?}");
     w.verify_all();
     drop(objs);
     let t = Instant::now();

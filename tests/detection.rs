@@ -66,12 +66,15 @@ fn a_paused_node_is_read_around_at_once_and_confirmed_dead_after_its_lease() {
     let paused = Instant::now();
     let st = verify_all(&rt, &objs);
     assert!(
-        st.overdue_reads > before.overdue_reads,
+        st.detection.overdue_reads > before.detection.overdue_reads,
         "a read from the paused node was given up as overdue: {st:?}"
     );
-    assert!(st.suspicions > before.suspicions, "the node became a suspect: {st:?}");
     assert!(
-        st.degraded_reads > before.degraded_reads,
+        st.detection.suspicions > before.detection.suspicions,
+        "the node became a suspect: {st:?}"
+    );
+    assert!(
+        st.scheme.degraded_reads > before.scheme.degraded_reads,
         "its spans were decoded: {st:?}"
     );
     // The manager rules after the node's 4 s lease; its own rule would take 30 s.
@@ -83,10 +86,13 @@ fn a_paused_node_is_read_around_at_once_and_confirmed_dead_after_its_lease() {
     eprintln!("declared dead {:?} after the pause", paused.elapsed());
     wait_until("the rebuild", Duration::from_secs(60), || {
         let s = rt.stats();
-        s.recoveries >= 1 && s.recovering == 0
+        s.scheme.recoveries >= 1 && s.scheme.recovering == 0
     });
     let st = verify_all(&rt, &objs);
-    assert_eq!(st.suspicions_cleared, 0, "the manager never found it alive: {st:?}");
+    assert_eq!(
+        st.detection.suspicions_cleared, 0,
+        "the manager never found it alive: {st:?}"
+    );
     c.resume_memnode(0).unwrap();
 }
 
@@ -108,11 +114,11 @@ fn a_short_stall_is_suspected_but_never_fenced() {
         verify_all(&rt, &objs);
     });
     wait_until("the manager's alive verdict", Duration::from_secs(20), || {
-        rt.stats().suspicions_cleared > before.suspicions_cleared
+        rt.stats().detection.suspicions_cleared > before.detection.suspicions_cleared
     });
     let st = verify_all(&rt, &objs);
     assert!(
-        st.suspicions > before.suspicions,
+        st.detection.suspicions > before.detection.suspicions,
         "the stall raised a suspicion: {st:?}"
     );
     assert_eq!(
@@ -120,7 +126,11 @@ fn a_short_stall_is_suspected_but_never_fenced() {
         NodeState::Alive,
         "a stalled node is never declared dead"
     );
-    assert_eq!(st.recoveries + st.recovering, 0, "nothing rebuilt: {st:?}");
+    assert_eq!(
+        st.scheme.recoveries + st.scheme.recovering,
+        0,
+        "nothing rebuilt: {st:?}"
+    );
 }
 
 /// A killed node refuses connections: the manager, asked by the compute
@@ -132,7 +142,7 @@ fn a_killed_node_is_confirmed_dead_without_waiting_for_heartbeats() {
     c.kill_memnode(0).unwrap();
     let killed = Instant::now();
     let st = verify_all(&rt, &objs);
-    assert!(st.suspicions >= 1 && st.degraded_reads >= 1, "{st:?}");
+    assert!(st.detection.suspicions >= 1 && st.scheme.degraded_reads >= 1, "{st:?}");
     wait_until(
         "the manager declaring the killed node dead",
         Duration::from_secs(20),
@@ -141,7 +151,7 @@ fn a_killed_node_is_confirmed_dead_without_waiting_for_heartbeats() {
     eprintln!("declared dead {:?} after the kill", killed.elapsed());
     wait_until("the rebuild", Duration::from_secs(60), || {
         let s = rt.stats();
-        s.recoveries >= 1 && s.recovering == 0
+        s.scheme.recoveries >= 1 && s.scheme.recovering == 0
     });
     verify_all(&rt, &objs);
 }

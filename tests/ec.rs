@@ -74,22 +74,25 @@ fn kill_during_workload(name: &str, amp: f64, reads: u64) {
     let objs: Vec<RwLock<RemBox<Obj2K>>> = (0..n).map(|i| RwLock::new(rt.alloc(obj(i, 0)).unwrap())).collect();
     let versions: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
     let before = rt.stats();
-    assert!(before.swap_outs > 0);
-    let ratio = before.bytes_written_remote as f64 / before.bytes_evicted_data as f64;
+    assert!(before.traffic.swap_outs > 0);
+    let ratio = before.traffic.bytes_written_remote as f64 / before.traffic.bytes_evicted_data as f64;
     assert!(
         ratio >= amp * 0.99 && ratio < amp * 1.07,
         "{name} writes {amp}x the data: {ratio} ({before:?})"
     );
     // A read left overdue by a starved node (a loaded machine) is read
     // around, which takes more reads: the count is exact only without one.
-    if before.overdue_reads == 0 {
+    if before.detection.overdue_reads == 0 {
         assert_eq!(
-            before.swap_in_reads,
-            reads * before.swap_ins,
+            before.traffic.swap_in_reads,
+            reads * before.traffic.swap_ins,
             "{reads} reads per swap-in outside failures"
         );
     } else {
-        assert!(before.swap_in_reads > reads * before.swap_ins, "{before:?}");
+        assert!(
+            before.traffic.swap_in_reads > reads * before.traffic.swap_ins,
+            "{before:?}"
+        );
     }
     let w = Skewed::new(&rt, &objs, &versions);
     std::thread::scope(|s| {
@@ -102,7 +105,7 @@ fn kill_during_workload(name: &str, amp: f64, reads: u64) {
         std::thread::sleep(Duration::from_millis(500));
         // Compacting schemes: kill only once folds are under way.
         let folding = Instant::now();
-        while name.starts_with("ec-batch-") && rt.stats().compactions == 0 {
+        while name.starts_with("ec-batch-") && rt.stats().scheme.compactions == 0 {
             if folding.elapsed() > Duration::from_secs(20) {
                 w.stop.store(true, Ordering::Relaxed);
                 panic!("{name}: no fold ran during the workload: {:?}", rt.stats());
@@ -117,7 +120,7 @@ fn kill_during_workload(name: &str, amp: f64, reads: u64) {
         // Keep the workload running through detection, degraded reads and recovery.
         loop {
             let st = rt.stats();
-            if st.recoveries >= 1 && st.recovering == 0 {
+            if st.scheme.recoveries >= 1 && st.scheme.recovering == 0 {
                 break;
             }
             if killed.elapsed() > Duration::from_secs(30) {
@@ -137,11 +140,11 @@ fn kill_during_workload(name: &str, amp: f64, reads: u64) {
     // Whether the sweep reached the dead node's spans before recovery rebound
     // them depends on scheduling; `unreachable_node_is_served_by_degraded_reads`
     // checks degraded reads deterministically.
-    assert!(st.reconstructed_bytes > 0, "nothing was rebuilt: {st:?}");
+    assert!(st.scheme.reconstructed_bytes > 0, "nothing was rebuilt: {st:?}");
     // The survivors report (in their heartbeats) what they sent the node
     // that rebuilt: at least one copy of every rebuilt byte.
     let reported = c.wait_until(Duration::from_secs(10), "peer traffic reported", |s| {
-        PeerTraffic::sum(s.memory_nodes.iter().map(|m| m.peer)).rebuild_bytes >= st.reconstructed_bytes
+        PeerTraffic::sum(s.memory_nodes.iter().map(|m| m.peer)).rebuild_bytes >= st.scheme.reconstructed_bytes
     });
     assert!(
         reported.is_ok(),
@@ -171,7 +174,8 @@ fn kill_during_workload(name: &str, amp: f64, reads: u64) {
     // also went out) or m (ec-split: parity fragments for failed ones).
     let extra = if name == "ec-split" { 2 } else { 4 };
     assert!(
-        st.swap_in_reads >= reads * st.swap_ins && st.swap_in_reads <= reads * st.swap_ins + extra * st.degraded_reads,
+        st.traffic.swap_in_reads >= reads * st.traffic.swap_ins
+            && st.traffic.swap_in_reads <= reads * st.traffic.swap_ins + extra * st.scheme.degraded_reads,
         "{st:?}"
     );
     // Every object, at its latest version, from wherever it now lives.
@@ -223,10 +227,10 @@ fn unreachable_node(name: &str) {
     drop(scope);
     c.fault(victim, Fault::Resume).unwrap();
     let st = rt.stats();
-    assert!(st.degraded_reads > 0, "{name}: {st:?}");
+    assert!(st.scheme.degraded_reads > 0, "{name}: {st:?}");
     let per = if name == "ec-split" { 4 } else { 1 };
     assert!(
-        st.swap_in_reads > per * st.swap_ins,
+        st.traffic.swap_in_reads > per * st.traffic.swap_ins,
         "{name}: a read of the paused node went out and more followed: {st:?}"
     );
 }
@@ -277,7 +281,10 @@ fn corrupt_and_repair(name: &str) {
         );
     }
     let st = rt.stats();
-    assert!(st.checksum_repairs > 0, "{name}: no corruption was detected: {st:?}");
+    assert!(
+        st.scheme.checksum_repairs > 0,
+        "{name}: no corruption was detected: {st:?}"
+    );
 }
 
 /// A node dies while another node's far bytes are corrupt: rebuilt shards
@@ -311,7 +318,7 @@ fn recovery_verifies_rebuilt_shards_against_checksums() {
     let start = Instant::now();
     loop {
         let st = rt.stats();
-        if st.recoveries >= 1 && st.recovering == 0 {
+        if st.scheme.recoveries >= 1 && st.scheme.recovering == 0 {
             break;
         }
         assert!(
@@ -329,7 +336,7 @@ fn recovery_verifies_rebuilt_shards_against_checksums() {
     }
     let st = rt.stats();
     eprintln!("corrupt + kill: {st:?}");
-    assert!(st.reconstructed_bytes > 0, "{st:?}");
+    assert!(st.scheme.reconstructed_bytes > 0, "{st:?}");
 }
 
 /// With fewer than k+m live memory nodes, `ec-batch` writes short spansets
@@ -346,11 +353,11 @@ fn swap_out_shortens_below_k_plus_m_and_waits_below_m_plus_1() {
     rt.wait_for_eviction(Duration::from_secs(20)).unwrap();
     let st = rt.stats();
     assert!(
-        st.swap_outs > 0 && st.short_spansets > 0,
+        st.traffic.swap_outs > 0 && st.scheme.short_spansets > 0,
         "3+2 spansets on five nodes: {st:?}"
     );
     // Every spanset short: RS(3, 2) on the far data, 5/3 bytes written.
-    let ratio = st.bytes_written_remote as f64 / st.bytes_evicted_data as f64;
+    let ratio = st.traffic.bytes_written_remote as f64 / st.traffic.bytes_evicted_data as f64;
     assert!((5.0 / 3.0 * 0.99..5.0 / 3.0 * 1.15).contains(&ratio), "{ratio} {st:?}");
     {
         let scope = rt.scope();
@@ -371,7 +378,8 @@ fn swap_out_shortens_below_k_plus_m_and_waits_below_m_plus_1() {
     rt.wait_for_eviction(Duration::from_secs(20)).unwrap();
     let after = rt.stats();
     assert!(
-        after.spansets_written - before.spansets_written > after.partial_spansets - before.partial_spansets,
+        after.scheme.spansets_written - before.scheme.spansets_written
+            > after.scheme.partial_spansets - before.scheme.partial_spansets,
         "full 4+2 spansets once six nodes live: {after:?}"
     );
     // The short groups are given the sixth node at their empty position:
@@ -386,7 +394,7 @@ fn swap_out_shortens_below_k_plus_m_and_waits_below_m_plus_1() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert_eq!(rt.stats().short_spansets, 0, "{:?}", rt.stats());
+    assert_eq!(rt.stats().scheme.short_spansets, 0, "{:?}", rt.stats());
     // Lose the widened position: it is rebuilt on a seventh node, and
     // every object, in short spansets and in full ones, reads back.
     c.add_memnode().unwrap();
@@ -406,7 +414,7 @@ fn swap_out_shortens_below_k_plus_m_and_waits_below_m_plus_1() {
             assert!(Words::is(o.deref(&scope).unwrap(), i as u64, 7));
         }
     }
-    assert_eq!(rt.stats().lost_positions, 0, "{:?}", rt.stats());
+    assert_eq!(rt.stats().scheme.lost_positions, 0, "{:?}", rt.stats());
     drop(objs);
     drop(rt);
     drop(c);
@@ -423,12 +431,12 @@ fn swap_out_shortens_below_k_plus_m_and_waits_below_m_plus_1() {
         });
         std::thread::sleep(Duration::from_millis(1500));
         assert!(!done.load(Ordering::SeqCst), "allocation finished without far memory");
-        assert_eq!(rt.stats().swap_outs, 0, "nothing can be placed on 2 nodes");
+        assert_eq!(rt.stats().traffic.swap_outs, 0, "nothing can be placed on 2 nodes");
         c.add_memnode().unwrap();
         h.join().unwrap()
     });
     let objs = result.expect("allocation resumes once a third node joins (1+2 spansets)");
-    assert!(rt.stats().swap_outs > 0);
+    assert!(rt.stats().traffic.swap_outs > 0);
     let scope = rt.scope();
     for (i, o) in objs.iter().enumerate() {
         assert!(Words::is(o.deref(&scope).unwrap(), i as u64, 7));
@@ -479,7 +487,7 @@ fn concurrent_evictions_share_a_new_stripe_group() {
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     let st = rt.stats();
-    assert!(st.swap_outs > 0, "nothing was evicted: {st:?}");
+    assert!(st.traffic.swap_outs > 0, "nothing was evicted: {st:?}");
     assert_eq!(
         rt.regions().len(),
         6,
@@ -537,23 +545,31 @@ fn paused_runtime_folds_nothing_until_resumed() {
         }
     };
     sweep(&mut objs, 1);
-    until("a fold before the pause", &|s| s.compactions > 0);
+    until("a fold before the pause", &|s| s.scheme.compactions > 0);
 
     rt.pause_background(true);
     let paused = rt.stats();
     sweep(&mut objs, 2);
     std::thread::sleep(Duration::from_millis(300));
     let st = rt.stats();
-    assert!(st.swap_ins > paused.swap_ins, "the sweep swapped nothing in: {st:?}");
-    assert_eq!(st.compactions, paused.compactions, "folded while paused: {st:?}");
+    assert!(
+        st.traffic.swap_ins > paused.traffic.swap_ins,
+        "the sweep swapped nothing in: {st:?}"
+    );
     assert_eq!(
-        st.spans_filtered, paused.spans_filtered,
+        st.scheme.compactions, paused.scheme.compactions,
+        "folded while paused: {st:?}"
+    );
+    assert_eq!(
+        st.local.spans_filtered, paused.local.spans_filtered,
         "filtered while paused: {st:?}"
     );
-    assert!(st.hole_bytes > 0, "swap-ins left no hole: {st:?}");
+    assert!(st.far.hole_bytes > 0, "swap-ins left no hole: {st:?}");
 
     rt.pause_background(false);
-    until("a fold after resuming", &|s| s.compactions > paused.compactions);
+    until("a fold after resuming", &|s| {
+        s.scheme.compactions > paused.scheme.compactions
+    });
     sweep(&mut objs, 1);
     let scope = rt.scope();
     for (i, o) in objs.iter().enumerate() {

@@ -54,7 +54,7 @@ fn kill_two(staggered: bool) {
             let start = Instant::now();
             if staggered {
                 // The manager's notice has arrived: the first rebuild runs.
-                while rt.stats().recovering == 0 && rt.stats().recoveries == 0 {
+                while rt.stats().scheme.recovering == 0 && rt.stats().scheme.recoveries == 0 {
                     if start.elapsed() > Duration::from_secs(60) {
                         return Err(format!("no recovery started: {:?}", rt.stats()));
                     }
@@ -82,13 +82,13 @@ fn kill_two(staggered: bool) {
     let st = outcome.unwrap_or_else(|e| panic!("{e}"));
     w.assert_no_errors();
     eprintln!("after two failures: {st:?}");
-    assert_eq!(st.lost_positions, 0, "{st:?}");
-    assert!(st.reconstructed_bytes > 0, "{st:?}");
+    assert_eq!(st.scheme.lost_positions, 0, "{st:?}");
+    assert!(st.scheme.reconstructed_bytes > 0, "{st:?}");
     // Every object at its latest version; the second pass takes no
     // degraded read: both nodes' positions were rebuilt.
     let mut degraded = 0;
     for pass in 0..2 {
-        let before = rt.stats().degraded_reads;
+        let before = rt.stats().scheme.degraded_reads;
         let mut scope = rt.scope();
         for (i, o) in objs.iter().enumerate() {
             let g = o.read().unwrap();
@@ -101,7 +101,7 @@ fn kill_two(staggered: bool) {
             }
         }
         if pass == 1 {
-            degraded = rt.stats().degraded_reads - before;
+            degraded = rt.stats().scheme.degraded_reads - before;
         }
     }
     assert_eq!(degraded, 0, "reads still go around a failure: {:?}", rt.stats());
@@ -145,7 +145,7 @@ fn three_dead_members_lose_exactly_their_objects() {
         );
         std::thread::sleep(Duration::from_millis(50));
     };
-    assert!(st.lost_positions >= 3, "{st:?}");
+    assert!(st.scheme.lost_positions >= 3, "{st:?}");
     // No group can form on 3 nodes: every far object is in a broken group,
     // lost exactly when its own span sat on a dead node.
     let addr_of: HashMap<u16, String> = rt.regions().into_iter().map(|(i, g)| (i, g.addr)).collect();
@@ -179,13 +179,13 @@ fn three_dead_members_lose_exactly_their_objects() {
     }
     drop(scope);
     // The application drops what it lost and goes on.
-    let before = rt.stats().objects;
+    let before = rt.stats().local.objects;
     let kept: Vec<(usize, RemBox<Obj2K>)> = objs
         .into_iter()
         .enumerate()
         .filter(|(i, _)| expect[*i].is_none())
         .collect();
-    assert_eq!(rt.stats().objects + doomed as u64, before, "lost objects freed");
+    assert_eq!(rt.stats().local.objects + doomed as u64, before, "lost objects freed");
     let more: Vec<RemBox<Obj2K>> = (0..2048u64).map(|i| rt.alloc(obj(n + i, 2)).unwrap()).collect();
     let mut scope = rt.scope();
     for (i, o) in &kept {

@@ -71,7 +71,7 @@ fn hot_cold_run(c: &remora_cluster::LocalCluster, filtering: usize) -> Outcome {
         .map(|i| rt.alloc(Obj::new(i as u64, 0)).expect("alloc"))
         .collect();
     assert_eq!(
-        rt.stats().swap_outs,
+        rt.stats().traffic.swap_outs,
         0,
         "nothing should be evicted yet: {:?}",
         rt.stats()
@@ -85,7 +85,7 @@ fn hot_cold_run(c: &remora_cluster::LocalCluster, filtering: usize) -> Outcome {
     loop {
         touch(&rt, &objs, hot);
         std::thread::sleep(Duration::from_millis(2));
-        let moved = rt.stats().objects_moved;
+        let moved = rt.stats().local.objects_moved;
         if moved != last.0 {
             last = (moved, Instant::now());
         }
@@ -125,16 +125,16 @@ fn hot_cold_run(c: &remora_cluster::LocalCluster, filtering: usize) -> Outcome {
     // could wait for nothing.)
     std::thread::sleep(Duration::from_millis(200));
     let pressed = rt.stats();
-    let pressure_swap_ins = pressed.swap_ins - warm.swap_ins;
+    let pressure_swap_ins = pressed.traffic.swap_ins - warm.traffic.swap_ins;
     assert!(
-        pressed.local_bytes <= budget as u64 / 2,
+        pressed.local.local_bytes <= budget as u64 / 2,
         "eviction kept local memory under the budget: {pressed:?}"
     );
     let hot_total = (0..N).filter(|&i| hot(i)).count();
     let hot_local = objs.iter().enumerate().filter(|(i, o)| hot(*i) && o.is_local()).count();
-    let before = rt.stats().swap_ins;
+    let before = rt.stats().traffic.swap_ins;
     touch(&rt, &objs, hot);
-    let hot_pass_swap_ins = rt.stats().swap_ins - before;
+    let hot_pass_swap_ins = rt.stats().traffic.swap_ins - before;
 
     // Every object, hot and cold, byte for byte.
     {
@@ -150,8 +150,8 @@ fn hot_cold_run(c: &remora_cluster::LocalCluster, filtering: usize) -> Outcome {
     drop(objs);
     rt.wait_for_eviction(Duration::from_secs(20)).expect("eviction settles");
     let end = rt.stats();
-    assert_eq!(end.objects, 0, "objects leaked: {end:?}");
-    assert_eq!(end.remote_bytes_used, 0, "far memory leaked: {end:?}");
+    assert_eq!(end.local.objects, 0, "objects leaked: {end:?}");
+    assert_eq!(end.far.remote_bytes_used, 0, "far memory leaked: {end:?}");
     Outcome {
         hot_local: hot_local as f64 / hot_total as f64,
         hot_pass_swap_ins,
@@ -181,7 +181,7 @@ fn spans_of_few_large_objects_are_not_filtered() {
         std::thread::sleep(Duration::from_millis(5));
     }
     let st = rt.stats();
-    assert_eq!(st.objects_moved, 0, "large objects were moved: {st:?}");
+    assert_eq!(st.local.objects_moved, 0, "large objects were moved: {st:?}");
     let scope = rt.scope();
     for (i, o) in objs.iter().enumerate() {
         o.deref(&scope).expect("deref").check(i as u64, 7);
@@ -210,18 +210,26 @@ fn filtering_keeps_hot_objects_local() {
         with.pressure_swap_ins,
         without.pressure_swap_ins
     );
-    assert!(with.stats.objects_moved > 0, "nothing was moved: {:?}", with.stats);
+    assert!(
+        with.stats.local.objects_moved > 0,
+        "nothing was moved: {:?}",
+        with.stats
+    );
     // Every span mixes hot and cold objects, so hot objects move out into
     // hot spans (the hot quarter is the minority of each).
     assert!(
-        with.stats.objects_moved_hot > 0 && with.stats.objects_moved_hot <= with.stats.objects_moved,
+        with.stats.local.objects_moved_hot > 0 && with.stats.local.objects_moved_hot <= with.stats.local.objects_moved,
         "moves into hot spans: {:?}",
         with.stats
     );
-    assert!(with.stats.spans_filtered > 0, "no span was emptied: {:?}", with.stats);
-    assert_eq!(without.stats.objects_moved, 0, "filtering was off");
     assert!(
-        with.stats.swap_outs > 0 && without.stats.swap_outs > 0,
+        with.stats.local.spans_filtered > 0,
+        "no span was emptied: {:?}",
+        with.stats
+    );
+    assert_eq!(without.stats.local.objects_moved, 0, "filtering was off");
+    assert!(
+        with.stats.traffic.swap_outs > 0 && without.stats.traffic.swap_outs > 0,
         "both runs evicted"
     );
     assert!(
@@ -334,9 +342,9 @@ fn stress_filtering_with_eviction_and_frees() {
     });
     let st = rt.stats();
     eprintln!("{} ops: {st:?}", ops.load(Ordering::Relaxed));
-    assert!(st.objects_moved > 0, "nothing was moved: {st:?}");
+    assert!(st.local.objects_moved > 0, "nothing was moved: {st:?}");
     assert!(
-        st.swap_outs > 0 && st.swap_ins > 0,
+        st.traffic.swap_outs > 0 && st.traffic.swap_ins > 0,
         "eviction did not run both ways: {st:?}"
     );
     {
@@ -355,6 +363,6 @@ fn stress_filtering_with_eviction_and_frees() {
     drop(objs);
     rt.wait_for_eviction(Duration::from_secs(20)).expect("eviction settles");
     let end = rt.stats();
-    assert_eq!(end.objects, 0, "objects leaked: {end:?}");
-    assert_eq!(end.remote_bytes_used, 0, "far memory leaked: {end:?}");
+    assert_eq!(end.local.objects, 0, "objects leaked: {end:?}");
+    assert_eq!(end.far.remote_bytes_used, 0, "far memory leaked: {end:?}");
 }

@@ -66,7 +66,7 @@ fn tpc_a_on_the_kv_store_survives_a_killed_node_under_ec_batch() {
         let killed = Instant::now();
         loop {
             let st = rt.stats();
-            if st.recoveries >= 1 && st.recovering == 0 && st.spansets_below_tolerance == 0 {
+            if st.scheme.recoveries >= 1 && st.scheme.recovering == 0 && st.scheme.spansets_below_tolerance == 0 {
                 break;
             }
             assert!(
@@ -99,8 +99,8 @@ fn tpc_a_on_the_kv_store_survives_a_killed_node_under_ec_batch() {
         committed.load(Ordering::Relaxed),
         bank.store().stats()
     );
-    assert!(st.reconstructed_bytes > 0 && st.swap_ins > 100, "{st:?}");
-    assert!(st.far_objects > shape.rows() / 2, "most rows should be far: {st:?}");
+    assert!(st.scheme.reconstructed_bytes > 0 && st.traffic.swap_ins > 100, "{st:?}");
+    assert!(st.far.far_objects > shape.rows() / 2, "most rows should be far: {st:?}");
     let audit = bank.audit().unwrap();
     audit.check(&shape, committed.load(Ordering::Relaxed)).unwrap();
     assert_eq!(audit.values, shape.rows());

@@ -282,7 +282,7 @@ fn the_leader_killed_over_and_over_loses_nothing() {
     assert!(acked.len() > 10, "too few registrations to judge: {}", acked.len());
     assert_registered_once(&c, &acked);
     load.verify_all();
-    assert_eq!(rt.stats().lost_positions, 0, "{:?}", rt.stats());
+    assert_eq!(rt.stats().scheme.lost_positions, 0, "{:?}", rt.stats());
     assert!(
         per_second.iter().all(|s| *s > 0),
         "a whole second without far-memory progress: {per_second:?}"
@@ -350,7 +350,7 @@ fn a_follower_and_then_the_leaders_machine_lost() {
         std::thread::sleep(Duration::from_secs(1));
         c.kill_memnode(0).unwrap();
         let deadline = Instant::now() + Duration::from_secs(60);
-        while rt.stats().recoveries == 0 || rt.stats().recovering > 0 {
+        while rt.stats().scheme.recoveries == 0 || rt.stats().scheme.recovering > 0 {
             assert!(
                 Instant::now() < deadline,
                 "no rebuild with two managers: {:?}",
@@ -367,7 +367,7 @@ fn a_follower_and_then_the_leaders_machine_lost() {
     assert!(h.violations.is_empty(), "grant history: {:?}", h.violations);
     assert_nothing_forgotten(&s, &h);
     load.verify_all();
-    assert_eq!(rt.stats().lost_positions, 0, "{:?}", rt.stats());
+    assert_eq!(rt.stats().scheme.lost_positions, 0, "{:?}", rt.stats());
     let st = c.status().unwrap();
     let dead: Vec<&str> = st
         .memory_nodes
@@ -474,7 +474,7 @@ fn the_leader_partitioned_from_the_others() {
     assert!(h.violations.is_empty(), "grant history: {:?}", h.violations);
     assert_nothing_forgotten(&s, &h);
     load.verify_all();
-    assert_eq!(rt.stats().lost_positions, 0, "{:?}", rt.stats());
+    assert_eq!(rt.stats().scheme.lost_positions, 0, "{:?}", rt.stats());
     let r = roles(&c);
     assert_eq!(
         r.iter().filter(|x| **x == ManagerRole::Leader).count(),

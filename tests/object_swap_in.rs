@@ -58,7 +58,7 @@ fn settled(rt: &Runtime) -> Stats {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let st = rt.stats();
-        if (st.remote_bytes_used == 0 && st.kept_bytes == 0) || Instant::now() > deadline {
+        if (st.far.remote_bytes_used == 0 && st.far.kept_bytes == 0) || Instant::now() > deadline {
             return st;
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -74,7 +74,10 @@ fn one_object_per_swap_in(scheme: &str, kill: bool) {
     rt.set_local_budget(MIB / 4);
     rt.wait_for_eviction(Duration::from_secs(30)).unwrap();
     let s0 = rt.stats();
-    assert!(s0.far_objects as usize >= n * 3 / 4, "objects did not go far: {s0:?}");
+    assert!(
+        s0.far.far_objects as usize >= n * 3 / 4,
+        "objects did not go far: {s0:?}"
+    );
     if kill {
         // Every later swap-in from this node's spans is a degraded read.
         c.kill_memnode(0).expect("kill");
@@ -86,9 +89,9 @@ fn one_object_per_swap_in(scheme: &str, kill: bool) {
     let picked: Vec<usize> = (0..64).map(|j| j * (n / 64) + j % 3).collect();
     read_unwritten(&rt, &objs, picked.iter().copied());
     let s1 = rt.stats();
-    let swap_ins = s1.swap_ins - s0.swap_ins;
-    let object_swap_ins = s1.object_swap_ins - s0.object_swap_ins;
-    let left_far = s0.far_objects - s1.far_objects;
+    let swap_ins = s1.traffic.swap_ins - s0.traffic.swap_ins;
+    let object_swap_ins = s1.traffic.object_swap_ins - s0.traffic.object_swap_ins;
+    let left_far = s0.far.far_objects - s1.far.far_objects;
     eprintln!("{scheme}: {swap_ins} swap-ins, {object_swap_ins} of one object, {left_far} objects left far memory");
     assert!(swap_ins >= 32, "{scheme}: the picked objects were not far: {s1:?}");
     assert_eq!(object_swap_ins, swap_ins, "{scheme}: a whole span came back: {s1:?}");
@@ -98,12 +101,12 @@ fn one_object_per_swap_in(scheme: &str, kill: bool) {
     );
     if kill {
         assert!(
-            s1.degraded_reads > s0.degraded_reads,
+            s1.scheme.degraded_reads > s0.scheme.degraded_reads,
             "{scheme}: no degraded read: {s1:?}"
         );
     } else {
         assert_eq!(
-            s1.swap_in_reads - s0.swap_in_reads,
+            s1.traffic.swap_in_reads - s0.traffic.swap_in_reads,
             swap_ins,
             "{scheme}: one read per swap-in"
         );
@@ -127,9 +130,15 @@ fn one_object_per_swap_in(scheme: &str, kill: bool) {
     drop(objs);
     rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
     let st = settled(&rt);
-    assert_eq!(st.objects, 0);
-    assert_eq!(st.far_objects, 0, "{scheme}: far objects outlived their owners: {st:?}");
-    assert_eq!(st.remote_bytes_used, 0, "{scheme}: far memory not given back: {st:?}");
+    assert_eq!(st.local.objects, 0);
+    assert_eq!(
+        st.far.far_objects, 0,
+        "{scheme}: far objects outlived their owners: {st:?}"
+    );
+    assert_eq!(
+        st.far.remote_bytes_used, 0,
+        "{scheme}: far memory not given back: {st:?}"
+    );
 }
 
 #[test]
@@ -157,10 +166,13 @@ fn a_scan_brings_the_rest_of_a_span_back_whole() {
     let n = 4096usize;
     let (rt, objs) = evicted(&c, n);
     let s0 = rt.stats();
-    let far = s0.far_objects;
+    let far = s0.far.far_objects;
     check_all(&rt, &objs, &vec![0; n]);
     let s1 = rt.stats();
-    let (swap_ins, objects) = (s1.swap_ins - s0.swap_ins, s1.object_swap_ins - s0.object_swap_ins);
+    let (swap_ins, objects) = (
+        s1.traffic.swap_ins - s0.traffic.swap_ins,
+        s1.traffic.object_swap_ins - s0.traffic.object_swap_ins,
+    );
     eprintln!("scan of {far} far objects: {swap_ins} swap-ins, {objects} of one object");
     assert!(objects > 0, "no object swap-in: {s1:?}");
     assert!(objects < swap_ins, "no span came back whole: {s1:?}");
@@ -185,8 +197,8 @@ fn far_spans_stay_at_least_half_full() {
         read_unwritten(&rt, &objs, (pass..n).step_by(8));
         let st = rt.stats();
         // Kept far copies of spans swapped in whole are not holes.
-        let far = st.remote_bytes_used - st.kept_bytes;
-        let live = st.far_objects * slot;
+        let far = st.far.remote_bytes_used - st.far.kept_bytes;
+        let live = st.far.far_objects * slot;
         eprintln!("pass {pass}: {far} far bytes for {live} of live far objects: {st:?}");
         assert!(
             far <= live * 21 / 10 + 4 * (16 << 10), // and a few spans' rounding
@@ -240,7 +252,7 @@ fn threads_missing_on_one_span_each_get_their_object() {
     });
     let s1 = rt.stats();
     assert!(
-        s1.object_swap_ins > s0.object_swap_ins + 100,
+        s1.traffic.object_swap_ins > s0.traffic.object_swap_ins + 100,
         "too few object swap-ins to have raced: {s1:?}"
     );
     let objs: Vec<RemBox<Obj2K>> = objs.into_iter().map(|o| o.into_inner().unwrap()).collect();

@@ -22,8 +22,11 @@ fn objects_survive_eviction_and_swap_in() {
     let n = 16 * 1024u64; // 64 MiB of 4 KiB objects, 8x the budget
     let mut objs: Vec<RemBox<Page>> = (0..n).map(|i| rt.alloc(obj(i, 0)).unwrap()).collect();
     let st = rt.stats();
-    assert!(st.swap_outs > 0, "nothing was evicted: {st:?}");
-    assert!(st.local_bytes <= 10 * MIB as u64, "local memory over budget: {st:?}");
+    assert!(st.traffic.swap_outs > 0, "nothing was evicted: {st:?}");
+    assert!(
+        st.local.local_bytes <= 10 * MIB as u64,
+        "local memory over budget: {st:?}"
+    );
     // Read everything back, then update every other object and read again.
     {
         let mut scope = rt.scope();
@@ -45,34 +48,38 @@ fn objects_survive_eviction_and_swap_in() {
     let st = rt.stats();
     eprintln!("after reads and updates: {st:?}");
     assert!(
-        st.swap_ins > 1000 && st.swap_in_reads == st.swap_ins,
+        st.traffic.swap_ins > 1000 && st.traffic.swap_in_reads == st.traffic.swap_ins,
         "one read per swap-in: {st:?}"
     );
-    assert!(st.bytes_written_remote >= st.bytes_evicted_data);
+    assert!(st.traffic.bytes_written_remote >= st.traffic.bytes_evicted_data);
     // Dropping objects (local and far) returns far space.
-    let far_before = st.remote_bytes_used;
+    let far_before = st.far.remote_bytes_used;
     objs.truncate(n as usize / 4);
     rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
     let st = rt.stats();
-    assert!(st.remote_bytes_used < far_before, "{st:?}");
-    assert_eq!(st.objects, n / 4);
+    assert!(st.far.remote_bytes_used < far_before, "{st:?}");
+    assert_eq!(st.local.objects, n / 4);
     // Every object is local or far, and each side's count fits its bytes
     // (a 4 KiB object takes at least 4 KiB of a span).
     let local = st
+        .local
         .objects
-        .checked_sub(st.far_objects)
+        .checked_sub(st.far.far_objects)
         .expect("more far objects than objects");
-    assert!(st.far_objects > 0 && st.far_objects * 4096 <= st.live_bytes, "{st:?}");
-    assert!(local * 4096 <= st.local_bytes, "{st:?}");
+    assert!(
+        st.far.far_objects > 0 && st.far.far_objects * 4096 <= st.far.live_bytes,
+        "{st:?}"
+    );
+    assert!(local * 4096 <= st.local.local_bytes, "{st:?}");
     for (i, o) in objs.iter().enumerate() {
         let scope = rt.scope();
         Words::check(o.deref(&scope).unwrap(), i as u64, (i % 2 == 0) as u64);
     }
     drop(objs);
     rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
-    assert_eq!(rt.stats().objects, 0);
-    assert_eq!(rt.stats().far_objects, 0);
-    assert_eq!(rt.stats().remote_bytes_used, 0);
+    assert_eq!(rt.stats().local.objects, 0);
+    assert_eq!(rt.stats().far.far_objects, 0);
+    assert_eq!(rt.stats().far.remote_bytes_used, 0);
 }
 
 /// A 16 KiB value (with its header, the 20 KiB class: two per 40 KiB span).
@@ -98,10 +105,13 @@ fn few_per_span_objects_get_a_span_each_and_swap_in_alone() {
     }
     let st = rt.stats();
     let (swap_ins, read) = (
-        st.swap_ins - before.swap_ins,
-        st.bytes_read_remote - before.bytes_read_remote,
+        st.traffic.swap_ins - before.traffic.swap_ins,
+        st.traffic.bytes_read_remote - before.traffic.bytes_read_remote,
     );
-    assert!(swap_ins > 500 && st.swap_in_reads == st.swap_ins, "{st:?}");
+    assert!(
+        swap_ins > 500 && st.traffic.swap_in_reads == st.traffic.swap_ins,
+        "{st:?}"
+    );
     // One 24 KiB span per swap-in on the wire (40 KiB if two shared a span).
     assert_eq!(read, swap_ins * 24576, "{st:?}");
 }

@@ -52,7 +52,7 @@ fn slices_up_to_a_mebibyte_round_trip_under_every_scheme() {
             // parity is as long as a spanset's longest member, the shorter
             // members are not padded. What that costs with these sizes:
             let st = rt.stats();
-            let ratio = st.bytes_written_remote as f64 / st.bytes_evicted_data as f64;
+            let ratio = st.traffic.bytes_written_remote as f64 / st.traffic.bytes_evicted_data as f64;
             eprintln!("{name}: wrote {ratio:.2}x the span bytes evicted (RS 4+2 of equal spans: 1.50x)");
             assert!(ratio < 2.0, "{name}: {st:?}");
         }
@@ -65,7 +65,7 @@ fn slices_up_to_a_mebibyte_round_trip_under_every_scheme() {
         }
         check_all(&rt, &slices, 0, name);
         let st = rt.stats();
-        assert!(st.swap_ins >= 3, "{name}: {st:?}");
+        assert!(st.traffic.swap_ins >= 3, "{name}: {st:?}");
         // Change every other slice, push them all out again, read again.
         for (i, s) in slices.iter_mut().enumerate().filter(|(i, _)| i % 2 == 1) {
             let scope = rt.scope();
@@ -98,26 +98,32 @@ fn slices_up_to_a_mebibyte_round_trip_under_every_scheme() {
         .unwrap();
         assert_bytes_eq(&got, &want, &format!("{name}: RemVec<u8> of 1 MiB"));
         assert!(
-            rt.stats().swap_ins > st.swap_ins,
+            rt.stats().traffic.swap_ins > st.traffic.swap_ins,
             "{name}: some chunks came back from far"
         );
         drop(mib);
         // Beyond the limit: a typed error, and nothing allocated.
-        let objects = rt.stats().objects;
+        let objects = rt.stats().local.objects;
         match rt.alloc_slice_filled(MAX_OBJECT_BYTES / 8 + 1, 0u64) {
             Err(RuntimeError::TooLarge { size }) => assert_eq!(size, MAX_OBJECT_BYTES + 8),
             other => panic!("{name}: {other:?}"),
         }
-        assert_eq!(rt.stats().objects, objects, "{name}");
+        assert_eq!(rt.stats().local.objects, objects, "{name}");
         // Far slices are freed where they lie.
         rt.set_local_budget(MIB / 2);
         rt.wait_for_eviction(Duration::from_secs(20)).unwrap();
         let before = rt.stats();
         slices.clear();
         let after = rt.stats();
-        assert_eq!(after.objects, 0, "{name}");
-        assert_eq!(after.swap_ins, before.swap_ins, "{name}: dropping read nothing back");
-        assert_eq!(after.bytes_read_remote, before.bytes_read_remote, "{name}");
+        assert_eq!(after.local.objects, 0, "{name}");
+        assert_eq!(
+            after.traffic.swap_ins, before.traffic.swap_ins,
+            "{name}: dropping read nothing back"
+        );
+        assert_eq!(
+            after.traffic.bytes_read_remote, before.traffic.bytes_read_remote,
+            "{name}"
+        );
         drop(rt);
     }
 }

@@ -90,9 +90,12 @@ fn runtime(c: &remora_cluster::LocalCluster, name: &str, budget: usize) -> Runti
 /// Asserts that eviction really moved spans both ways, with one remote read per swap-in.
 #[track_caller]
 fn assert_evicted_and_swapped(st: &Stats) {
-    assert!(st.swap_outs > 0, "nothing was evicted: {st:?}");
-    assert!(st.swap_ins > 0, "nothing was swapped in: {st:?}");
-    assert_eq!(st.swap_in_reads, st.swap_ins, "one remote read per swap-in: {st:?}");
+    assert!(st.traffic.swap_outs > 0, "nothing was evicted: {st:?}");
+    assert!(st.traffic.swap_ins > 0, "nothing was swapped in: {st:?}");
+    assert_eq!(
+        st.traffic.swap_in_reads, st.traffic.swap_ins,
+        "one remote read per swap-in: {st:?}"
+    );
 }
 
 /// Once every object is dropped and no eviction round holds far pages, the
@@ -101,9 +104,9 @@ fn assert_evicted_and_swapped(st: &Stats) {
 fn assert_empty(rt: &Runtime) {
     rt.wait_for_eviction(Duration::from_secs(20)).expect("eviction settles");
     let st = rt.stats();
-    assert_eq!(st.objects, 0, "objects leaked: {st:?}");
-    assert_eq!(st.remote_bytes_used, 0, "far memory leaked: {st:?}");
-    assert_eq!(st.live_bytes, 0, "far spans still live: {st:?}");
+    assert_eq!(st.local.objects, 0, "objects leaked: {st:?}");
+    assert_eq!(st.far.remote_bytes_used, 0, "far memory leaked: {st:?}");
+    assert_eq!(st.far.live_bytes, 0, "far spans still live: {st:?}");
 }
 
 /// A shared object and the version the test expects it to hold. The lock
@@ -138,7 +141,10 @@ fn random_reads_and_writes_over_four_times_the_budget() {
     assert!(total >= 4 * budget, "working set {total} bytes is not 4x the budget");
     let after_alloc = rt.stats();
     eprintln!("allocated {n} objects, {} MiB: {after_alloc:?}", total / MIB);
-    assert!(after_alloc.swap_outs > 0, "allocation past the budget evicted nothing");
+    assert!(
+        after_alloc.traffic.swap_outs > 0,
+        "allocation past the budget evicted nothing"
+    );
 
     let deadline = Instant::now() + Duration::from_secs(12);
     let done = AtomicU64::new(0);
@@ -170,11 +176,11 @@ fn random_reads_and_writes_over_four_times_the_budget() {
     eprintln!("{} ops by {THREADS} threads: {st:?}", done.load(Ordering::Relaxed));
     assert_evicted_and_swapped(&st);
     assert!(
-        st.swap_ins > after_alloc.swap_ins,
+        st.traffic.swap_ins > after_alloc.traffic.swap_ins,
         "the random phase swapped nothing in: {st:?}"
     );
     assert!(
-        st.swap_outs > after_alloc.swap_outs,
+        st.traffic.swap_outs > after_alloc.traffic.swap_outs,
         "the random phase evicted nothing: {st:?}"
     );
 
@@ -309,8 +315,11 @@ fn linked_list_over_a_small_budget() {
     let value = |i: u64| NODES - 1 - i;
     let built = rt.stats();
     eprintln!("built: {built:?}");
-    assert!(built.swap_outs > 0, "building the list evicted nothing: {built:?}");
-    assert_eq!(built.objects, NODES);
+    assert!(
+        built.traffic.swap_outs > 0,
+        "building the list evicted nothing: {built:?}"
+    );
+    assert_eq!(built.local.objects, NODES);
 
     assert_eq!(walk(&rt, &head, value), NODES);
     rt.wait_for_eviction(Duration::from_secs(20))
@@ -384,13 +393,13 @@ fn shared_object_survives_eviction_and_is_freed_with_the_last_clone() {
         .map(|id| AnyBox::alloc(&rt, id))
         .collect();
     let st = rt.stats();
-    assert!(st.swap_outs > 0, "filler evicted nothing: {st:?}");
-    assert_eq!(st.objects, 1 + filler.len() as u64, "clones are one object");
+    assert!(st.traffic.swap_outs > 0, "filler evicted nothing: {st:?}");
+    assert_eq!(st.local.objects, 1 + filler.len() as u64, "clones are one object");
 
     // Each round sweeps the filler (4x the budget) through local memory,
     // which pushes the cold shared object out, then reads it through every
     // clone at once, one thread per clone.
-    let swap_ins_before = st.swap_ins;
+    let swap_ins_before = st.traffic.swap_ins;
     for round in 0..4 {
         for (i, f) in filler.iter().enumerate() {
             f.check(&rt, 1000 + i as u64, 0);
@@ -407,8 +416,14 @@ fn shared_object_survives_eviction_and_is_freed_with_the_last_clone() {
         eprintln!("round {round}: {:?}", rt.stats());
     }
     let st = rt.stats();
-    assert!(st.swap_ins > swap_ins_before, "nothing was swapped back in: {st:?}");
-    assert_eq!(st.swap_in_reads, st.swap_ins, "one remote read per swap-in: {st:?}");
+    assert!(
+        st.traffic.swap_ins > swap_ins_before,
+        "nothing was swapped back in: {st:?}"
+    );
+    assert_eq!(
+        st.traffic.swap_in_reads, st.traffic.swap_ins,
+        "one remote read per swap-in: {st:?}"
+    );
 
     // Dropping all but one clone keeps the object; the last one frees it.
     drop(clones);
@@ -417,9 +432,9 @@ fn shared_object_survives_eviction_and_is_freed_with_the_last_clone() {
         let scope = rt.scope();
         rc.deref(&scope).expect("deref").check(7, 3);
     }
-    let before = rt.stats().objects;
+    let before = rt.stats().local.objects;
     drop(rc);
-    assert_eq!(rt.stats().objects, before - 1, "the last clone frees the object");
+    assert_eq!(rt.stats().local.objects, before - 1, "the last clone frees the object");
     drop(filler);
     assert_empty(&rt);
 }

@@ -42,7 +42,7 @@ fn runtime(c: &LocalCluster, scheme: &str, budget: usize) -> Runtime {
 fn store_and_check(rt: &Runtime, n: u64) {
     let mut objs: Vec<RemBox<Text>> = (0..n).map(|i| rt.alloc(Text::new(i, 0)).unwrap()).collect();
     rt.wait_for_eviction(Duration::from_secs(30)).unwrap();
-    assert!(rt.stats().far_objects > n / 2, "{:?}", rt.stats());
+    assert!(rt.stats().far.far_objects > n / 2, "{:?}", rt.stats());
     for (i, o) in objs.iter_mut().enumerate().filter(|(i, _)| i % 2 == 0) {
         let scope = rt.scope();
         *o.deref_mut(&scope).unwrap() = Text::new(i as u64, 1);
@@ -52,7 +52,7 @@ fn store_and_check(rt: &Runtime, n: u64) {
         let scope = rt.scope();
         Text::check(o.deref(&scope).expect("deref"), i as u64, (i % 2 == 0) as u64);
     }
-    assert!(rt.stats().bytes_read_remote > 0, "{:?}", rt.stats());
+    assert!(rt.stats().traffic.bytes_read_remote > 0, "{:?}", rt.stats());
 }
 
 #[test]
@@ -96,7 +96,7 @@ fn a_tls_data_cluster_rebuilds_a_lost_node_from_its_peers() {
             Text::check(o.deref(&scope).expect("deref"), i as u64, 0);
         }
         let st = rt.stats();
-        if st.recoveries >= 1 && st.recovering == 0 {
+        if st.scheme.recoveries >= 1 && st.scheme.recovering == 0 {
             break;
         }
         assert!(
@@ -106,7 +106,7 @@ fn a_tls_data_cluster_rebuilds_a_lost_node_from_its_peers() {
         thread::sleep(Duration::from_millis(50));
     }
     let st = rt.stats();
-    assert!(st.reconstructed_bytes > 0, "nothing was rebuilt: {st:?}");
+    assert!(st.scheme.reconstructed_bytes > 0, "nothing was rebuilt: {st:?}");
     c.wait_until(Duration::from_secs(10), "peer rebuild traffic reported", |s| {
         s.memory_nodes.iter().map(|m| m.peer.rebuild_bytes).sum::<u64>() > 0
     })
@@ -206,10 +206,10 @@ fn proxied_bytes(mode: TlsMode) -> Vec<u8> {
     let _ = node.wait();
     let seen = proxy.seen();
     assert!(
-        seen.len() as u64 > st.bytes_evicted_data,
+        seen.len() as u64 > st.traffic.bytes_evicted_data,
         "the objects did not go through the proxy: {} bytes seen, {} evicted",
         seen.len(),
-        st.bytes_evicted_data
+        st.traffic.bytes_evicted_data
     );
     seen
 }

@@ -272,7 +272,7 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
     let zipf = Zipf::new(args.objects as f64, args.zipf).map_err(|e| anyhow!("Zipf: {e}"))?;
     let tally = Tally::default();
     let stop = AtomicBool::new(false);
-    let base_recoveries = rt.stats().recoveries;
+    let base_recoveries = rt.stats().scheme.recoveries;
 
     let mut windows: Vec<(f64, f64)> = Vec::new();
     let mut done: Vec<Done> = Vec::new();
@@ -417,7 +417,7 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
             let unrebuilt = done.iter().filter(|d| d.kind.kills() && d.rebuilt_at.is_none()).count() + holds.len();
             if t >= duration {
                 // Calm: wait (bounded) for every rebuild, then stop.
-                if unrebuilt == 0 && st.recovering == 0 && outage.is_none() {
+                if unrebuilt == 0 && st.scheme.recovering == 0 && outage.is_none() {
                     break;
                 }
                 let deadline = *settle_deadline.get_or_insert(t + 60.0);
@@ -578,7 +578,7 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
         lost,
     } = verify_all(&rt, &objs, &versions);
     let st = rt.stats();
-    let recoveries = st.recoveries.saturating_sub(base_recoveries);
+    let recoveries = st.scheme.recoveries.saturating_sub(base_recoveries);
     let kills = done.iter().filter(|d| d.kind.kills()).count() as u64;
     let shrink_phases = done
         .iter()
@@ -620,12 +620,12 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
     );
     println!(
         "  members in doubt   {} repaired (a fold's commit never acknowledged); {} spansets below full tolerance now",
-        st.doubt_repairs, st.spansets_below_tolerance
+        st.scheme.doubt_repairs, st.scheme.spansets_below_tolerance
     );
     if shrinks {
         println!(
             "  below k+m          {shrink_phases} phases; {} short spansets now, {} spans re-striped",
-            st.short_spansets, st.restriped_spans
+            st.scheme.short_spansets, st.scheme.restriped_spans
         );
     }
     if outages.is_empty() {
@@ -695,14 +695,13 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
             "longest_zero_outside_outages_s": longest_zero_outside,
             "manager_outages": outages.len(),
             "shrink_phases": shrink_phases,
-            "restriped_spans": st.restriped_spans,
-            "doubt_repairs": st.doubt_repairs,
-            "spansets_below_tolerance": st.spansets_below_tolerance,
             "manager_down_s": down_total,
             "manager_down_longest_s": down_longest,
             "settled": settled,
             "window_s": WINDOW,
             "timeline": windows.iter().map(|w| [w.0, w.1]).collect::<Vec<_>>(),
+            // The runtime's own figures at the end of the run (since its start).
+            "stats": st,
         });
         std::fs::write(path, serde_json::to_string_pretty(&v)?)
             .with_context(|| format!("writing {}", path.display()))?;

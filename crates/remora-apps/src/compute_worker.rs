@@ -119,7 +119,7 @@ pub fn run(args: &WorkerArgs) -> Result<()> {
             let s = rt.stats();
             say(&format!(
                 "stats swap_outs={} compactions={} txn_requests={} spansets_written={}",
-                s.swap_outs, s.compactions, s.txn_requests, s.spansets_written
+                s.traffic.swap_outs, s.scheme.compactions, s.traffic.txn_requests, s.scheme.spansets_written
             ));
         }
         // xorshift: cheap, and the sequence does not matter.

@@ -14,7 +14,7 @@ use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
 use remora_cluster::{ClusterConfig, LocalCluster};
 use remora_proto::ByteSize;
-use remora_runtime::{RemBox, Runtime, RuntimeConfig, Stats, scheme};
+use remora_runtime::{RemBox, Runtime, RuntimeConfig, scheme};
 
 use crate::workload::{Obj, Verified, is, make, verify_all};
 
@@ -121,10 +121,10 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     say(format!(
         "filled in {:.1}s: {} spans swapped out, {} written for {} of data ({:.2}x)",
         fill_start.elapsed().as_secs_f64(),
-        st.swap_outs,
-        ByteSize(st.bytes_written_remote),
-        ByteSize(st.bytes_evicted_data),
-        st.bytes_written_remote as f64 / st.bytes_evicted_data.max(1) as f64
+        st.traffic.swap_outs,
+        ByteSize(st.traffic.bytes_written_remote),
+        ByteSize(st.traffic.bytes_evicted_data),
+        st.traffic.bytes_written_remote as f64 / st.traffic.bytes_evicted_data.max(1) as f64
     ));
 
     let zipf = Zipf::new(args.objects as f64, args.zipf).map_err(|e| anyhow!("Zipf: {e}"))?;
@@ -205,14 +205,14 @@ pub fn run(args: &DemoArgs) -> Result<()> {
             };
             println!(
                 "  t={t:5.1}s  {rate:>9.0} ops/s  [{phase}]  swap-ins {:>7}  degraded reads {:>5}  rebuilt {}",
-                st.swap_ins,
-                st.degraded_reads,
-                ByteSize(st.reconstructed_bytes)
+                st.traffic.swap_ins,
+                st.scheme.degraded_reads,
+                ByteSize(st.scheme.reconstructed_bytes)
             );
             samples.push(Sample {
                 t,
                 ops_per_sec: rate,
-                degraded: st.degraded_reads,
+                degraded: st.scheme.degraded_reads,
             });
             if kill_t.is_none() && t >= args.before {
                 say(format!(
@@ -224,11 +224,11 @@ pub fn run(args: &DemoArgs) -> Result<()> {
                 }
                 kill_t = Some(t);
             }
-            if kill_t.is_some() && recovered_t.is_none() && st.recoveries >= 1 && st.recovering == 0 {
+            if kill_t.is_some() && recovered_t.is_none() && st.scheme.recoveries >= 1 && st.scheme.recovering == 0 {
                 say(format!(
                     "recovery finished: {} rebuilt in {:.2}s",
-                    ByteSize(st.reconstructed_bytes),
-                    st.reconstruct_seconds
+                    ByteSize(st.scheme.reconstructed_bytes),
+                    st.scheme.reconstruct_seconds
                 ));
                 recovered_t = Some(t);
             }
@@ -310,7 +310,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
             0.0
         }
     };
-    let speed = st.reconstructed_bytes as f64 / st.reconstruct_seconds.max(1e-9) / 1e9;
+    let speed = st.scheme.reconstructed_bytes as f64 / st.scheme.reconstruct_seconds.max(1e-9) / 1e9;
     println!();
     println!("remora demo — results");
     println!(
@@ -335,20 +335,20 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         ),
         None => println!("  back to normal          not within the run"),
     }
-    println!("  degraded reads          {}", st.degraded_reads);
+    println!("  degraded reads          {}", st.scheme.degraded_reads);
     println!(
         "  reconstruction          {} in {:.2}s = {:.2} GB/s (offloaded to the replacement node)",
-        ByteSize(st.reconstructed_bytes),
-        st.reconstruct_seconds,
+        ByteSize(st.scheme.reconstructed_bytes),
+        st.scheme.reconstruct_seconds,
         speed
     );
     println!(
         "  swap-out bytes          {:.2}x data (RS 4+2: 1.5x over full spansets; {} of {} spansets partial); \
          reads per swap-in {:.3}",
-        st.bytes_written_remote as f64 / st.bytes_evicted_data.max(1) as f64,
-        st.partial_spansets,
-        st.spansets_written,
-        st.swap_in_reads as f64 / st.swap_ins.max(1) as f64
+        st.traffic.bytes_written_remote as f64 / st.traffic.bytes_evicted_data.max(1) as f64,
+        st.scheme.partial_spansets,
+        st.scheme.spansets_written,
+        st.traffic.swap_in_reads as f64 / st.traffic.swap_ins.max(1) as f64
     );
     draw(&args.plot, &samples, kill_at, rec_at).with_context(|| format!("writing {}", args.plot.display()))?;
     println!("  throughput timeline     {}", args.plot.display());
@@ -358,9 +358,6 @@ pub fn run(args: &DemoArgs) -> Result<()> {
             "lost_objects": lost,
             "corrupt_objects": corrupt,
             "errors": errors.len(),
-            "degraded_reads": st.degraded_reads,
-            "reconstructed_bytes": st.reconstructed_bytes,
-            "reconstruct_seconds": st.reconstruct_seconds,
             "reconstruct_gbps": speed,
             "throughput_before": before,
             "throughput_during": during,
@@ -375,9 +372,10 @@ pub fn run(args: &DemoArgs) -> Result<()> {
             "local_ratio": args.local_ratio,
             "zipf": args.zipf,
             "threads": args.threads,
-            "write_bytes_ratio": st.bytes_written_remote as f64 / st.bytes_evicted_data.max(1) as f64,
+            "write_bytes_ratio": st.traffic.bytes_written_remote as f64 / st.traffic.bytes_evicted_data.max(1) as f64,
             "timeline": samples.iter().map(|s| serde_json::json!([s.t, s.ops_per_sec, s.degraded])).collect::<Vec<_>>(),
-            "stats": stats_json(&st),
+            // The runtime's own figures at the end of the run (since its start).
+            "stats": st,
         });
         std::fs::write(path, serde_json::to_string_pretty(&v)?)
             .with_context(|| format!("writing {}", path.display()))?;
@@ -390,16 +388,6 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-fn stats_json(s: &Stats) -> serde_json::Value {
-    serde_json::json!({
-        "swap_ins": s.swap_ins, "swap_in_reads": s.swap_in_reads, "swap_outs": s.swap_outs,
-        "bytes_evicted_data": s.bytes_evicted_data, "bytes_written_remote": s.bytes_written_remote,
-        "bytes_read_remote": s.bytes_read_remote, "remote_bytes_used": s.remote_bytes_used,
-        "spansets_written": s.spansets_written, "partial_spansets": s.partial_spansets,
-        "hole_bytes": s.hole_bytes, "local_bytes": s.local_bytes,
-    })
 }
 
 /// Draws the throughput timeline as an SVG: ops/s every 100 ms, the kill

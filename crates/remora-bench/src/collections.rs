@@ -221,10 +221,10 @@ where
         vec.push(val::<W>(k))?;
     }
     let st = rt.stats();
-    if st.swap_outs > 0 {
+    if st.traffic.swap_outs > 0 {
         bail!(
             "the all-local phase evicted {} spans: the budget is too small",
-            st.swap_outs
+            st.traffic.swap_outs
         );
     }
     let read = |r: Option<bool>| r == Some(true);
@@ -519,7 +519,7 @@ where
     ];
     // Each gets `ratio` of the local span bytes its own fill took.
     for f in &fars {
-        let took = f.rt.stats().local_bytes;
+        let took = f.rt.stats().local.local_bytes;
         f.rt.set_local_budget((took as f64 * ratio) as usize);
         f.rt.wait_for_eviction(Duration::from_secs(60))
             .with_context(|| format!("{}: eviction to the local ratio", f.what))?;

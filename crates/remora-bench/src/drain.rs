@@ -12,15 +12,15 @@
 //!    left, and waits with [`Runtime::wait_for_eviction`] until local memory
 //!    is at or below the runtime's low watermark of the new budget and no
 //!    eviction round is under way; then stops the clock. Meanwhile a sampler
-//!    thread reads `Stats::local_bytes` every 10 ms: the drain curve, whose
+//!    thread reads `Stats::local.local_bytes` every 10 ms: the drain curve, whose
 //!    50 % and 90 % times (of the bytes the drain removed, interpolated
 //!    between samples) are reported beside the total.
 //! 3. **Verify.** Dereferences every object inside a deref scope (swapping
 //!    its span back in) and compares every word with what was written.
 //!
-//! The drain rate is `Stats::bytes_evicted_data` (whole data spans swapped
+//! The drain rate is `Stats::traffic.bytes_evicted_data` (whole data spans swapped
 //! out) over the drain time; write amplification is
-//! `Stats::bytes_written_remote` over the same bytes (1.0 for `non-ft`, 1.5
+//! `Stats::traffic.bytes_written_remote` over the same bytes (1.0 for `non-ft`, 1.5
 //! for RS(4,2) under `ec-batch`). Nothing else runs during the drain, so it
 //! measures the eviction path alone: span selection, the grace period, the
 //! remote writes (and encoding), and freeing local spans.
@@ -137,22 +137,22 @@ impl Record {
 
     /// Data bytes swapped out per second, in GB/s.
     fn gbps(&self) -> f64 {
-        self.delta.bytes_evicted_data as f64 / self.secs() / GB
+        self.delta.traffic.bytes_evicted_data as f64 / self.secs() / GB
     }
 
     fn mibps(&self) -> f64 {
-        mib(self.delta.bytes_evicted_data as f64) / self.secs()
+        mib(self.delta.traffic.bytes_evicted_data as f64) / self.secs()
     }
 
     /// Remote bytes written per data byte swapped out.
     fn write_amp(&self) -> Option<f64> {
-        (self.delta.bytes_evicted_data > 0)
-            .then(|| self.delta.bytes_written_remote as f64 / self.delta.bytes_evicted_data as f64)
+        (self.delta.traffic.bytes_evicted_data > 0)
+            .then(|| self.delta.traffic.bytes_written_remote as f64 / self.delta.traffic.bytes_evicted_data as f64)
     }
 
     /// Fraction of the drain the eviction threads reported busy (summed over threads).
     fn busy_fraction(&self) -> Option<f64> {
-        (self.delta.evict_busy_ns > 0).then(|| self.delta.evict_busy_ns as f64 / 1e9 / self.secs())
+        (self.delta.local.evict_busy_ns > 0).then(|| self.delta.local.evict_busy_ns as f64 / 1e9 / self.secs())
     }
 
     fn goal_met(&self) -> Option<bool> {
@@ -189,18 +189,14 @@ impl Record {
             "local_bytes_before": self.local_before,
             "local_bytes_after": self.local_after,
             "drained_local_bytes": self.drained_local(),
-            "drained_data_bytes": d.bytes_evicted_data,
+            "drained_data_bytes": d.traffic.bytes_evicted_data,
             "drain_s": self.drain_time.as_secs_f64(),
             "timed_out": self.timed_out,
             "drain_gbps": self.gbps(),
             "drain_mibps": self.mibps(),
             "goal_gbps": self.goal_gbps,
             "goal_met": self.goal_met(),
-            "bytes_written_remote": d.bytes_written_remote,
             "write_amplification": self.write_amp(),
-            "swap_outs": d.swap_outs,
-            "evictions_aborted": d.evictions_aborted,
-            "evict_busy_ns": d.evict_busy_ns,
             "evict_busy_fraction": self.busy_fraction(),
             "t50_s": curve_time(&self.curve, 0.5),
             "t90_s": curve_time(&self.curve, 0.9),
@@ -210,6 +206,9 @@ impl Record {
             "wrong": self.wrong,
             "errors": self.errors,
             "verify_s": self.verify_time.as_secs_f64(),
+            // The runtime's own figures over the drain: counters the drain's,
+            // levels as at its end.
+            "stats": d,
         });
         if let (Value::Object(m), Value::Object(o)) = (&mut v, measured) {
             m.extend(o);
@@ -410,31 +409,31 @@ fn run_scheme<const W: usize>(
     let fill_time = fill_start.elapsed();
     pb.finish_and_clear();
     let s0 = rt.stats();
-    let fill_swap_outs = s0.swap_outs - s_fill.swap_outs;
+    let fill_swap_outs = s0.traffic.swap_outs - s_fill.traffic.swap_outs;
     if fill_swap_outs > 0 {
         tracing::warn!("{fill_swap_outs} spans were evicted during the fill: the drain starts from less");
     }
     progress(format_args!(
         "[{scheme}] filled in {:.2} s: {} local, {fill_swap_outs} swap-outs",
         fill_time.as_secs_f64(),
-        Mib(s0.local_bytes)
+        Mib(s0.local.local_bytes)
     ));
 
     // Drain: a budget of `--to` of what the fill left (at least 16 spans, so
     // verification has room to swap in), timed until the low watermark.
     let floor = 16 * plan.layout.span_bytes as u64;
-    let target = ((args.to * s0.local_bytes as f64) as u64).max(floor);
+    let target = ((args.to * s0.local.local_bytes as f64) as u64).max(floor);
     let low_mark = (target as f64 * low) as u64;
     progress(format_args!(
         "[{scheme}] draining {} local to a budget of {} (low watermark {})",
-        Mib(s0.local_bytes),
+        Mib(s0.local.local_bytes),
         Mib(target),
         Mib(low_mark)
     ));
     let done = AtomicBool::new(false);
     let (waited, drain_time, mut curve) = thread::scope(|s| {
         let t0 = Instant::now();
-        let (rt, done, local0) = (&rt, &done, s0.local_bytes);
+        let (rt, done, local0) = (&rt, &done, s0.local.local_bytes);
         let sampler = thread::Builder::new()
             .name("drain-sampler".into())
             .spawn_scoped(s, move || {
@@ -443,7 +442,7 @@ fn run_scheme<const W: usize>(
                 while !done.load(Ordering::Acquire) {
                     thread::sleep(next.saturating_duration_since(Instant::now()));
                     next += SAMPLE_EVERY;
-                    let local = rt.stats().local_bytes;
+                    let local = rt.stats().local.local_bytes;
                     curve.push((t0.elapsed().as_secs_f64(), local));
                 }
                 curve
@@ -464,7 +463,7 @@ fn run_scheme<const W: usize>(
     let s1 = rt.stats();
     // Samples taken after the clock stopped belong to no drain.
     curve.retain(|&(t, _)| t < drain_time.as_secs_f64());
-    curve.push((drain_time.as_secs_f64(), s1.local_bytes));
+    curve.push((drain_time.as_secs_f64(), s1.local.local_bytes));
     let timed_out = match waited {
         Ok(()) => false,
         Err(e) => {
@@ -472,13 +471,13 @@ fn run_scheme<const W: usize>(
             true
         }
     };
-    let delta = delta(&s0, &s1);
+    let delta = s1.since(&s0);
     progress(format_args!(
         "[{scheme}] drained {} of data in {:.3} s ({:.0} MiB/s); {} local now",
-        Mib(delta.bytes_evicted_data),
+        Mib(delta.traffic.bytes_evicted_data),
         drain_time.as_secs_f64(),
-        mib(delta.bytes_evicted_data as f64) / drain_time.as_secs_f64().max(1e-9),
-        Mib(s1.local_bytes)
+        mib(delta.traffic.bytes_evicted_data as f64) / drain_time.as_secs_f64().max(1e-9),
+        Mib(s1.local.local_bytes)
     ));
 
     // Verify every object.
@@ -557,8 +556,8 @@ fn run_scheme<const W: usize>(
         fill_swap_outs,
         target,
         low_mark,
-        local_before: s0.local_bytes,
-        local_after: s1.local_bytes,
+        local_before: s0.local.local_bytes,
+        local_after: s1.local.local_bytes,
         drain_time,
         timed_out,
         delta,
@@ -568,20 +567,6 @@ fn run_scheme<const W: usize>(
         errors,
         verify_time,
     })
-}
-
-/// Counters of `b` minus those of `a` (levels are taken from `b`).
-fn delta(a: &Stats, b: &Stats) -> Stats {
-    Stats {
-        swap_ins: b.swap_ins - a.swap_ins,
-        swap_outs: b.swap_outs - a.swap_outs,
-        evictions_aborted: b.evictions_aborted - a.evictions_aborted,
-        bytes_evicted_data: b.bytes_evicted_data - a.bytes_evicted_data,
-        bytes_read_remote: b.bytes_read_remote - a.bytes_read_remote,
-        bytes_written_remote: b.bytes_written_remote - a.bytes_written_remote,
-        evict_busy_ns: b.evict_busy_ns - a.evict_busy_ns,
-        ..b.clone()
-    }
 }
 
 /// Bytes shown in MiB with one decimal (`614.4 MiB`).
@@ -656,7 +641,7 @@ fn print_report(args: &DrainArgs, plan: &Plan, records: &[Record]) {
             "{:<10} {:>11.1} {:>10.1} {:>8.3} {:>7.3} {:>7.0} {:>14} {:>7} {:>7} {:>7} {:>9} {:>6} {:>9} {:>6} {:>6}",
             r.scheme,
             mib(r.drained_local() as f64),
-            mib(r.delta.bytes_evicted_data as f64),
+            mib(r.delta.traffic.bytes_evicted_data as f64),
             r.drain_time.as_secs_f64(),
             r.gbps(),
             r.mibps(),
@@ -664,7 +649,7 @@ fn print_report(args: &DrainArgs, plan: &Plan, records: &[Record]) {
             opt(curve_time(&r.curve, 0.5), 3),
             opt(curve_time(&r.curve, 0.9), 3),
             opt(r.write_amp(), 3),
-            r.delta.swap_outs,
+            r.delta.traffic.swap_outs,
             r.busy_fraction()
                 .map_or_else(|| "-".to_string(), |f| format!("{:.0}%", f * 100.0)),
             r.verified,
@@ -688,8 +673,8 @@ fn print_report(args: &DrainArgs, plan: &Plan, records: &[Record]) {
             r.scheme,
             Mib(r.local_before),
             Mib(r.local_after),
-            r.delta.swap_outs,
-            r.delta.evictions_aborted,
+            r.delta.traffic.swap_outs,
+            r.delta.traffic.evictions_aborted,
             r.fill_time.as_secs_f64(),
             r.verify_time.as_secs_f64(),
             if r.fill_swap_outs > 0 {

@@ -206,7 +206,7 @@ pub struct MicroArgs {
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub eviction_batch: Option<u32>,
     /// Swap whole spans in, as the paper does, instead of only the object asked for (the
-    /// runtime's default when filtering runs; `RuntimeConfig::object_swap_in`).
+    /// runtime's default when filtering runs; `Tuning::object_swap_in`).
     #[arg(long)]
     pub span_swap_in: bool,
     /// Pause between the remora runtime's filtering rounds (default: the runtime's, 5 ms).

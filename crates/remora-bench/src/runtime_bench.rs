@@ -487,7 +487,7 @@ fn local_hits(args: &RuntimeArgs, cluster: &LocalCluster) -> anyhow::Result<Vec<
         let mut perm: Vec<u32> = (0..n as u32).collect();
         perm.shuffle(&mut SmallRng::seed_from_u64(n));
         let expect = (0..n).fold(0u64, u64::wrapping_add);
-        let before = rt.stats().swap_ins;
+        let before = rt.stats().traffic.swap_ins;
         for (order_name, order) in [("sequential", None), ("random", Some(perm.as_slice()))] {
             // One untimed pass each (warms caches, sets hotness bits).
             pass_remora(&rt, &rems, order)?;
@@ -533,7 +533,7 @@ fn local_hits(args: &RuntimeArgs, cluster: &LocalCluster) -> anyhow::Result<Vec<
                 ops: n * u64::from(args.passes),
             });
         }
-        let swapped = rt.stats().swap_ins - before;
+        let swapped = rt.stats().traffic.swap_ins - before;
         if swapped > 0 {
             bail!("{swapped} swap-ins during the local-hit passes: objects were not all local");
         }
@@ -637,7 +637,7 @@ fn swap_ins<const W: usize>(args: &RuntimeArgs, cluster: &LocalCluster, raw: &Ra
                 record(&mut row.raw, t0.elapsed());
                 row.raw_cs.add_since(cs);
             }
-            let before = rt.stats().swap_ins;
+            let before = rt.stats().traffic.swap_ins;
             let cs = Switches::now();
             let t0 = Instant::now();
             let scope = rt.scope();
@@ -653,7 +653,7 @@ fn swap_ins<const W: usize>(args: &RuntimeArgs, cluster: &LocalCluster, raw: &Ra
                 }
             };
             drop(scope);
-            let swapped = rt.stats().swap_ins - before;
+            let swapped = rt.stats().traffic.swap_ins - before;
             if !ok {
                 row.errors += 1;
             } else if swapped == 1 {

@@ -112,7 +112,7 @@ fn rem_vec_behaves_like_vec() {
         .unwrap();
     let st = rt.stats();
     assert!(
-        st.swap_outs > 0 && st.swap_ins > 0,
+        st.traffic.swap_outs > 0 && st.traffic.swap_ins > 0,
         "values went far and came back: {st:?}"
     );
 }
@@ -185,7 +185,7 @@ fn rem_hash_map_behaves_like_hash_map() {
         .unwrap();
     let st = rt.stats();
     assert!(
-        st.swap_outs > 0 && st.swap_ins > 0,
+        st.traffic.swap_outs > 0 && st.traffic.swap_ins > 0,
         "values went far and came back: {st:?}"
     );
 }
@@ -296,7 +296,7 @@ fn rem_btree_map_behaves_like_btree_map() {
         .unwrap();
     let st = rt.stats();
     assert!(
-        st.swap_outs > 0 && st.swap_ins > 0,
+        st.traffic.swap_outs > 0 && st.traffic.swap_ins > 0,
         "nodes and values went far and came back: {st:?}"
     );
 }

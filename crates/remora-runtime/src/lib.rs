@@ -80,6 +80,11 @@ pub use object::{RemBox, RemRc, Remotable};
 pub use runtime::{DerefScope, Runtime, RuntimeConfig, Stats, Tuning};
 pub use slice::{HEADER_BYTES, MAX_OBJECT_BYTES, RemSlice};
 
+/// The runtime's [`Stats`] and its groups, by where each figure is counted.
+pub mod stats {
+    pub use crate::runtime::stats::{DetectionStats, FarStats, LocalStats, SchemeStats, Stats, TrafficStats};
+}
+
 /// The README's example, compiled by `cargo test` (doctests) so it cannot
 /// drift from the API.
 #[cfg(doctest)]

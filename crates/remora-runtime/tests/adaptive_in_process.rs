@@ -35,10 +35,10 @@ fn ec_batch_folds_remote_while_memory_nodes_are_idle_and_local_while_one_is_busy
     let rt = runtime(&c, config("ec-batch", &eager(), MIB));
     let mut objs = objects(&rt);
 
-    let idle = objs.until(&rt, "remote folds", PATIENCE, |s| s.compactions_remote >= 4);
-    assert_eq!(idle.compaction_mode, Some("remote"), "{idle:?}");
+    let idle = objs.until(&rt, "remote folds", PATIENCE, |s| s.scheme.compactions_remote >= 4);
+    assert_eq!(idle.scheme.compaction_mode, Some("remote"), "{idle:?}");
     assert_eq!(
-        (idle.compactions_local, idle.compaction_switches),
+        (idle.scheme.compactions_local, idle.scheme.compaction_switches),
         (0, 0),
         "idle nodes: {idle:?}"
     );
@@ -47,24 +47,24 @@ fn ec_batch_folds_remote_while_memory_nodes_are_idle_and_local_while_one_is_busy
     let busy_node = rt.regions()[0].1.node;
     c.node(busy_node).unwrap().set_cpu_permille(900);
     let busy = objs.until(&rt, "switch to local", PATIENCE, |s| {
-        s.compaction_mode == Some("local") && s.compactions_local >= 4
+        s.scheme.compaction_mode == Some("local") && s.scheme.compactions_local >= 4
     });
-    assert_eq!(busy.compaction_switches, 1, "{busy:?}");
-    assert_eq!(busy.memnode_cpu_permille, 900, "{busy:?}");
+    assert_eq!(busy.scheme.compaction_switches, 1, "{busy:?}");
+    assert_eq!(busy.scheme.memnode_cpu_permille, 900, "{busy:?}");
     // The switch drained the Remote folds in flight: none runs after it.
-    let remote_at_switch = busy.compactions_remote;
-    assert!(remote_at_switch >= idle.compactions_remote);
+    let remote_at_switch = busy.scheme.compactions_remote;
+    assert!(remote_at_switch >= idle.scheme.compactions_remote);
     let still = objs.until(&rt, "more local folds", PATIENCE, |s| {
-        s.compactions_local >= busy.compactions_local + 4
+        s.scheme.compactions_local >= busy.scheme.compactions_local + 4
     });
     assert_eq!(
-        still.compactions_remote, remote_at_switch,
+        still.scheme.compactions_remote, remote_at_switch,
         "a Remote fold ran while a node was busy"
     );
-    assert_eq!(still.compaction_switches, 1, "{still:?}");
+    assert_eq!(still.scheme.compaction_switches, 1, "{still:?}");
     assert_eq!(
-        still.compactions,
-        still.compactions_local + still.compactions_remote,
+        still.scheme.compactions,
+        still.scheme.compactions_local + still.scheme.compactions_remote,
         "every fold runs in one mode: {still:?}"
     );
     objs.verify(&rt, "while busy");
@@ -72,10 +72,10 @@ fn ec_batch_folds_remote_while_memory_nodes_are_idle_and_local_while_one_is_busy
     // Calm again: after a few calm polls, back to Remote.
     c.node(busy_node).unwrap().set_cpu_permille(100);
     let calm = objs.until(&rt, "switch back to remote", PATIENCE, |s| {
-        s.compaction_mode == Some("remote") && s.compactions_remote >= remote_at_switch + 4
+        s.scheme.compaction_mode == Some("remote") && s.scheme.compactions_remote >= remote_at_switch + 4
     });
-    assert_eq!(calm.compaction_switches, 2, "{calm:?}");
-    assert_eq!(calm.memnode_cpu_permille, 100, "{calm:?}");
+    assert_eq!(calm.scheme.compaction_switches, 2, "{calm:?}");
+    assert_eq!(calm.scheme.memnode_cpu_permille, 100, "{calm:?}");
     objs.verify(&rt, "after the calm");
 }
 
@@ -89,15 +89,15 @@ fn fixed_modes_ignore_memory_node_load() {
         }
         let rt = runtime(&c, config(name, &eager(), MIB));
         let mut objs = objects(&rt);
-        let st = objs.until(&rt, name, PATIENCE, |s| s.compactions >= 4);
-        assert_eq!(st.compaction_mode, Some(mode), "{name}: {st:?}");
-        assert_eq!(st.compaction_switches, 0, "{name}: {st:?}");
+        let st = objs.until(&rt, name, PATIENCE, |s| s.scheme.compactions >= 4);
+        assert_eq!(st.scheme.compaction_mode, Some(mode), "{name}: {st:?}");
+        assert_eq!(st.scheme.compaction_switches, 0, "{name}: {st:?}");
         let in_mode = if mode == "local" {
-            st.compactions_local
+            st.scheme.compactions_local
         } else {
-            st.compactions_remote
+            st.scheme.compactions_remote
         };
-        assert_eq!(in_mode, st.compactions, "{name}: {st:?}");
+        assert_eq!(in_mode, st.scheme.compactions, "{name}: {st:?}");
         objs.verify(&rt, name);
     }
 }

@@ -52,11 +52,11 @@ fn settle(rt: &Runtime) -> Stats {
     loop {
         std::thread::sleep(Duration::from_millis(100));
         let st = rt.stats();
-        if st.compactions != last.compactions {
+        if st.scheme.compactions != last.scheme.compactions {
             quiet_since = Instant::now();
         }
         last = st;
-        if last.compactions > 0 && quiet_since.elapsed() > Duration::from_millis(500) {
+        if last.scheme.compactions > 0 && quiet_since.elapsed() > Duration::from_millis(500) {
             return last;
         }
         assert!(Instant::now() < deadline, "compaction never settled: {last:?}");
@@ -64,7 +64,7 @@ fn settle(rt: &Runtime) -> Stats {
 }
 
 fn far_per_live(st: &Stats) -> f64 {
-    st.remote_bytes_used as f64 / st.live_bytes.max(1) as f64
+    st.far.remote_bytes_used as f64 / st.far.live_bytes.max(1) as f64
 }
 
 fn gives_back_far_memory(name: &str) {
@@ -74,7 +74,7 @@ fn gives_back_far_memory(name: &str) {
     let objs0 = holey(&rt0);
     std::thread::sleep(Duration::from_millis(300));
     let without = rt0.stats();
-    assert_eq!(without.compactions, 0);
+    assert_eq!(without.scheme.compactions, 0);
     drop(objs0);
     drop(rt0);
 
@@ -83,16 +83,16 @@ fn gives_back_far_memory(name: &str) {
     let objs = holey(&rt);
     let st = settle(&rt);
     assert!(
-        st.compacted_bytes_freed > 0 && st.compacted_dead_bytes > 0,
+        st.scheme.compacted_bytes_freed > 0 && st.scheme.compacted_dead_bytes > 0,
         "{name}: nothing given back: {st:?}"
     );
     // What compaction removes is holes; far memory per live byte follows
     // (how much depends on how many holes the workload happened to leave).
     assert!(
-        st.hole_bytes < without.hole_bytes,
+        st.far.hole_bytes < without.far.hole_bytes,
         "{name}: {} hole bytes with compaction, {} without",
-        st.hole_bytes,
-        without.hole_bytes
+        st.far.hole_bytes,
+        without.far.hole_bytes
     );
     assert!(
         far_per_live(&st) < far_per_live(&without) * 1.02,
@@ -101,7 +101,7 @@ fn gives_back_far_memory(name: &str) {
         far_per_live(&without)
     );
     assert!(
-        st.txn_requests > 0,
+        st.traffic.txn_requests > 0,
         "{name}: transactions are counted at the transport: {st:?}"
     );
     // Parity changed by deltas must decode: lose a node of the folded
@@ -112,7 +112,7 @@ fn gives_back_far_memory(name: &str) {
     verify(&rt, &objs);
     let after = rt.stats();
     assert!(
-        after.degraded_reads > 0,
+        after.scheme.degraded_reads > 0,
         "{name}: no read went around the dead node: {after:?}"
     );
 }
@@ -135,7 +135,7 @@ fn remote_compaction_counts_deltas_between_memory_nodes() {
     let st = settle(&rt);
     let peer = remora_proto::msg::PeerTraffic::sum(c.nodes().iter().map(|n| n.peer_traffic()));
     assert!(
-        peer.delta_bytes > 0 && peer.delta_applies >= st.compactions,
+        peer.delta_bytes > 0 && peer.delta_applies >= st.scheme.compactions,
         "deltas crossed between memory nodes: {peer:?} for {st:?}"
     );
     verify(&rt, &objs);
@@ -156,7 +156,10 @@ fn failed_prepares_abort_folds_and_lose_nothing() {
     c.node(parity_node).unwrap().die_at_txn(0, false);
     let objs = holey(&rt);
     let st = quiesce(&rt);
-    assert!(st.compactions_aborted > 0, "no fold met the failing node: {st:?}");
+    assert!(
+        st.scheme.compactions_aborted > 0,
+        "no fold met the failing node: {st:?}"
+    );
     verify(&rt, &objs);
 }
 
@@ -165,7 +168,7 @@ fn failed_prepares_abort_folds_and_lose_nothing() {
 /// stopped every fold is fine.
 fn quiesce(rt: &Runtime) -> Stats {
     let deadline = Instant::now() + Duration::from_secs(4);
-    let tried = |s: &Stats| s.compactions + s.compactions_aborted;
+    let tried = |s: &Stats| s.scheme.compactions + s.scheme.compactions_aborted;
     let mut last = rt.stats();
     let mut quiet_since = Instant::now();
     while Instant::now() < deadline {
@@ -219,7 +222,10 @@ fn dies_and_loses_nothing(name: &str, region: usize, step: u64, after_applying: 
     let node = rt.regions()[region].1.node;
     c.node(node).unwrap().die_at_txn(step, after_applying);
     let st = quiesce(&rt);
-    assert!(st.compactions + st.compactions_aborted > 0, "{what}: no fold was tried");
+    assert!(
+        st.scheme.compactions + st.scheme.compactions_aborted > 0,
+        "{what}: no fold was tried"
+    );
     let mut scope = rt.scope();
     for (i, o) in objs.iter().enumerate() {
         let got = o
@@ -267,9 +273,9 @@ fn a_commit_refused_while_a_lease_lapsed_is_retried_until_taken() {
         let before = rt.stats();
         verify(&rt, &objs);
         let st = rt.stats();
-        assert_eq!(st.checksum_repairs, 0, "{name}: a stale member was read: {st:?}");
+        assert_eq!(st.scheme.checksum_repairs, 0, "{name}: a stale member was read: {st:?}");
         assert_eq!(
-            st.degraded_reads, before.degraded_reads,
+            st.scheme.degraded_reads, before.scheme.degraded_reads,
             "{name}: a member is read around: {st:?}"
         );
         group[0].kill(true);
@@ -311,22 +317,22 @@ fn a_commit_never_acknowledged_is_read_around_then_repaired() {
         let limit = Duration::from_secs(20);
         // (The cut may have come and gone, and the repair with it.)
         remora_testkit::wait_stats(&rt, "a member in doubt", limit, |s| {
-            s.spansets_below_tolerance > 0 || s.doubt_repairs > 0
+            s.scheme.spansets_below_tolerance > 0 || s.scheme.doubt_repairs > 0
         });
         let st = remora_testkit::wait_stats(&rt, "members in doubt repaired", limit, |s| {
-            s.doubt_repairs > 0 && s.spansets_below_tolerance == 0
+            s.scheme.doubt_repairs > 0 && s.scheme.spansets_below_tolerance == 0
         });
         verify(&rt, &objs);
         // Another data node of the group dies; its rebuild must finish.
         data[1].kill(true);
         let after = remora_testkit::wait_stats(&rt, "the dead node rebuilt", limit, |s| {
-            remora_testkit::recovered(s, 1) && s.spansets_below_tolerance == 0
+            remora_testkit::recovered(s, 1) && s.scheme.spansets_below_tolerance == 0
         });
         verify(&rt, &objs);
-        assert_eq!(after.lost_positions, 0, "{name}: {after:?}");
+        assert_eq!(after.scheme.lost_positions, 0, "{name}: {after:?}");
         eprintln!(
             "{name}: {} doubt repairs, {} folds, {} aborted",
-            st.doubt_repairs, after.compactions, after.compactions_aborted
+            st.scheme.doubt_repairs, after.scheme.compactions, after.scheme.compactions_aborted
         );
     }
 }

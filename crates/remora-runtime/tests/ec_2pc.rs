@@ -90,36 +90,36 @@ fn freed_slots_are_refilled_by_two_phase_commit() {
     assert_eq!(p.delta_bytes % (2 * 8 * KIB as u64), 0, "{p:?}");
     // Every spanset is whole ((k+m)/k of its k slots): far memory is live
     // spans, free slots (holes) and kept copies, times 1.5.
-    let slots = st.live_bytes + st.hole_bytes + st.kept_bytes;
+    let slots = st.far.live_bytes + st.far.hole_bytes + st.far.kept_bytes;
     assert!(
-        st.remote_bytes_used <= slots * 3 / 2 + slots / 100,
+        st.far.remote_bytes_used <= slots * 3 / 2 + slots / 100,
         "far memory beyond (k+m)/k of the slots: {st:?}"
     );
     // Free slots are refilled: they stay a small part of far memory (not
     // one per swap-in, as holes would), so far memory stays near (k+m)/k
     // of the live spans.
-    let far_per_live = |s: &Stats| s.remote_bytes_used as f64 / s.live_bytes.max(1) as f64;
+    let far_per_live = |s: &Stats| s.far.remote_bytes_used as f64 / s.far.live_bytes.max(1) as f64;
     assert!(far_per_live(&st) < 2.0, "far memory per live byte: {st:?}");
     // A good share of what was evicted went into refilled slots (each
     // filled byte sends m = 2 delta bytes between memory nodes).
     let refilled = p.delta_bytes / 2;
     assert!(
-        refilled * 10 > st.bytes_evicted_data,
+        refilled * 10 > st.traffic.bytes_evicted_data,
         "{refilled} bytes refilled of {}: {st:?}",
-        st.bytes_evicted_data
+        st.traffic.bytes_evicted_data
     );
     let c = InProcessCluster::new(7, 16, 2 * MIB as u64);
     let batch = churn(&c, "ec-batch");
     eprintln!(
         "far per live byte after churn: ec-2pc {:.2} (holes {}, {refilled} of {} bytes evicted refilled), ec-batch {:.2} (holes {})",
         far_per_live(&st),
-        st.hole_bytes,
-        st.bytes_evicted_data,
+        st.far.hole_bytes,
+        st.traffic.bytes_evicted_data,
         far_per_live(&batch),
-        batch.hole_bytes
+        batch.far.hole_bytes
     );
     assert!(
-        batch.hole_bytes > st.hole_bytes,
+        batch.far.hole_bytes > st.far.hole_bytes,
         "the workload does not tell slot reuse apart: ec-batch {batch:?}"
     );
 }
@@ -149,8 +149,8 @@ fn refill_under(what: &str, fault: impl FnOnce(&InProcessCluster, &Runtime)) -> 
     eprintln!(
         "{what}: {} delta applies, {} degraded reads, far objects {}",
         after.delta_applies - before.delta_applies,
-        st.degraded_reads,
-        st.far_objects
+        st.scheme.degraded_reads,
+        st.far.far_objects
     );
     (c, st)
 }
@@ -160,7 +160,7 @@ fn refill_without_faults_commits_in_place() {
     let (c, st) = refill_under("no fault", |_, _| {});
     let p = peer(&c);
     assert!(p.delta_applies > 0, "{p:?} {st:?}");
-    assert_eq!(st.degraded_reads, 0, "{st:?}");
+    assert_eq!(st.scheme.degraded_reads, 0, "{st:?}");
     assert!(c.nodes().iter().all(|n| n.staged_transactions() == 0));
 }
 

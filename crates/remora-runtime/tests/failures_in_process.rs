@@ -62,11 +62,14 @@ fn six_then_of(
 /// After recovery nothing is read around any more: a full pass of reads
 /// takes no degraded read.
 fn assert_not_degraded(rt: &Runtime, objs: &[RemBox<Obj>]) {
-    let before = rt.stats().degraded_reads;
+    let before = rt.stats().scheme.degraded_reads;
     check_all(rt, objs);
     check_all(rt, objs);
     let st = rt.stats();
-    assert_eq!(st.degraded_reads, before, "reads still go around a failure: {st:?}");
+    assert_eq!(
+        st.scheme.degraded_reads, before,
+        "reads still go around a failure: {st:?}"
+    );
 }
 
 /// Two members of the same stripe group die (m = 2): every object is still
@@ -83,12 +86,12 @@ fn two_positions_of_one_group_are_read_around_and_both_rebuilt() {
     // was written (a swap-in re-evicts away from the dead nodes), so the
     // rebuild has work to do.
     check_all(&rt, &objs[..objs.len() / 2]);
-    assert!(rt.stats().degraded_reads > 0, "{:?}", rt.stats());
+    assert!(rt.stats().scheme.degraded_reads > 0, "{:?}", rt.stats());
     a.declare_dead();
     b.declare_dead();
     let st = wait_stats(&rt, "both rebuilt", Duration::from_secs(60), |st| recovered(st, 2));
-    assert_eq!(st.lost_positions, 0, "{st:?}");
-    assert!(st.reconstructed_bytes > 0, "{st:?}");
+    assert_eq!(st.scheme.lost_positions, 0, "{st:?}");
+    assert!(st.scheme.reconstructed_bytes > 0, "{st:?}");
     check_all(&rt, &objs);
     assert_not_degraded(&rt, &objs);
 }
@@ -108,10 +111,13 @@ fn a_node_dying_mid_rebuild_does_not_stop_either_recovery() {
     a.kill(true);
     let st = wait_stats(&rt, "first recovery", Duration::from_secs(60), |st| recovered(st, 1));
     assert!(b.is_dead(), "the second node died during the rebuild");
-    assert!(st.rebuild_retries > 0, "the interrupted rebuild was retried: {st:?}");
+    assert!(
+        st.scheme.rebuild_retries > 0,
+        "the interrupted rebuild was retried: {st:?}"
+    );
     b.declare_dead();
     let st = wait_stats(&rt, "second recovery", Duration::from_secs(60), |st| recovered(st, 2));
-    assert_eq!(st.lost_positions, 0, "{st:?}");
+    assert_eq!(st.scheme.lost_positions, 0, "{st:?}");
     check_all(&rt, &objs);
     assert_not_degraded(&rt, &objs);
 }
@@ -127,14 +133,14 @@ fn a_failing_rebuild_is_retried_until_a_replacement_exists() {
     let (c, rt, objs, group) = six_then_of("ec-2pc", 0, Duration::from_millis(300));
     c.node(group[0]).unwrap().kill(true);
     let st = wait_stats(&rt, "many failed tries", Duration::from_secs(90), |st| {
-        st.rebuild_retries > 6
+        st.scheme.rebuild_retries > 6
     });
-    assert_eq!(st.recovering, 1, "still under way, not given up: {st:?}");
+    assert_eq!(st.scheme.recovering, 1, "still under way, not given up: {st:?}");
     c.add_node();
     let st = wait_stats(&rt, "rebuilt on the new node", Duration::from_secs(60), |st| {
         recovered(st, 1)
     });
-    assert_eq!(st.lost_positions, 0, "{st:?}");
+    assert_eq!(st.scheme.lost_positions, 0, "{st:?}");
     check_all(&rt, &objs);
     assert_not_degraded(&rt, &objs);
 }
@@ -148,15 +154,15 @@ fn a_failing_rebuild_is_retried_until_a_replacement_exists() {
 fn a_group_with_no_node_to_rebuild_on_is_restriped_onto_the_live_nodes() {
     let _one_at_a_time = serial();
     let (c, rt, objs, group) = six_then(0, Duration::from_millis(300));
-    let far_spans = rt.stats().spansets_written;
+    let far_spans = rt.stats().scheme.spansets_written;
     c.node(group[0]).unwrap().kill(true);
     let st = wait_stats(&rt, "re-striped", Duration::from_secs(60), |st| {
-        recovered(st, 1) && st.spansets_below_tolerance == 0
+        recovered(st, 1) && st.scheme.spansets_below_tolerance == 0
     });
-    assert!(st.restriped_spans > 0, "{st:?}");
-    assert!(st.short_spansets > 0, "written again as 3+2 spansets: {st:?}");
-    assert_eq!(st.lost_positions, 0, "{st:?}");
-    assert_eq!(st.reconstructed_bytes, 0, "nothing rebuilt in place: {st:?}");
+    assert!(st.scheme.restriped_spans > 0, "{st:?}");
+    assert!(st.scheme.short_spansets > 0, "written again as 3+2 spansets: {st:?}");
+    assert_eq!(st.scheme.lost_positions, 0, "{st:?}");
+    assert_eq!(st.scheme.reconstructed_bytes, 0, "nothing rebuilt in place: {st:?}");
     assert!(far_spans > 0);
     check_all(&rt, &objs);
     assert_not_degraded(&rt, &objs);
@@ -168,7 +174,8 @@ fn a_group_with_no_node_to_rebuild_on_is_restriped_onto_the_live_nodes() {
     rt.wait_for_eviction(Duration::from_secs(20)).unwrap();
     let after = rt.stats();
     assert!(
-        after.spansets_written - before.spansets_written > after.partial_spansets - before.partial_spansets,
+        after.scheme.spansets_written - before.scheme.spansets_written
+            > after.scheme.partial_spansets - before.scheme.partial_spansets,
         "full 4+2 spansets once six nodes live: {after:?}"
     );
     check_all(&rt, &objs);
@@ -189,13 +196,13 @@ fn two_of_seven_nodes_dying_at_once_are_restriped_to_full_tolerance() {
         c.node(*n).unwrap().kill(true);
     }
     let st = wait_stats(&rt, "tolerance restored", Duration::from_secs(60), |st| {
-        recovered(st, 2) && st.spansets_below_tolerance == 0
+        recovered(st, 2) && st.scheme.spansets_below_tolerance == 0
     });
-    assert!(st.restriped_spans > 0, "{st:?}");
-    assert_eq!(st.lost_positions, 0, "{st:?}");
+    assert!(st.scheme.restriped_spans > 0, "{st:?}");
+    assert_eq!(st.scheme.lost_positions, 0, "{st:?}");
     check_all(&rt, &objs);
     assert_not_degraded(&rt, &objs);
-    assert!(rt.stats().short_spansets > 0, "{:?}", rt.stats());
+    assert!(rt.stats().scheme.short_spansets > 0, "{:?}", rt.stats());
 }
 
 /// An object that owns another (so freeing it has drop glue to run).
@@ -229,7 +236,7 @@ fn more_failures_than_parity_lose_exactly_the_dead_members_objects() {
     }
     // Every failure settles: nothing can be rebuilt, and the driver stops.
     let st = wait_stats(&rt, "failures settled", Duration::from_secs(60), |st| recovered(st, 3));
-    assert!(st.lost_positions >= 3, "{st:?}");
+    assert!(st.scheme.lost_positions >= 3, "{st:?}");
     // Only 3 nodes are left, so no stripe group can be formed: every far
     // object is in a group that lost 3 members, and it is lost exactly when
     // its own span sat on one of them.
@@ -290,7 +297,7 @@ fn more_failures_than_parity_lose_exactly_the_dead_members_objects() {
     }
     assert_eq!(lost.len(), doomed);
     // Dropping the lost objects works without reading them; the rest go on.
-    let before = rt.stats().objects;
+    let before = rt.stats().local.objects;
     let lost_holders = expect_h.iter().flatten().count();
     let mut kept = Vec::new();
     for (i, o) in objs.drain(..).enumerate() {
@@ -305,7 +312,7 @@ fn more_failures_than_parity_lose_exactly_the_dead_members_objects() {
         .collect();
     let st = rt.stats();
     assert_eq!(
-        st.objects + (doomed + lost_holders) as u64,
+        st.local.objects + (doomed + lost_holders) as u64,
         before,
         "every lost object was freed: {st:?}"
     );
@@ -363,8 +370,8 @@ fn a_rebuild_finds_survivors_row_by_row_around_corrupt_members() {
         Duration::from_secs(30),
         |st| recovered(st, 1),
     );
-    assert_eq!(st.lost_positions, 0, "{st:?}");
+    assert_eq!(st.scheme.lost_positions, 0, "{st:?}");
     check_all(&rt, &objs);
     let st = rt.stats();
-    assert!(st.checksum_repairs > 0, "no read met a corrupt member: {st:?}");
+    assert!(st.scheme.checksum_repairs > 0, "no read met a corrupt member: {st:?}");
 }

@@ -37,7 +37,7 @@ fn fill(rt: &Runtime, n: u64) -> Vec<RemBox<Obj>> {
 }
 
 fn far_share(st: &Stats) -> f64 {
-    st.far_objects as f64 / st.objects.max(1) as f64
+    st.far.far_objects as f64 / st.local.objects.max(1) as f64
 }
 
 #[test]
@@ -49,14 +49,17 @@ fn non_ft_round_trip_counts_one_read_per_swap_in() {
     let st = rt.stats();
     assert!(far_share(&st) > 0.5, "most objects are far: {st:?}");
     assert_eq!(
-        st.bytes_written_remote, st.bytes_evicted_data,
+        st.traffic.bytes_written_remote, st.traffic.bytes_evicted_data,
         "non-ft writes each span once: {st:?}"
     );
     try_verify(&rt, &objs, |_| 0).unwrap();
     let st = rt.stats();
-    assert!(st.swap_ins > 100, "{st:?}");
-    assert_eq!(st.swap_in_reads, st.swap_ins, "one read request per swap-in: {st:?}");
-    assert!(st.bytes_read_remote >= st.swap_in_bytes, "{st:?}");
+    assert!(st.traffic.swap_ins > 100, "{st:?}");
+    assert_eq!(
+        st.traffic.swap_in_reads, st.traffic.swap_ins,
+        "one read request per swap-in: {st:?}"
+    );
+    assert!(st.traffic.bytes_read_remote >= st.traffic.swap_in_bytes, "{st:?}");
 }
 
 /// A swap-out batch sends each memory node one write request (a vectored
@@ -73,8 +76,8 @@ fn a_swap_out_batch_sends_each_node_one_write() {
         let rt = in_process::runtime(&c, cfg);
         let objs = fill(&rt, 8 * KIB as u64);
         let st = rt.stats();
-        assert!(st.swap_outs > 500, "{name}: {st:?}");
-        let per_span = st.write_requests as f64 / st.swap_outs as f64;
+        assert!(st.traffic.swap_outs > 500, "{name}: {st:?}");
+        let per_span = st.traffic.write_requests as f64 / st.traffic.swap_outs as f64;
         assert!(
             per_span <= 0.5,
             "{name}: {per_span:.2} write requests per span swapped out: {st:?}"
@@ -108,24 +111,24 @@ fn redundant_round_trip_writes_what_the_code_says() {
         let rt = runtime(&c, name, MIB);
         let objs = fill(&rt, 8 * KIB as u64);
         let st = rt.stats();
-        let ratio = st.bytes_written_remote as f64 / st.bytes_evicted_data as f64;
+        let ratio = st.traffic.bytes_written_remote as f64 / st.traffic.bytes_evicted_data as f64;
         // A partial batch (fewer than k spans) costs a little more, and is
         // reported so the figure can be read.
-        assert!(st.spansets_written > 0, "{name}: {st:?}");
-        let slack = if st.partial_spansets == 0 { 1.01 } else { 1.15 };
+        assert!(st.scheme.spansets_written > 0, "{name}: {st:?}");
+        let slack = if st.scheme.partial_spansets == 0 { 1.01 } else { 1.15 };
         assert!(
             ratio >= amp * 0.99 && ratio < amp * slack,
             "{name} writes ~{amp}x: {ratio} {st:?}"
         );
         try_verify(&rt, &objs, |_| 0).unwrap();
         let st = rt.stats();
-        assert!(st.swap_ins > 100, "{name}: {st:?}");
+        assert!(st.traffic.swap_ins > 100, "{name}: {st:?}");
         assert_eq!(
-            st.swap_in_reads,
-            reads * st.swap_ins,
+            st.traffic.swap_in_reads,
+            reads * st.traffic.swap_ins,
             "{name}: {reads} read requests per swap-in: {st:?}"
         );
-        assert_eq!(st.degraded_reads, 0, "{name}");
+        assert_eq!(st.scheme.degraded_reads, 0, "{name}");
     }
 }
 
@@ -148,7 +151,7 @@ fn read_around_a_dead_node(name: &str) {
     c.node(victim).unwrap().kill(false);
     try_verify(&rt, &objs, |_| 0).unwrap();
     let st = rt.stats();
-    let d = st.degraded_reads;
+    let d = st.scheme.degraded_reads;
     assert!(d > 0, "{name}: {st:?}");
     // ec-batch: a degraded read takes up to k reads instead of 1 (fewer
     // when the spanset has virtual all-zero members). ec-split: k fragments
@@ -156,7 +159,7 @@ fn read_around_a_dead_node(name: &str) {
     // if reads failed in flight). The read to the dead node never left
     // (its connection was broken).
     let reads = reads_per_swap_in(name);
-    let degraded_reads = st.swap_in_reads - reads * (st.swap_ins - d);
+    let degraded_reads = st.traffic.swap_in_reads - reads * (st.traffic.swap_ins - d);
     let (lo, hi) = if name == "ec-split" {
         (4 * d, 6 * d)
     } else {
@@ -191,7 +194,7 @@ fn rebuild_on_a_spare(name: &str) {
     );
     c.node(victim).unwrap().kill(true);
     let start = std::time::Instant::now();
-    while rt.stats().recoveries == 0 {
+    while rt.stats().scheme.recoveries == 0 {
         assert!(
             start.elapsed() < Duration::from_secs(20),
             "no recovery: {:?}",
@@ -200,7 +203,7 @@ fn rebuild_on_a_spare(name: &str) {
         std::thread::sleep(Duration::from_millis(10));
     }
     let st = rt.stats();
-    assert!(st.reconstructed_bytes > 0, "{st:?}");
+    assert!(st.scheme.reconstructed_bytes > 0, "{st:?}");
     // Survivors count what they sent the rebuilding node: at least one
     // survivor's worth of every rebuilt byte, at most k survivors' worth
     // (replication reads one copy; RS(4,2) reads 4 members, fewer where a
@@ -208,9 +211,9 @@ fn rebuild_on_a_spare(name: &str) {
     let peer = PeerTraffic::sum(c.nodes().iter().map(|n| n.peer_traffic()));
     let k = if name == "replication" { 1 } else { 4 };
     assert!(
-        peer.rebuild_bytes >= st.reconstructed_bytes && peer.rebuild_bytes <= k * st.reconstructed_bytes,
+        peer.rebuild_bytes >= st.scheme.reconstructed_bytes && peer.rebuild_bytes <= k * st.scheme.reconstructed_bytes,
         "{name}: peers sent {peer:?} to rebuild {} bytes",
-        st.reconstructed_bytes
+        st.scheme.reconstructed_bytes
     );
     assert!(
         rt.regions().iter().all(|(_, g)| g.node != victim),
@@ -220,10 +223,10 @@ fn rebuild_on_a_spare(name: &str) {
     let before = rt.stats();
     try_verify(&rt, &objs, |_| 0).unwrap();
     let st = rt.stats();
-    assert_eq!(st.degraded_reads, before.degraded_reads, "{st:?}");
+    assert_eq!(st.scheme.degraded_reads, before.scheme.degraded_reads, "{st:?}");
     assert_eq!(
-        st.swap_in_reads - before.swap_in_reads,
-        reads_per_swap_in(name) * (st.swap_ins - before.swap_ins)
+        st.traffic.swap_in_reads - before.traffic.swap_in_reads,
+        reads_per_swap_in(name) * (st.traffic.swap_ins - before.traffic.swap_ins)
     );
 }
 
@@ -239,7 +242,7 @@ fn redundant_schemes_repair_corrupt_reads() {
         try_verify(&rt, &objs, |_| 0).unwrap();
         let st = rt.stats();
         assert!(
-            st.checksum_repairs > 0,
+            st.scheme.checksum_repairs > 0,
             "{name}: corrupt spans were rebuilt and rewritten: {st:?}"
         );
     }
@@ -335,7 +338,7 @@ fn large_objects_go_far_and_come_back() {
         let rt = runtime(&c, name, 2 * MIB);
         let objs: Vec<RemBox<Big>> = (0..24).map(|i| rt.alloc(*big(i)).unwrap()).collect();
         rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
-        assert!(rt.stats().far_objects > 10, "{name}: {:?}", rt.stats());
+        assert!(rt.stats().far.far_objects > 10, "{name}: {:?}", rt.stats());
         for (i, o) in objs.iter().enumerate() {
             let scope = rt.scope();
             let got = o.deref(&scope).unwrap();
@@ -347,7 +350,7 @@ fn large_objects_go_far_and_come_back() {
         }
         let st = rt.stats();
         assert!(
-            st.swap_ins >= 10 && st.swap_in_reads == reads_per_swap_in(name) * st.swap_ins,
+            st.traffic.swap_ins >= 10 && st.traffic.swap_in_reads == reads_per_swap_in(name) * st.traffic.swap_ins,
             "{name}: {st:?}"
         );
     }
@@ -407,17 +410,17 @@ fn ec_split_swap_in_reads_k_fragments_or_k_plus_one_with_late_binding() {
         let before = rt.stats();
         try_verify(&rt, &objs, |_| 0).unwrap();
         let st = rt.stats();
-        let swap_ins = st.swap_ins - before.swap_ins;
+        let swap_ins = st.traffic.swap_ins - before.traffic.swap_ins;
         assert!(swap_ins > 100, "{st:?}");
         assert_eq!(
-            st.swap_in_reads - before.swap_in_reads,
+            st.traffic.swap_in_reads - before.traffic.swap_in_reads,
             reads * swap_ins,
             "late binding {late_binding}: {reads} reads per swap-in: {st:?}"
         );
-        assert_eq!(st.degraded_reads, 0, "{st:?}");
+        assert_eq!(st.scheme.degraded_reads, 0, "{st:?}");
         eprintln!(
             "ec-split, late binding {late_binding}: {swap_ins} swap-ins, {:.2} reads per swap-in",
-            (st.swap_in_reads - before.swap_in_reads) as f64 / swap_ins as f64
+            (st.traffic.swap_in_reads - before.traffic.swap_in_reads) as f64 / swap_ins as f64
         );
     }
 }
@@ -451,7 +454,7 @@ fn ec_split_late_binding_reads_around_a_slow_node() {
         let n = if late_binding { objs.len() } else { 1 };
         let mut scope = rt.scope();
         let mut i = 0;
-        while i < objs.len() && rt.stats().swap_ins - before.swap_ins < n as u64 {
+        while i < objs.len() && rt.stats().traffic.swap_ins - before.traffic.swap_ins < n as u64 {
             let got = objs[i].deref(&scope).unwrap();
             assert!(got.words == obj(i as u64, 0).words && got.id == i as u64, "object {i}");
             i += 1;
@@ -462,14 +465,20 @@ fn ec_split_late_binding_reads_around_a_slow_node() {
         drop(scope);
         let took = start.elapsed();
         let st = rt.stats();
-        let swap_ins = st.swap_ins - before.swap_ins;
+        let swap_ins = st.traffic.swap_ins - before.traffic.swap_ins;
         eprintln!("ec-split, late binding {late_binding}: {swap_ins} swap-ins in {took:?}");
         if late_binding {
-            assert_eq!(st.degraded_reads, 0, "nothing waited for is nothing overdue: {st:?}");
+            assert_eq!(
+                st.scheme.degraded_reads, 0,
+                "nothing waited for is nothing overdue: {st:?}"
+            );
             assert!(swap_ins >= 32, "{st:?}");
             assert!(took < delay, "a swap-in waited for the slow node: {took:?} {st:?}");
         } else {
-            assert!(st.overdue_reads >= 1, "the slow node holds a data fragment: {st:?}");
+            assert!(
+                st.detection.overdue_reads >= 1,
+                "the slow node holds a data fragment: {st:?}"
+            );
             assert!(took < delay, "the swap-in waited out the straggler: {took:?} {st:?}");
         }
     }
@@ -487,29 +496,29 @@ fn ec_split_frees_far_pages_as_spans_come_back() {
     let rt = runtime(&c, "ec-split", MIB);
     let objs = fill(&rt, 8 * KIB as u64);
     let st = rt.stats();
-    assert!(far_share(&st) > 0.5 && st.remote_bytes_used > 0, "{st:?}");
+    assert!(far_share(&st) > 0.5 && st.far.remote_bytes_used > 0, "{st:?}");
     // Room for everything: nothing goes far again.
     rt.set_local_budget(64 * MIB);
     try_verify(&rt, &objs[..objs.len() / 2], |_| 0).unwrap();
     let half = rt.stats();
     assert!(
-        half.remote_bytes_used - half.kept_bytes < st.remote_bytes_used,
+        half.far.remote_bytes_used - half.far.kept_bytes < st.far.remote_bytes_used,
         "pages were freed as spans came back: {half:?}"
     );
     try_verify(&rt, &objs, |_| 0).unwrap();
     let st = rt.stats();
-    assert_eq!(st.far_objects, 0, "{st:?}");
-    assert_eq!(st.hole_bytes, 0, "{st:?}");
+    assert_eq!(st.far.far_objects, 0, "{st:?}");
+    assert_eq!(st.far.hole_bytes, 0, "{st:?}");
     // Kept copies count their fragments' bytes; a row's members round up
     // to whole pages, at most one page per position and row.
     assert!(
-        st.remote_bytes_used >= st.kept_bytes
-            && st.remote_bytes_used - st.kept_bytes <= st.spansets_written * 6 * 8 * KIB as u64,
+        st.far.remote_bytes_used >= st.far.kept_bytes
+            && st.far.remote_bytes_used - st.far.kept_bytes <= st.scheme.spansets_written * 6 * 8 * KIB as u64,
         "every far byte still held is a kept copy: {st:?}"
     );
     drop(objs);
     let start = std::time::Instant::now();
-    while rt.stats().remote_bytes_used > 0 {
+    while rt.stats().far.remote_bytes_used > 0 {
         assert!(
             start.elapsed() < Duration::from_secs(10),
             "kept copies outlived their objects: {:?}",
@@ -517,7 +526,7 @@ fn ec_split_frees_far_pages_as_spans_come_back() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert_eq!(rt.stats().kept_bytes, 0);
+    assert_eq!(rt.stats().far.kept_bytes, 0);
 }
 
 /// RS(3, 2): 3 does not divide a span's length, so each span's last data
@@ -535,20 +544,20 @@ fn ec_split_pads_fragments_when_k_does_not_divide_the_span() {
     let rt = runtime_with(&c, "ec-split", opts, MIB);
     let objs = fill(&rt, 8 * KIB as u64);
     let st = rt.stats();
-    let ratio = st.bytes_written_remote as f64 / st.bytes_evicted_data as f64;
+    let ratio = st.traffic.bytes_written_remote as f64 / st.traffic.bytes_evicted_data as f64;
     assert!(
         (5.0 / 3.0..5.0 / 3.0 * 1.01).contains(&ratio),
         "writes ~5/3: {ratio} {st:?}"
     );
     try_verify(&rt, &objs, |_| 0).unwrap();
     let st = rt.stats();
-    assert_eq!(st.swap_in_reads, 3 * st.swap_ins, "{st:?}");
+    assert_eq!(st.traffic.swap_in_reads, 3 * st.traffic.swap_ins, "{st:?}");
     rt.set_local_budget(MIB / 2);
     rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
     let victim = rt.regions()[0].1.node;
     c.node(victim).unwrap().kill(false);
     try_verify(&rt, &objs, |_| 0).unwrap();
-    assert!(rt.stats().degraded_reads > 0, "{:?}", rt.stats());
+    assert!(rt.stats().scheme.degraded_reads > 0, "{:?}", rt.stats());
 }
 
 /// Kept copies of clean spans outlive a node's death: they are rebuilt with
@@ -583,16 +592,19 @@ fn redundant_schemes_rebuild_kept_copies() {
             }
             drop(scope);
             before = rt.stats();
-            if before.clean_evictions > 0 && before.kept_bytes > 0 {
+            if before.traffic.clean_evictions > 0 && before.far.kept_bytes > 0 {
                 break;
             }
         }
-        assert!(before.clean_evictions > 0, "{name}: no clean re-eviction: {before:?}");
-        assert!(before.kept_bytes > 0, "{name}: no kept copy: {before:?}");
+        assert!(
+            before.traffic.clean_evictions > 0,
+            "{name}: no clean re-eviction: {before:?}"
+        );
+        assert!(before.far.kept_bytes > 0, "{name}: no kept copy: {before:?}");
         let victim = rt.regions()[0].1.node;
         c.node(victim).unwrap().kill(true);
         let start = std::time::Instant::now();
-        while rt.stats().recoveries == 0 {
+        while rt.stats().scheme.recoveries == 0 {
             assert!(start.elapsed() < Duration::from_secs(20), "{name}: no recovery");
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -601,8 +613,14 @@ fn redundant_schemes_rebuild_kept_copies() {
             try_verify(&rt, &objs, |_| 0).unwrap_or_else(|e| panic!("{name}: {e}"));
         }
         let st = rt.stats();
-        assert!(st.clean_evictions > before.clean_evictions, "{name}: {st:?}");
-        assert_eq!(st.checksum_repairs, 0, "{name}: a rebuilt copy was wrong: {st:?}");
+        assert!(
+            st.traffic.clean_evictions > before.traffic.clean_evictions,
+            "{name}: {st:?}"
+        );
+        assert_eq!(
+            st.scheme.checksum_repairs, 0,
+            "{name}: a rebuilt copy was wrong: {st:?}"
+        );
     }
 }
 
@@ -621,7 +639,7 @@ fn drains_to(rt: &Runtime, left: impl Fn(&Stats) -> u64) {
     loop {
         rt.give_back_empty_regions();
         let st = rt.stats();
-        if st.remote_bytes_used == left(&st) {
+        if st.far.remote_bytes_used == left(&st) {
             return;
         }
         assert!(
@@ -649,10 +667,10 @@ fn ec_batch_places_a_stripe_again_when_its_write_is_overdue() {
     rt.wait_for_eviction(Duration::from_secs(30)).unwrap();
     let st = rt.stats();
     assert!(
-        st.overdue_writes > before.overdue_writes,
+        st.detection.overdue_writes > before.detection.overdue_writes,
         "no write was overdue: {st:?}"
     );
-    assert!(st.suspicions > before.suspicions, "{st:?}");
+    assert!(st.detection.suspicions > before.detection.suspicions, "{st:?}");
     c.node(slow).unwrap().set_delay(Duration::ZERO);
     let objs: Vec<RemBox<Obj>> = first.into_iter().chain(rest).collect();
     try_verify(&rt, &objs, |_| 0).unwrap();
@@ -669,7 +687,7 @@ fn ec_batch_reports_the_pages_an_unanswered_write_strands() {
     let c = cluster();
     let rt = runtime(&c, "ec-batch", MIB);
     let (first, slow) = first_stripe_group(&rt);
-    assert_eq!(rt.stats().stranded_bytes, 0);
+    assert_eq!(rt.stats().far.stranded_bytes, 0);
     // Slower than the call timeout: writes to it are never answered in time.
     c.node(slow).unwrap().set_call_timeout(Duration::from_secs(1));
     c.node(slow).unwrap().set_delay(Duration::from_secs(3));
@@ -678,7 +696,7 @@ fn ec_batch_reports_the_pages_an_unanswered_write_strands() {
     let mut i = 1024u64;
     // Swap-outs go on until a given-up write's waiter has timed out and a
     // later swap-out has taken stock of it.
-    while rt.stats().stranded_bytes == 0 {
+    while rt.stats().far.stranded_bytes == 0 {
         assert!(
             start.elapsed() < Duration::from_secs(30),
             "nothing stranded: {:?}",
@@ -692,5 +710,5 @@ fn ec_batch_reports_the_pages_an_unanswered_write_strands() {
     try_verify(&rt, &objs, |_| 0).unwrap();
     drop(objs);
     // Exactly the stranded pages stay in use.
-    drains_to(&rt, |st| st.stranded_bytes);
+    drains_to(&rt, |st| st.far.stranded_bytes);
 }

@@ -78,7 +78,7 @@ fn an_outage_longer_than_the_deadline_is_unavailable_not_lost() {
         assert!(took < deadline * 20, "{name}: the read took {took:?}");
         set_leases(&c, true);
         verify(&rt, &objs, |_| 0, name);
-        assert_eq!(rt.stats().lost_positions, 0, "{name}");
+        assert_eq!(rt.stats().scheme.lost_positions, 0, "{name}");
     }
 }
 

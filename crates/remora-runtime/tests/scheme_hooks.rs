@@ -82,7 +82,7 @@ fn start_comes_first_and_stop_last() {
     let rt = rt.unwrap();
     let objs: Vec<_> = (0..4096u64).map(|i| rt.alloc(Obj::new(i, 0)).unwrap()).collect();
     rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
-    assert!(rt.stats().swap_outs > 0);
+    assert!(rt.stats().traffic.swap_outs > 0);
     {
         let scope = rt.scope();
         for (i, o) in objs.iter().enumerate() {

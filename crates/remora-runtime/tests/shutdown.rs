@@ -56,7 +56,7 @@ fn drop_while_eviction_waits_for_a_stripe_group() {
     let objs = fill_then_squeeze(&rt, 1024);
     // Long enough for an eviction thread to be inside the wait.
     std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(rt.stats().swap_outs, 0, "no stripe group, so nothing went out");
+    assert_eq!(rt.stats().traffic.swap_outs, 0, "no stripe group, so nothing went out");
     assert_prompt_drop(rt, "whose eviction waits for regions");
     drop(objs);
 }
@@ -71,10 +71,10 @@ fn drop_while_a_rebuild_waits_for_a_replacement() {
     let (c, rt, objs) = six_nodes_filled("ec-2pc", PATIENCE);
     c.nodes()[0].kill(true);
     wait_stats(&rt, "a recovery under way", Duration::from_secs(20), |st| {
-        st.recovering > 0
+        st.scheme.recovering > 0
     });
     std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(rt.stats().recoveries, 0, "nowhere to rebuild, so nothing was");
+    assert_eq!(rt.stats().scheme.recoveries, 0, "nowhere to rebuild, so nothing was");
     assert_prompt_drop(rt, "whose rebuild waits for a replacement");
     drop(objs);
 }
@@ -88,7 +88,7 @@ fn drop_while_a_rebuild_backs_off_between_tries() {
     c.nodes()[0].kill(true);
     // Several retries: the back-off has grown to its longest.
     wait_stats(&rt, "failed rebuild tries", Duration::from_secs(30), |st: &Stats| {
-        st.rebuild_retries >= 4
+        st.scheme.rebuild_retries >= 4
     });
     assert_prompt_drop(rt, "whose rebuild backs off");
     drop(objs);
@@ -104,7 +104,7 @@ fn drop_while_a_group_is_restriped() {
     let (c, rt, objs) = six_nodes_filled("ec-batch", PATIENCE);
     c.nodes()[0].kill(true);
     wait_stats(&rt, "re-striping under way", Duration::from_secs(20), |st| {
-        st.restriped_spans > 0
+        st.scheme.restriped_spans > 0
     });
     assert_prompt_drop(rt, "that re-stripes a stripe group");
     drop(objs);
@@ -134,6 +134,6 @@ fn six_nodes_filled(scheme: &str, patience: Duration) -> (InProcessCluster, Runt
         .map(|i| rt.alloc(obj(i, 0)).expect("alloc"))
         .collect();
     rt.wait_for_eviction(Duration::from_secs(20)).expect("evicted");
-    assert!(rt.stats().swap_outs > 0);
+    assert!(rt.stats().traffic.swap_outs > 0);
     (c, rt, objs)
 }

@@ -41,7 +41,7 @@ pub fn verify<const N: usize>(rt: &Runtime, objs: &[RemBox<Words<N>>], version: 
 /// Node failures seen have all settled: at least `failures` recoveries
 /// done and none under way.
 pub fn recovered(st: &Stats, failures: u64) -> bool {
-    st.recoveries >= failures && st.recovering == 0
+    st.scheme.recoveries >= failures && st.scheme.recovering == 0
 }
 
 /// Polls the runtime's stats until `done` holds of them and returns them;

@@ -65,7 +65,7 @@ pub(crate) fn drive(
     let errors = AtomicU64::new(0);
     let first_error: Mutex<Option<String>> = Mutex::new(None);
     let hist = Mutex::new(histogram());
-    let before = store.rt.map(|rt| rt.stats().deref_misses);
+    let before = store.rt.map(|rt| rt.stats().local.deref_misses);
     let ops_before = store.bank.kv_stats().map_or(0, |k| k.table_ops);
     let (mut remote, mut local) = ((0.0, 0u32), (0.0, 0u32));
     let start = Instant::now();
@@ -123,8 +123,8 @@ pub(crate) fn drive(
                 next_level = el + LEVEL_EVERY;
                 if let Some(rt) = store.rt {
                     let st = rt.stats();
-                    remote = (remote.0 + st.remote_bytes_used as f64, remote.1 + 1);
-                    local = (local.0 + st.local_bytes as f64, local.1 + 1);
+                    remote = (remote.0 + st.far.remote_bytes_used as f64, remote.1 + 1);
+                    local = (local.0 + st.local.local_bytes as f64, local.1 + 1);
                 } else if let Some(b) = store.bank.redis_bytes() {
                     remote = (remote.0 + b as f64, remote.1 + 1);
                 }
@@ -142,9 +142,9 @@ pub(crate) fn drive(
         first_error: first_error.into_inner().unwrap_or_else(|p| p.into_inner()),
         secs,
         hist: hist.into_inner().unwrap_or_else(|p| p.into_inner()),
-        misses: store
-            .rt
-            .map_or(0, |rt| rt.stats().deref_misses.saturating_sub(before.unwrap_or(0))),
+        misses: store.rt.map_or(0, |rt| {
+            rt.stats().local.deref_misses.saturating_sub(before.unwrap_or(0))
+        }),
         table_ops: store
             .bank
             .kv_stats()

@@ -89,7 +89,7 @@ fn one(
         SAMPLE,
         &mut |_, _| {},
     );
-    let base = rt.stats().recoveries;
+    let base = rt.stats().scheme.recoveries;
     let samples: Mutex<Vec<(f64, u64)>> = Mutex::new(Vec::new());
     let mut rebuilt: Option<f64> = None;
     // (seconds, room wait ns, misses) at each sample: where the time went
@@ -101,8 +101,8 @@ fn one(
             samples.lock().unwrap_or_else(|p| p.into_inner()).push((t, commits));
             if rebuilt.is_none() {
                 let st = rt.stats();
-                waits.push((t, st.room_wait_ns, st.deref_misses));
-                if st.recoveries > base && st.recovering == 0 && st.spansets_below_tolerance == 0 {
+                waits.push((t, st.local.room_wait_ns, st.local.deref_misses));
+                if st.scheme.recoveries > base && st.scheme.recovering == 0 && st.scheme.spansets_below_tolerance == 0 {
                     rebuilt = Some(t);
                 }
             }
@@ -142,7 +142,7 @@ fn one(
         dip.and_then(|d| d.back_after)
             .map_or("not within the run".into(), |b| format!("after {b:.2} s")),
         w.errors,
-        st.degraded_reads,
+        st.scheme.degraded_reads,
         during.0,
         during.1,
         before.0,
@@ -164,15 +164,15 @@ fn one(
         "errors": w.errors,
         "first_error": w.first_error,
         "tps": w.tps(),
-        "degraded_reads": st.degraded_reads,
         "room_wait_ms_during_rebuild": during.0,
         "misses_during_rebuild": during.1,
         "room_wait_ms_before": before.0,
         "misses_before": before.1,
-        "reconstructed_bytes": st.reconstructed_bytes,
         "audit_ok": verdict.is_ok() && w.errors == 0 && kill.nodes > 0,
         "audit_error": verdict.err(),
         "windows": windows.iter().map(|w| json!([w.0, w.1])).collect::<Vec<_>>(),
+        // The runtime's own figures at the end of the run (since its start).
+        "stats": st,
     });
     Ok((
         record,

@@ -137,12 +137,16 @@ pub(super) fn after_kill(at: &[(f64, u64)], samples: &[Stats], kill_s: f64, node
         .zip(at)
         .take_while(|(_, (t, _))| *t < kill_s)
         .last()
-        .map_or(0, |(s, _)| s.recoveries);
+        .map_or(0, |(s, _)| s.scheme.recoveries);
     let tolerant_after = samples
         .iter()
         .zip(at)
         .filter(|(_, (t, _))| *t >= kill_s)
-        .find(|(s, _)| s.recoveries >= base + nodes as u64 && s.recovering == 0 && s.spansets_below_tolerance == 0)
+        .find(|(s, _)| {
+            s.scheme.recoveries >= base + nodes as u64
+                && s.scheme.recovering == 0
+                && s.scheme.spansets_below_tolerance == 0
+        })
         .map(|(_, (t, _))| t - kill_s);
     AfterKill {
         before,
@@ -167,7 +171,7 @@ pub(super) fn report(scheme: &str, k: Kill, warmup: Duration, at: &[(f64, u64)],
         Some(s) => format!("every spanset tolerates m losses again {s:.1} s after the kill"),
         None => "spansets still below full tolerance at the end".into(),
     };
-    let short = samples.last().map_or(0, |s| s.short_spansets);
+    let short = samples.last().map_or(0, |s| s.scheme.short_spansets);
     progress(format_args!(
         "[{scheme}] {} node(s) killed at {kill_s:.1} s: {:.0} ops/s before; lowest half-second after it {:.2}x; \
          {median}; {tolerant}; {short} short spansets at the end",
@@ -192,9 +196,9 @@ mod tests {
             at.push((t, ops));
             let mut s = Stats::default();
             if t >= 5.0 {
-                s.recovering = u64::from(t < 8.0);
-                s.recoveries = u64::from(t >= 8.0) * 2;
-                s.spansets_below_tolerance = if t < 8.0 { 40 } else { 0 };
+                s.scheme.recovering = u64::from(t < 8.0);
+                s.scheme.recoveries = u64::from(t >= 8.0) * 2;
+                s.scheme.spansets_below_tolerance = if t < 8.0 { 40 } else { 0 };
             }
             samples.push(s);
             ops += match t {

@@ -210,35 +210,35 @@ pub(crate) fn print(records: &[Record]) {
         let d = &f.delta;
         let secs = r.run.elapsed.as_secs_f64().max(1e-9);
         // Of the span bytes eviction had to place, the share kept copies saved writing.
-        let placed = d.clean_bytes_saved + d.bytes_evicted_data;
-        let saved_pct = (placed > 0).then(|| 100.0 * d.clean_bytes_saved as f64 / placed as f64);
+        let placed = d.traffic.clean_bytes_saved + d.traffic.bytes_evicted_data;
+        let saved_pct = (placed > 0).then(|| 100.0 * d.traffic.clean_bytes_saved as f64 / placed as f64);
         let redundant = r.scheme != BASELINE;
         let dash = || "-".to_string();
         println!(
             "{:<w$} {:>10} {:>11} {:>10.0} {:>12.1} {:>9} {:>14} {:>16} {:>10} {:>9} {:>9.1}",
             r.scheme,
             load_label(r.run.offered),
-            d.clean_evictions,
-            d.clean_evictions as f64 / secs,
-            mib(d.clean_bytes_saved as f64),
+            d.traffic.clean_evictions,
+            d.traffic.clean_evictions as f64 / secs,
+            mib(d.traffic.clean_bytes_saved as f64),
             opt(saved_pct, 1),
             if redundant {
-                d.degraded_reads.to_string()
+                d.scheme.degraded_reads.to_string()
             } else {
                 "-".to_string()
             },
             if redundant {
-                format!("{:.1}", mib(d.reconstructed_bytes as f64))
+                format!("{:.1}", mib(d.scheme.reconstructed_bytes as f64))
             } else {
                 "-".to_string()
             },
-            if d.spansets_written > 0 {
-                d.spansets_written.to_string()
+            if d.scheme.spansets_written > 0 {
+                d.scheme.spansets_written.to_string()
             } else {
                 dash()
             },
-            if d.spansets_written > 0 {
-                d.partial_spansets.to_string()
+            if d.scheme.spansets_written > 0 {
+                d.scheme.partial_spansets.to_string()
             } else {
                 dash()
             },

@@ -58,7 +58,7 @@ pub(crate) struct RemoraFigures {
 impl RemoraFigures {
     pub(crate) fn reads_per_swap_in(&self) -> Option<f64> {
         let d = &self.delta;
-        (d.swap_ins > 0).then(|| d.swap_in_reads as f64 / d.swap_ins as f64)
+        (d.traffic.swap_ins > 0).then(|| d.traffic.swap_in_reads as f64 / d.traffic.swap_ins as f64)
     }
 
     /// Bytes that crossed the network over the measured phase: read and
@@ -66,50 +66,53 @@ impl RemoraFigures {
     /// memory nodes sent each other (counted where served).
     pub(crate) fn network_bytes(&self) -> u64 {
         let d = &self.delta;
-        d.bytes_read_remote + d.bytes_written_remote + d.txn_bytes + self.peer_bytes
+        d.traffic.bytes_read_remote + d.traffic.bytes_written_remote + d.traffic.txn_bytes + self.peer_bytes
     }
 
     /// Bytes compaction moved over the network (deltas to and from the
     /// compute node, and between memory nodes).
     pub(crate) fn compaction_bytes(&self) -> u64 {
-        self.delta.txn_bytes + self.peer_delta_bytes
+        self.delta.traffic.txn_bytes + self.peer_delta_bytes
     }
 
     /// Compaction bytes per byte of dead data spans compaction freed (the
     /// paper: about one span-sized transfer per dead span).
     pub(crate) fn compaction_bytes_per_dead(&self) -> Option<f64> {
         let d = &self.delta;
-        (d.compacted_dead_bytes > 0).then(|| self.compaction_bytes() as f64 / d.compacted_dead_bytes as f64)
+        (d.scheme.compacted_dead_bytes > 0)
+            .then(|| self.compaction_bytes() as f64 / d.scheme.compacted_dead_bytes as f64)
     }
 
     /// Bytes written to memory nodes per byte of data spans evicted: what
     /// the scheme's redundancy costs in writes (1 without any).
     pub(crate) fn write_amplification(&self) -> Option<f64> {
         let d = &self.delta;
-        (d.bytes_evicted_data > 0).then(|| d.bytes_written_remote as f64 / d.bytes_evicted_data as f64)
+        (d.traffic.bytes_evicted_data > 0)
+            .then(|| d.traffic.bytes_written_remote as f64 / d.traffic.bytes_evicted_data as f64)
     }
 
     /// Bytes of spans swapped in per byte of them dereferenced while local.
     pub(crate) fn swap_in_amplification(&self) -> Option<f64> {
         let d = &self.delta;
-        (d.swap_in_used_bytes > 0).then(|| d.swap_in_bytes as f64 / d.swap_in_used_bytes as f64)
+        (d.traffic.swap_in_used_bytes > 0).then(|| d.traffic.swap_in_bytes as f64 / d.traffic.swap_in_used_bytes as f64)
     }
 
     /// Data evicted per second of the measured phase, MiB/s.
     pub(crate) fn evict_mib_s(&self, elapsed: Duration) -> f64 {
-        mib(self.delta.bytes_evicted_data as f64) / elapsed.as_secs_f64().max(1e-9)
+        mib(self.delta.traffic.bytes_evicted_data as f64) / elapsed.as_secs_f64().max(1e-9)
     }
 
     /// Data evicted per second the eviction threads were busy, MiB/s.
     pub(crate) fn evict_mib_per_busy_s(&self) -> Option<f64> {
         let d = &self.delta;
-        (d.evict_busy_ns > 0).then(|| mib(d.bytes_evicted_data as f64) / (d.evict_busy_ns as f64 / 1e9))
+        (d.local.evict_busy_ns > 0)
+            .then(|| mib(d.traffic.bytes_evicted_data as f64) / (d.local.evict_busy_ns as f64 / 1e9))
     }
 
     /// Share of the application threads' time spent waiting for local room, in %.
     pub(crate) fn room_wait_pct(&self, threads: u32, elapsed: Duration) -> f64 {
         let total = f64::from(threads) * elapsed.as_nanos() as f64;
-        100.0 * self.delta.room_wait_ns as f64 / total.max(1.0)
+        100.0 * self.delta.local.room_wait_ns as f64 / total.max(1.0)
     }
 }
 
@@ -197,7 +200,7 @@ impl Record {
     /// waited for a swap-in; the baseline: in-process cache misses).
     pub(crate) fn measured_misses(&self) -> u64 {
         match &self.figures {
-            Figures::Remora(f) => f.delta.deref_misses,
+            Figures::Remora(f) => f.delta.local.deref_misses,
             Figures::Redis(f) => f.misses,
         }
     }
@@ -403,21 +406,18 @@ impl Record {
         })
     }
 
-    /// remora's runtime figures (all `null` for other stores).
+    /// remora's runtime figures (all `null` for other stores): the runtime's
+    /// own counters over the measured phase as `stats` (its groups, as
+    /// [`Stats::since`] gives them: counters the phase's, levels as at its
+    /// end), and beside them the figures derived from them.
     fn remora_json(&self, args: &MicroArgs) -> Value {
         let Some(f) = self.remora() else {
             return json!({
-                "swap_ins": null, "object_swap_ins": null, "swap_in_reads": null, "swap_outs": null, "evictions_aborted": null,
-                "reads_per_swap_in": null, "swap_ins_per_op": null, "bytes_read_remote": null,
-                "bytes_written_remote": null, "bytes_evicted_data": null, "live_bytes": null,
-                "miss_ratio": null, "deref_misses": null,
-                "swap_in_amplification": null, "evict_mib_s": null, "evict_mib_per_busy_s": null,
-                "room_wait_pct": null, "clean_evictions": null, "clean_bytes_saved": null,
-                "write_amplification": null, "misses_per_op": null, "degraded_reads": null,
-                "overdue_reads": null, "suspicions": null,
-                "reconstructed_bytes": null,
-                "kept_bytes": null, "local_objects": null, "objects_moved": null, "objects_moved_hot": null, "spans_filtered": null,
-                "far_bytes_held": null, "far_bytes_given_back": null, "timeline": null, "census": null,
+                "stats": null, "reads_per_swap_in": null, "swap_ins_per_op": null, "live_bytes": null,
+                "miss_ratio": null, "swap_in_amplification": null, "evict_mib_s": null, "evict_mib_per_busy_s": null,
+                "evict_busy_s": null, "room_wait_pct": null, "write_amplification": null, "misses_per_op": null,
+                "peer_bytes": null, "compaction_bytes": null, "compaction_busy_s": null, "network_bytes": null,
+                "kept_bytes": null, "local_objects": null, "far_bytes_held": null, "timeline": null, "census": null,
             });
         };
         let d = &f.delta;
@@ -429,109 +429,27 @@ impl Record {
             "far_held_bytes": f.timeline.iter().map(|p| p.far_held).collect::<Vec<_>>(),
         });
         json!({
-            "swap_ins": d.swap_ins,
-            "swap_in_reads": d.swap_in_reads,
-            "swap_outs": d.swap_outs,
-            "evictions_aborted": d.evictions_aborted,
+            "stats": d,
             "reads_per_swap_in": f.reads_per_swap_in(),
-            "swap_ins_per_op": d.swap_ins as f64 / self.run.ops.max(1) as f64,
-            "bytes_read_remote": d.bytes_read_remote,
-            "bytes_written_remote": d.bytes_written_remote,
-            "bytes_evicted_data": d.bytes_evicted_data,
+            "swap_ins_per_op": d.traffic.swap_ins as f64 / self.run.ops.max(1) as f64,
             "write_amplification": f.write_amplification(),
             "misses_per_op": self.measured_miss_ratio(),
-            "degraded_reads": d.degraded_reads,
-            "overdue_reads": d.overdue_reads,
-            "suspicions": d.suspicions,
-            "reconstructed_bytes": d.reconstructed_bytes,
-            "spansets_written": d.spansets_written,
-            "partial_spansets": d.partial_spansets,
             "peer_bytes": f.peer_bytes,
-            "compactions": f.delta.compactions,
-            "compactions_aborted": f.delta.compactions_aborted,
-            // One nested object: serde_json's macro would hit the recursion
-            // limit with these as five more top-level keys.
-            "compaction_modes": json!({
-                "local": d.compactions_local,
-                "remote": d.compactions_remote,
-                "switches": d.compaction_switches,
-                "mode_now": d.compaction_mode,
-                "memnode_cpu_permille": d.memnode_cpu_permille,
-            }),
-            "compacted_bytes_freed": f.delta.compacted_bytes_freed,
-            "compacted_dead_bytes": f.delta.compacted_dead_bytes,
             "compaction_bytes": f.compaction_bytes(),
-            "compaction_busy_s": f.delta.compaction_busy_ns as f64 / 1e9,
+            "compaction_busy_s": d.scheme.compaction_busy_ns as f64 / 1e9,
             "network_bytes": f.network_bytes(),
             "live_bytes": f.avg_live,
             "miss_ratio": self.measured_miss_ratio(),
-            "deref_misses": d.deref_misses,
-            "swap_in_bytes": d.swap_in_bytes,
-            "object_swap_ins": d.object_swap_ins,
-            "swap_in_used_bytes": d.swap_in_used_bytes,
             "swap_in_amplification": f.swap_in_amplification(),
             "evict_mib_s": f.evict_mib_s(elapsed),
-            "evict_busy_s": d.evict_busy_ns as f64 / 1e9,
+            "evict_busy_s": d.local.evict_busy_ns as f64 / 1e9,
             "evict_mib_per_busy_s": f.evict_mib_per_busy_s(),
-            "room_wait_ns": d.room_wait_ns,
             "room_wait_pct": f.room_wait_pct(args.threads, elapsed),
-            "clean_evictions": d.clean_evictions,
-            "clean_bytes_saved": d.clean_bytes_saved,
             "kept_bytes": f.avg_kept,
             "local_objects": f.avg_local_objects,
-            "objects_moved": d.objects_moved,
-            "objects_moved_hot": d.objects_moved_hot,
-            "spans_filtered": d.spans_filtered,
             "far_bytes_held": f.timeline.last().map(|p| p.far_held),
-            "far_bytes_given_back": d.far_bytes_given_back,
             "timeline": timeline,
             "census": f.census.as_ref().map(super::census::CensusAvg::json),
         })
-    }
-}
-
-/// Counters of `b` minus those of `a` (levels are taken from `b`).
-pub(crate) fn delta(a: &Stats, b: &Stats) -> Stats {
-    Stats {
-        swap_ins: b.swap_ins - a.swap_ins,
-        swap_in_reads: b.swap_in_reads - a.swap_in_reads,
-        swap_outs: b.swap_outs - a.swap_outs,
-        evictions_aborted: b.evictions_aborted - a.evictions_aborted,
-        bytes_evicted_data: b.bytes_evicted_data - a.bytes_evicted_data,
-        bytes_read_remote: b.bytes_read_remote - a.bytes_read_remote,
-        bytes_written_remote: b.bytes_written_remote - a.bytes_written_remote,
-        deref_misses: b.deref_misses - a.deref_misses,
-        object_swap_ins: b.object_swap_ins - a.object_swap_ins,
-        swap_in_bytes: b.swap_in_bytes - a.swap_in_bytes,
-        swap_in_used_bytes: b.swap_in_used_bytes - a.swap_in_used_bytes,
-        room_wait_ns: b.room_wait_ns - a.room_wait_ns,
-        evict_busy_ns: b.evict_busy_ns - a.evict_busy_ns,
-        clean_evictions: b.clean_evictions - a.clean_evictions,
-        clean_bytes_saved: b.clean_bytes_saved - a.clean_bytes_saved,
-        objects_moved: b.objects_moved - a.objects_moved,
-        objects_moved_hot: b.objects_moved_hot - a.objects_moved_hot,
-        spans_filtered: b.spans_filtered - a.spans_filtered,
-        degraded_reads: b.degraded_reads.saturating_sub(a.degraded_reads),
-        overdue_reads: b.overdue_reads.saturating_sub(a.overdue_reads),
-        suspicions: b.suspicions.saturating_sub(a.suspicions),
-        reconstructed_bytes: b.reconstructed_bytes.saturating_sub(a.reconstructed_bytes),
-        reconstruct_seconds: (b.reconstruct_seconds - a.reconstruct_seconds).max(0.0),
-        recoveries: b.recoveries.saturating_sub(a.recoveries),
-        checksum_repairs: b.checksum_repairs.saturating_sub(a.checksum_repairs),
-        rebuild_retries: b.rebuild_retries.saturating_sub(a.rebuild_retries),
-        spansets_written: b.spansets_written - a.spansets_written,
-        partial_spansets: b.partial_spansets - a.partial_spansets,
-        compactions: b.compactions - a.compactions,
-        compactions_local: b.compactions_local - a.compactions_local,
-        compactions_remote: b.compactions_remote - a.compactions_remote,
-        compaction_switches: b.compaction_switches - a.compaction_switches,
-        compactions_aborted: b.compactions_aborted - a.compactions_aborted,
-        compacted_bytes_freed: b.compacted_bytes_freed - a.compacted_bytes_freed,
-        compacted_dead_bytes: b.compacted_dead_bytes - a.compacted_dead_bytes,
-        txn_requests: b.txn_requests - a.txn_requests,
-        txn_bytes: b.txn_bytes - a.txn_bytes,
-        compaction_busy_ns: b.compaction_busy_ns - a.compaction_busy_ns,
-        far_bytes_given_back: b.far_bytes_given_back - a.far_bytes_given_back,
-        ..b.clone()
     }
 }

@@ -15,7 +15,7 @@ use remora_runtime::{RemBox, Runtime, RuntimeConfig, Stats};
 use super::alternate::{Contestant, Counters, Entry, Recorded};
 use super::cache_sim::SimMisses;
 use super::census::CensusSum;
-use super::record::{Figures, Record, RemoraFigures, delta};
+use super::record::{Figures, Record, RemoraFigures};
 use super::worker::{self, Outcome, Run, Snaps, Store};
 use super::{MicroArgs, Plan, alloc_parallel, bar, base, check, fill, progress};
 
@@ -96,7 +96,10 @@ impl<const W: usize> Store for Array<'_, W> {
     }
 
     fn note(&self, s0: &Stats, s: &Stats, secs: f64) -> String {
-        format!("{:.0} swap-ins/s", (s.swap_ins - s0.swap_ins) as f64 / secs)
+        format!(
+            "{:.0} swap-ins/s",
+            (s.traffic.swap_ins - s0.traffic.swap_ins) as f64 / secs
+        )
     }
 }
 
@@ -105,12 +108,12 @@ fn figures(first: &Stats, last: &Stats, samples: &[Stats]) -> RemoraFigures {
     let k = samples.len().max(1) as f64;
     let avg = |f: fn(&Stats) -> u64| samples.iter().map(|s| f(s) as f64).sum::<f64>() / k;
     RemoraFigures {
-        delta: delta(first, last),
-        avg_remote_used: avg(|s| s.remote_bytes_used),
-        avg_live: avg(|s| s.live_bytes),
-        avg_local: avg(|s| s.local_bytes),
-        avg_kept: avg(|s| s.kept_bytes),
-        avg_local_objects: avg(|s| s.objects.saturating_sub(s.far_objects)),
+        delta: last.since(first),
+        avg_remote_used: avg(|s| s.far.remote_bytes_used),
+        avg_live: avg(|s| s.far.live_bytes),
+        avg_local: avg(|s| s.local.local_bytes),
+        avg_kept: avg(|s| s.far.kept_bytes),
+        avg_local_objects: avg(|s| s.local.objects.saturating_sub(s.far.far_objects)),
         level_samples: samples.len() as u64,
         peer_bytes: 0,
         peer_delta_bytes: 0,
@@ -193,9 +196,9 @@ fn fill_array<'a, const W: usize>(
     progress(format_args!(
         "[{scheme}] filled in {:.2} s: {} local, {} far in {} swap-outs",
         fill_time.as_secs_f64(),
-        ByteSize(st.local_bytes),
-        ByteSize(st.live_bytes),
-        st.swap_outs
+        ByteSize(st.local.local_bytes),
+        ByteSize(st.far.live_bytes),
+        st.traffic.swap_outs
     ));
     let array = Array::<W> {
         cells,
@@ -237,7 +240,9 @@ impl<const W: usize> Array<'_, W> {
 
 impl Counters for Stats {
     fn since(&self, earlier: &Self) -> Self {
-        delta(earlier, self)
+        // The runtime's own subtraction (the inherent method): counters
+        // subtracted, levels as now.
+        Stats::since(self, earlier)
     }
 }
 

@@ -131,9 +131,9 @@ pub(crate) fn print_report(args: &MicroArgs, plan: &Plan, records: &[Record], sk
             load_label(r.run.offered),
             r.throughput(),
             r.run.lat.samples(),
-            count(f.map(|f| f.delta.swap_ins)),
+            count(f.map(|f| f.delta.traffic.swap_ins)),
             opt(f.and_then(|f| f.reads_per_swap_in()), 2),
-            count(f.map(|f| f.delta.swap_outs)),
+            count(f.map(|f| f.delta.traffic.swap_outs)),
             r.errors(),
             mib(r.far_bytes()),
             mib(r.data_bytes()),
@@ -264,12 +264,12 @@ pub(crate) fn print_report(args: &MicroArgs, plan: &Plan, records: &[Record], sk
             opt(f.map(|f| f.evict_mib_s(r.run.elapsed)), 1),
             opt(f.and_then(|f| f.evict_mib_per_busy_s()), 1),
             opt(f.map(|f| f.room_wait_pct(args.threads, r.run.elapsed)), 2),
-            count(|d| d.clean_evictions),
-            opt(f.map(|f| mib(f.delta.clean_bytes_saved as f64)), 1),
+            count(|d| d.traffic.clean_evictions),
+            opt(f.map(|f| mib(f.delta.traffic.clean_bytes_saved as f64)), 1),
             opt(f.map(|f| mib(f.avg_kept)), 1),
             opt(f.map(|f| f.avg_local_objects), 0),
-            count(|d| d.objects_moved),
-            count(|d| d.spans_filtered)
+            count(|d| d.local.objects_moved),
+            count(|d| d.local.spans_filtered)
         );
     }
     println!(
@@ -322,20 +322,20 @@ fn compaction_table(records: &[Record], w: usize) {
             "{:<w$} {:>10} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10.1} {:>10.1} {:>10.1} {:>9} {:>10.1} {:>9.1} {:>11}",
             r.scheme,
             load_label(r.run.offered),
-            d.compactions,
-            d.compactions_local,
-            d.compactions_remote,
-            d.compaction_switches,
-            d.compactions_aborted,
-            mib(d.compacted_bytes_freed as f64),
-            mib(d.compacted_dead_bytes as f64),
+            d.scheme.compactions,
+            d.scheme.compactions_local,
+            d.scheme.compactions_remote,
+            d.scheme.compaction_switches,
+            d.scheme.compactions_aborted,
+            mib(d.scheme.compacted_bytes_freed as f64),
+            mib(d.scheme.compacted_dead_bytes as f64),
             mib(f.compaction_bytes() as f64),
             opt(f.compaction_bytes_per_dead(), 2),
             mib(f.peer_delta_bytes as f64),
-            100.0 * d.compaction_busy_ns as f64 / r.run.elapsed.as_nanos().max(1) as f64,
+            100.0 * d.scheme.compaction_busy_ns as f64 / r.run.elapsed.as_nanos().max(1) as f64,
             // Only adaptive compaction polls the memory nodes' load.
-            if d.compaction_switches > 0 || d.memnode_cpu_permille > 0 {
-                format!("{:.1}", d.memnode_cpu_permille as f64 / 10.0)
+            if d.scheme.compaction_switches > 0 || d.scheme.memnode_cpu_permille > 0 {
+                format!("{:.1}", d.scheme.memnode_cpu_permille as f64 / 10.0)
             } else {
                 "-".to_string()
             }
@@ -399,10 +399,10 @@ fn per_record_line(r: &Record) {
             load_label(r.run.offered),
             r.run.reads,
             r.run.writes,
-            f.delta.swap_ins as f64 / r.run.ops.max(1) as f64,
-            mib(f.delta.bytes_read_remote as f64) / secs,
-            mib(f.delta.bytes_written_remote as f64) / secs,
-            f.delta.evictions_aborted,
+            f.delta.traffic.swap_ins as f64 / r.run.ops.max(1) as f64,
+            mib(f.delta.traffic.bytes_read_remote as f64) / secs,
+            mib(f.delta.traffic.bytes_written_remote as f64) / secs,
+            f.delta.traffic.evictions_aborted,
             r.fill_time.as_secs_f64()
         );
     }

@@ -18,7 +18,7 @@ mod kept;
 mod lifecycle;
 mod pressure;
 mod room;
-mod stats;
+pub(crate) mod stats;
 mod swap_in;
 
 use self::background::{confirm_loop, eviction_loop, notice_loop};

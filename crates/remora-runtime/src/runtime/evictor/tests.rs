@@ -33,7 +33,11 @@ fn queued_cold_spans_go_between_the_watermarks() {
         "the fill sits between the watermarks: {level} of {}",
         inner.pressure.budget()
     );
-    assert_eq!(rt.stats().swap_outs, 0, "nothing is evicted below the high watermark");
+    assert_eq!(
+        rt.stats().traffic.swap_outs,
+        0,
+        "nothing is evicted below the high watermark"
+    );
 
     // Untouched, every object turns cold: the first pass of the filter's
     // hand ages it, the second finds it cold and queues its span.
@@ -56,7 +60,7 @@ fn queued_cold_spans_go_between_the_watermarks() {
         );
         thread::sleep(Duration::from_millis(10));
     }
-    assert!(rt.stats().swap_outs > 0);
+    assert!(rt.stats().traffic.swap_outs > 0);
     // Every byte comes back right.
     let scope = rt.scope();
     for (i, o) in objs.iter().enumerate() {

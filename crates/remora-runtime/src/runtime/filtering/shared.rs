@@ -20,7 +20,7 @@ pub(in crate::runtime) struct Filtering {
     /// Filtering threads run (else nobody drains `swapped_in`).
     runs: bool,
     /// Swap-ins from spans of small objects bring back one object (only
-    /// while filtering runs; see [`crate::RuntimeConfig::object_swap_in`]).
+    /// while filtering runs; see [`crate::Tuning::object_swap_in`]).
     object_swap_in: bool,
     /// Filtering rounds pass it (see `Runtime::pause_background`).
     gate: PauseGate,

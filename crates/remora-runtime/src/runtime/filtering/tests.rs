@@ -30,7 +30,7 @@ fn the_sweep_chooses_from_its_window_when_fresh_spans_fill_the_batch() {
     // object of each span is read: every span is then mixed, one hot
     // object among six cold ones.
     inner.filter_round(&mut Filter::new(0, Duration::from_millis(1)));
-    let moved0 = rt.stats().objects_moved;
+    let moved0 = rt.stats().local.objects_moved;
     {
         let scope = rt.scope();
         for j in 0..SPANS {
@@ -47,7 +47,7 @@ fn the_sweep_chooses_from_its_window_when_fresh_spans_fill_the_batch() {
     // The hot object of each span moves out (its six cold span-mates
     // stay, as a cold span): BATCH fresh spans, and from the window the
     // first spans and the fresh ones the batch left over.
-    let moved = rt.stats().objects_moved - moved0;
+    let moved = rt.stats().local.objects_moved - moved0;
     assert_eq!(moved, SPANS as u64, "objects moved in the round ({BATCH} fresh spans)");
     // Every byte is still right.
     let scope = rt.scope();
