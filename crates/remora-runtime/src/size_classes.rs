@@ -71,9 +71,9 @@ impl SizeClass {
     /// Where a remotable object of `bytes` bytes (header included) goes: its size class, or
     /// `None` for a dedicated span of `pages_for(bytes)` pages.
     ///
-    /// Besides the sizes above [`MAX_SIZE`], an object gets its own span when its class puts
-    /// fewer than [`MIN_SHARED_OBJECTS`] in a span and a dedicated span costs at most
-    /// [`DEDICATED_MAX_NUM`]`/`[`DEDICATED_MAX_DEN`] of the class's span bytes per object.
+    /// Besides the sizes above `MAX_SIZE` (256 KiB), an object gets its own span when its class puts
+    /// fewer than `MIN_SHARED_OBJECTS` in a span and a dedicated span costs at most
+    /// `DEDICATED_MAX_NUM / DEDICATED_MAX_DEN` of the class's span bytes per object.
     /// Filtering leaves such few-object spans alone (moving one object moves a large share of
     /// the span), so without this one hot object keeps its cold span-mates local, and a miss
     /// on it swaps them all in: with 16 KiB values (20 KiB class, two per 40 KiB span) the
@@ -168,7 +168,7 @@ impl ClassIndex {
         self.0 as usize
     }
 
-    /// The class's entry in [`SIZE_CLASSES`].
+    /// The class's entry in the size-class table.
     #[inline]
     pub fn info(self) -> &'static SizeClass {
         &SIZE_CLASSES[self.0 as usize]
