@@ -477,6 +477,12 @@ where
             let (rid, offset, _, len) = s.at();
             let region = self.regions.get(rid)?;
             let mut g = region.write();
+            // A revoke between the passes (it does not take the transactions'
+            // lock) dropped the region's memory and members: nothing is left
+            // there to apply to, and indexing the empty memory would panic.
+            if g.members.get(&offset).is_none_or(|m| m.staged != Some(key)) {
+                continue;
+            }
             let range = offset as usize..offset as usize + len;
             match s {
                 Staged::Replace { bytes, .. } => g.mem[range].copy_from_slice(bytes),
