@@ -2,7 +2,6 @@
 //! protocol steps 1 and 3).
 
 use std::ptr::NonNull;
-use std::sync::atomic::Ordering as StdOrdering;
 
 use super::{DerefScope, Inner, slot_ref};
 use crate::error::RuntimeError;
@@ -48,7 +47,7 @@ impl Inner {
     pub(super) fn access_slow(&self, s: &Slot, write: bool, scope: &DerefScope<'_>) -> Result<usize, RuntimeError> {
         let r = self.access_slow_inner(s, write, scope);
         if let Ok((_, true)) = r {
-            self.counters.deref_misses.fetch_add(1, StdOrdering::Relaxed);
+            self.counters.deref_missed();
         }
         r.map(|(addr, _)| addr)
     }
@@ -111,6 +110,6 @@ impl Inner {
     /// Counts the object at `addr` as used since its span was swapped in.
     fn count_used(&self, addr: usize) {
         let size = self.heap.object_size_at(addr) as u64;
-        self.counters.swap_in_used_bytes.fetch_add(size, StdOrdering::Relaxed);
+        self.counters.swapped_in_used(size);
     }
 }

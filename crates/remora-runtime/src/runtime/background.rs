@@ -2,7 +2,6 @@
 //! (whose thread also gives empty regions back now and then).
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering as StdOrdering;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -163,7 +162,7 @@ impl Inner {
     /// Hands the scheme's empty regions back to the manager.
     pub(super) fn give_back_empty(&self) -> u64 {
         let bytes = self.scheme.give_back(&self.far);
-        self.counters.given_back.fetch_add(bytes, StdOrdering::Relaxed);
+        self.counters.gave_back(bytes);
         bytes
     }
 }

@@ -3,7 +3,6 @@
 
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::sync::atomic::Ordering as StdOrdering;
 use std::time::Instant;
 
 use remora_proto::checksum::checksum;
@@ -34,9 +33,7 @@ impl Inner {
         if n > 0 {
             self.wake_room();
         }
-        self.counters
-            .evict_busy_ns
-            .fetch_add(start.elapsed().as_nanos() as u64, StdOrdering::Relaxed);
+        self.counters.evicting_took(start.elapsed());
         n
     }
 
@@ -84,7 +81,7 @@ impl Inner {
                 }
                 Some(objs) => marked.push((span, objs)),
                 None => {
-                    self.counters.aborted.fetch_add(1, StdOrdering::Relaxed);
+                    self.counters.eviction_aborted();
                     self.heap.end_evict(span, false);
                 }
             }
@@ -111,7 +108,7 @@ impl Inner {
                 sealed.push((span, objs));
             } else {
                 unmark(&objs);
-                self.counters.aborted.fetch_add(1, StdOrdering::Relaxed);
+                self.counters.eviction_aborted();
                 self.heap.end_evict(span, false);
             }
         }
@@ -191,15 +188,12 @@ impl Inner {
                 }
                 unmark(&objs[locked..]);
                 self.scheme.release(&self.far, at, sp.pages() as u32);
-                self.counters.aborted.fetch_add(1, StdOrdering::Relaxed);
+                self.counters.eviction_aborted();
                 self.heap.end_evict(span, false);
                 continue;
             }
             if clean {
-                self.counters.clean_evictions.fetch_add(1, StdOrdering::Relaxed);
-                self.counters
-                    .clean_bytes_saved
-                    .fetch_add(sp.bytes() as u64, StdOrdering::Relaxed);
+                self.counters.evicted_clean(sp.bytes() as u64);
             }
             let mut live = vec![0u64; sp.capacity().div_ceil(64)];
             for (_, _, i) in &objs {
@@ -225,12 +219,7 @@ impl Inner {
                 slot_ref(*slot).unlock_with(far_word(loc, *exp, pointer::hotness(*exp)));
             }
             drop(publishing);
-            self.counters.swap_outs.fetch_add(1, StdOrdering::Relaxed);
-            if !clean {
-                self.counters
-                    .evicted_bytes
-                    .fetch_add(sp.bytes() as u64, StdOrdering::Relaxed);
-            }
+            self.counters.swapped_out(if clean { 0 } else { sp.bytes() as u64 });
             self.heap.end_evict(span, true);
             evicted += 1;
         }

@@ -383,10 +383,7 @@ impl Inner {
         // SAFETY: the old slot is still allocated in a pinned span.
         unsafe { header(o.addr) }.store(0, StdOrdering::Release);
         self.heap.free(o.addr);
-        self.counters.objects_moved.fetch_add(1, StdOrdering::Relaxed);
-        if o.temp == Temp::Hot {
-            self.counters.objects_moved_hot.fetch_add(1, StdOrdering::Relaxed);
-        }
+        self.counters.object_moved(o.temp == Temp::Hot);
         if d.is_full() {
             // Done with it: back to service, forgotten.
             if let Some(dd) = f.dests.remove(&(class, o.temp)) {
@@ -409,7 +406,7 @@ impl Inner {
             _ => None,
         };
         if self.heap.end_filter(span, !cold) {
-            self.counters.spans_filtered.fetch_add(1, StdOrdering::Relaxed);
+            self.counters.span_filtered();
         } else if let (true, Some(c)) = (cold, class) {
             f.note_room(c, span);
         }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 mod access;
 mod background;
 mod config;
+mod counters;
 mod evictor;
 mod filtering;
 mod free;
@@ -23,12 +24,12 @@ mod swap_in;
 
 use self::background::{confirm_loop, eviction_loop, notice_loop};
 pub use self::config::{RuntimeConfig, Tuning};
+use self::counters::Counters;
 use self::filtering::Filtering;
 use self::kept::KeptTable;
 use self::lifecycle::Lifecycle;
 use self::pressure::Pressure;
 use self::room::Room;
-use self::stats::Counters;
 pub use self::stats::Stats;
 
 #[cfg(feature = "internals")]

@@ -15,7 +15,6 @@
 //! application threads outnumber cores; the time it spends so is still
 //! counted as waiting for room.
 
-use std::sync::atomic::Ordering as StdOrdering;
 use std::time::{Duration, Instant};
 
 use super::Inner;
@@ -35,9 +34,7 @@ impl Inner {
         }
         let start = Instant::now();
         let res = self.wait_below_slow(target, timeout, start);
-        self.counters
-            .room_wait_ns
-            .fetch_add(start.elapsed().as_nanos() as u64, StdOrdering::Relaxed);
+        self.counters.room_waited(start.elapsed());
         res
     }
 

@@ -321,50 +321,29 @@ impl SchemeStats {
     }
 }
 
-/// Counters the runtime's paths bump (relaxed: they are statistics).
-#[derive(Default)]
-pub(super) struct Counters {
-    pub(super) swap_ins: AtomicU64,
-    pub(super) swap_outs: AtomicU64,
-    pub(super) aborted: AtomicU64,
-    pub(super) evicted_bytes: AtomicU64,
-    pub(super) deref_misses: AtomicU64,
-    pub(super) object_swap_ins: AtomicU64,
-    pub(super) swap_in_bytes: AtomicU64,
-    pub(super) swap_in_used_bytes: AtomicU64,
-    pub(super) room_wait_ns: AtomicU64,
-    pub(super) evict_busy_ns: AtomicU64,
-    pub(super) clean_evictions: AtomicU64,
-    pub(super) clean_bytes_saved: AtomicU64,
-    pub(super) objects_moved: AtomicU64,
-    pub(super) objects_moved_hot: AtomicU64,
-    pub(super) spans_filtered: AtomicU64,
-    pub(super) given_back: AtomicU64,
-}
-
 impl Inner {
     pub(super) fn stats(&self) -> Stats {
         let (_, live) = self.far_map.totals();
         let t = &self.far.traffic();
         let rep = self.scheme.report();
-        let c = &self.counters;
+        let c = self.counters.read();
         let get = |a: &AtomicU64| a.load(StdOrdering::Relaxed);
         let (suspicions, suspicions_cleared) = self.far.detector().suspects.counts();
         Stats {
             local: LocalStats {
                 local_bytes: self.heap.bytes_in_use() as u64,
                 objects: self.slots.in_use() as u64,
-                deref_misses: get(&c.deref_misses),
-                room_wait_ns: get(&c.room_wait_ns),
-                evict_busy_ns: get(&c.evict_busy_ns),
-                objects_moved: get(&c.objects_moved),
-                objects_moved_hot: get(&c.objects_moved_hot),
-                spans_filtered: get(&c.spans_filtered),
+                deref_misses: c.deref_misses,
+                room_wait_ns: c.room_wait_ns,
+                evict_busy_ns: c.evict_busy_ns,
+                objects_moved: c.objects_moved,
+                objects_moved_hot: c.objects_moved_hot,
+                spans_filtered: c.spans_filtered,
             },
             far: FarStats {
                 remote_bytes_used: self.scheme.remote_bytes_used(&self.far),
                 far_bytes_held: self.far.held_bytes(),
-                far_bytes_given_back: get(&c.given_back),
+                far_bytes_given_back: c.given_back,
                 live_bytes: live,
                 far_objects: self.far_map.objects(),
                 hole_bytes: rep.hole_bytes,
@@ -372,16 +351,16 @@ impl Inner {
                 stranded_bytes: rep.stranded_bytes,
             },
             traffic: TrafficStats {
-                swap_ins: get(&c.swap_ins),
+                swap_ins: c.swap_ins,
                 swap_in_reads: get(&t.swap_reads),
-                object_swap_ins: get(&c.object_swap_ins),
-                swap_in_bytes: get(&c.swap_in_bytes),
-                swap_in_used_bytes: get(&c.swap_in_used_bytes),
-                swap_outs: get(&c.swap_outs),
-                evictions_aborted: get(&c.aborted),
-                bytes_evicted_data: get(&c.evicted_bytes),
-                clean_evictions: get(&c.clean_evictions),
-                clean_bytes_saved: get(&c.clean_bytes_saved),
+                object_swap_ins: c.object_swap_ins,
+                swap_in_bytes: c.swap_in_bytes,
+                swap_in_used_bytes: c.swap_in_used_bytes,
+                swap_outs: c.swap_outs,
+                evictions_aborted: c.aborted,
+                bytes_evicted_data: c.evicted_bytes,
+                clean_evictions: c.clean_evictions,
+                clean_bytes_saved: c.clean_bytes_saved,
                 bytes_read_remote: get(&t.bytes_read),
                 bytes_written_remote: get(&t.bytes_written),
                 write_requests: get(&t.writes),

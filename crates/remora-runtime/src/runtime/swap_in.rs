@@ -164,10 +164,7 @@ impl Inner {
     /// Counts a swap-in that read `bytes` of far span, and wakes eviction if
     /// it took local memory past the high watermark.
     fn swapped_in_done(&self, bytes: usize) {
-        self.counters.swap_ins.fetch_add(1, StdOrdering::Relaxed);
-        self.counters
-            .swap_in_bytes
-            .fetch_add(bytes as u64, StdOrdering::Relaxed);
+        self.counters.swapped_in(bytes as u64);
         if self.heap.bytes_in_use() as u64 >= self.pressure.high_bytes() {
             self.pressure.kick();
         }
@@ -250,7 +247,7 @@ impl Inner {
         })?;
         self.far_object_left(fs, &mut st, i);
         drop(st);
-        self.counters.object_swap_ins.fetch_add(1, StdOrdering::Relaxed);
+        self.counters.object_swapped_in();
         self.swapped_in_done(fs.bytes());
         Ok(())
     }
