@@ -54,7 +54,11 @@ fn slices_up_to_a_mebibyte_round_trip_under_every_scheme() {
             let st = rt.stats();
             let ratio = st.traffic.bytes_written_remote as f64 / st.traffic.bytes_evicted_data as f64;
             eprintln!("{name}: wrote {ratio:.2}x the span bytes evicted (RS 4+2 of equal spans: 1.50x)");
-            assert!(ratio < 2.0, "{name}: {st:?}");
+            // When eviction splits the spans over several batches, each
+            // batch's spanset may be partial: j < k spans cost (j+m)/j, at
+            // most 3x for RS 4+2 (j = 1).
+            let bound = if st.scheme.partial_spansets <= 1 { 2.0 } else { 3.0 };
+            assert!(ratio < bound, "{name}: {st:?}");
         }
         assert!(
             far >= 3,
