@@ -377,6 +377,22 @@ impl LocalCluster {
     /// Starts one more memory node and returns its index.
     pub fn add_memnode(&mut self) -> Result<usize, ClusterError> {
         let i = self.memnodes.len();
+        let m = self.spawn_memnode(i, "127.0.0.1:0")?;
+        self.memnodes.push(m);
+        Ok(i)
+    }
+
+    /// `kill -9` memory node `i` and start a new one at the same address at
+    /// once, as a supervisor would: a new incarnation, empty, that registers
+    /// with the manager (which then counts the old one dead).
+    pub fn restart_memnode(&mut self, i: usize) -> Result<(), ClusterError> {
+        self.kill_memnode(i)?;
+        let addr = self.memnodes[i].addr.clone();
+        self.memnodes[i] = self.spawn_memnode(i, &addr)?;
+        Ok(())
+    }
+
+    fn spawn_memnode(&self, i: usize, listen: &str) -> Result<MemNodeInfo, ClusterError> {
         let admin = Token::random();
         let cap = self.cfg.capacity.to_string();
         let rs = self.cfg.region_size.to_string();
@@ -387,7 +403,7 @@ impl LocalCluster {
             "--manager",
             &manager,
             "--listen",
-            "127.0.0.1:0",
+            listen,
             "--capacity",
             &cap,
             "--region-size",
@@ -397,8 +413,7 @@ impl LocalCluster {
         args.extend(extra.iter().map(String::as_str));
         let (slot, addr) = self.spawn(&format!("memnode#{i}"), &args, &[(ADMIN_KEY_ENV, &key)])?;
         let pid = lock(&self.children)[slot].child.id();
-        self.memnodes.push(MemNodeInfo { addr, admin, pid, slot });
-        Ok(i)
+        Ok(MemNodeInfo { addr, admin, pid, slot })
     }
 
     fn memnode_slot(&self, i: usize) -> Result<usize, ClusterError> {

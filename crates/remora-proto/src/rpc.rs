@@ -112,6 +112,22 @@ impl RpcError {
     pub fn is_node_down(&self) -> bool {
         self.is_transport() || matches!(self, Self::Remote(RemoteError::Unavailable | RemoteError::Busy(_)))
     }
+
+    /// True if the node answered but no longer holds the region for the
+    /// caller: the capability is refused (`BadCapability`), names an
+    /// earlier assignment (`StaleEpoch`), or the region is not there
+    /// (`NoSuchRegion`). This is what a memory node restarted at the same
+    /// address, or wiped after it was fenced, answers before the caller has
+    /// heard that its old incarnation is dead: that copy is gone, and a
+    /// reader with redundancy reads around it.
+    pub fn is_region_gone(&self) -> bool {
+        matches!(
+            self,
+            Self::Remote(
+                RemoteError::BadCapability { .. } | RemoteError::StaleEpoch { .. } | RemoteError::NoSuchRegion { .. }
+            )
+        )
+    }
 }
 
 /// Tunables of a connection, and the cluster key it proves.

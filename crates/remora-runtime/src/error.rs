@@ -4,8 +4,10 @@ use remora_proto::RpcError;
 
 use crate::scheme::SpanAddr;
 
-/// What can go wrong in the runtime. Never a panic.
+/// What can go wrong in the runtime. Never a panic. New kinds of failure
+/// may be added, so a `match` needs a catch-all arm.
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum RuntimeError {
     /// The manager has no more regions to give (on enough distinct nodes).
     #[error("far memory exhausted: {0}")]
@@ -39,9 +41,14 @@ pub enum RuntimeError {
         /// How long the operation waited.
         waited: std::time::Duration,
     },
-    /// Local memory could not be obtained from the OS.
+    /// Local memory (or a thread) could not be obtained from the OS.
     #[error("local memory: {0}")]
     LocalMemory(String),
+    /// The erasure codec refused to encode a spanset (its arguments did not
+    /// fit the code): a defect, not a failure of the cluster. Nothing was
+    /// written; the spans stay local.
+    #[error("erasure code: {0}")]
+    Codec(#[from] remora_ec::EcError),
     /// An object is larger than the runtime can place.
     #[error("object of {size} bytes is too large")]
     TooLarge {
@@ -75,8 +82,9 @@ pub enum RuntimeError {
     },
 }
 
-/// Why far data is lost.
+/// Why far data is lost. More causes may be added.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum LossCause {
     /// More members of its stripe group's stripes died than parity covers:
     /// a decode needs `needed` and only `survivors` are alive. Final: a

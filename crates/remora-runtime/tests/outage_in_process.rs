@@ -2,14 +2,16 @@
 //! memory node's lease lapses at once (as when the manager is down). A read
 //! waits it out and succeeds once the leases are renewed; past the outage
 //! deadline it fails with `Unavailable`, never `DataLost`, and the data is
-//! intact afterwards. (Real processes: the workspace's
-//! `tests/degraded_cluster.rs`.)
+//! intact afterwards. A memory node that comes back empty at the same
+//! address before the manager's word about it arrives refuses the old
+//! capabilities: its copies are read around, not reported as errors.
+//! (Real processes: the workspace's `tests/degraded_cluster.rs`.)
 
 use std::time::{Duration, Instant};
 
 use remora_memnode::InProcessCluster;
 use remora_runtime::scheme::SchemeOptions;
-use remora_runtime::{RemBox, Runtime, RuntimeError};
+use remora_runtime::{LossCause, RemBox, Runtime, RuntimeError};
 use remora_testkit::in_process::{self, serial};
 use remora_testkit::{KIB, MIB, Obj, obj, verify};
 
@@ -110,6 +112,59 @@ fn an_outage_shorter_than_the_deadline_is_waited_out() {
                 "{name}: the read did not wait for the outage"
             );
         });
+        verify(&rt, &objs, |_| 0, name);
+    }
+}
+
+/// The memory node holding the most far data restarts empty at its address
+/// and nobody says so yet: it serves again but refuses every capability of
+/// its old regions. Each redundant scheme reads around the refused copies
+/// and every object reads back right, with nothing counted lost; non-ft,
+/// with no other copy, waits for the manager's word (`Unavailable`, not a
+/// refusal passed up), which then makes the span lost, naming why.
+#[test]
+fn a_node_restarted_empty_is_read_around_before_the_manager_says_so() {
+    let _one = serial();
+    for name in SCHEMES {
+        let c = InProcessCluster::new(7, 16, 2 * MIB as u64);
+        let deadline = Duration::from_millis(300);
+        let rt = runtime(&c, name, deadline);
+        let objs = fill(&rt);
+        let (_, fullest) = rt.regions_with_data().into_iter().next().expect("far data");
+        let node = c.node(fullest.node).expect("the node is in the cluster");
+        node.restart_empty();
+        if name == "non-ft" {
+            let (i, err) = objs
+                .iter()
+                .enumerate()
+                .find_map(|(i, o)| o.deref(&rt.scope()).err().map(|e| (i, e)))
+                .expect("some object was on the node that restarted");
+            assert!(
+                matches!(err, RuntimeError::Unavailable { waited, .. } if waited >= deadline),
+                "{name}: object {i} on the restarted node: {err:?}"
+            );
+            node.declare_dead();
+            match objs[i].deref(&rt.scope()).map(|_| ()) {
+                Err(RuntimeError::DataLost {
+                    cause: LossCause::NoRedundancy { .. },
+                    ..
+                }) => {}
+                other => panic!("{name}: object {i} after the manager's word: {other:?}"),
+            }
+            continue;
+        }
+        let before = rt.stats();
+        verify(&rt, &objs, |_| 0, name);
+        let st = rt.stats().since(&before);
+        assert!(
+            st.scheme.degraded_reads > 0,
+            "{name}: no read went around the refused copies: {st:?}"
+        );
+        assert_eq!(st.scheme.lost_positions, 0, "{name}");
+        // The manager's word comes: the old incarnation's positions are
+        // rebuilt, and everything still reads back right.
+        node.declare_dead();
+        remora_testkit::wait_stats(&rt, name, Duration::from_secs(60), |s| remora_testkit::recovered(s, 1));
         verify(&rt, &objs, |_| 0, name);
     }
 }

@@ -308,6 +308,17 @@ impl NodeHandle {
         }
     }
 
+    /// The node comes back at once as a new incarnation at the same
+    /// address (restarted by its supervisor): it serves, but holds none of
+    /// its regions (each is revoked, so a capability for it is refused), and
+    /// nobody is told; [`NodeHandle::declare_dead`] is the manager's word
+    /// about the old incarnation, when a test wants it to come.
+    pub fn restart_empty(&self) {
+        for id in &self.node.ids {
+            let _ = self.node.regions.revoke(*id, self.sh.bump_epoch(*id));
+        }
+    }
+
     /// The next `n` data requests break their connection (the node lives).
     pub fn fail_next(&self, n: u64) {
         self.node.faults.fail_next.store(n, Ordering::Release);

@@ -230,10 +230,7 @@ impl Shared {
         let mut parity = vec![vec![0u8; len]; m];
         {
             let mut prefs: Vec<&mut [u8]> = parity.iter_mut().map(|v| v.as_mut_slice()).collect();
-            self.c
-                .codec
-                .encode(&data, &mut prefs)
-                .map_err(|e| RuntimeError::LocalMemory(format!("encode: {e}")))?;
+            self.c.codec.encode(&data, &mut prefs).map_err(RuntimeError::Codec)?;
         }
         // Every slot gets its space now, so a later fill needs no placement;
         // only the spans and parity are written.

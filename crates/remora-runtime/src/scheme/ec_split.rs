@@ -280,10 +280,7 @@ impl Shared {
         for j in 0..spans.len() {
             let frags: Vec<&[u8]> = (0..k).map(|p| data(j, p)).collect();
             let mut outs: Vec<&mut [u8]> = parity.iter_mut().map(|v| &mut v[ats[j]..ats[j] + lens[j]]).collect();
-            self.c
-                .codec
-                .encode(&frags, &mut outs)
-                .map_err(|e| RuntimeError::LocalMemory(format!("encode: {e}")))?;
+            self.c.codec.encode(&frags, &mut outs).map_err(RuntimeError::Codec)?;
         }
         let sums: Vec<Vec<u64>> = (0..spans.len())
             .map(|j| {
@@ -442,11 +439,7 @@ impl Shared {
         let mut data = vec![0u8; k * f];
         data[..good.len()].copy_from_slice(good);
         let frags: Vec<&[u8]> = data.chunks(f).collect();
-        let parity = self
-            .c
-            .codec
-            .encode_to_vec(&frags)
-            .map_err(|e| RuntimeError::LocalMemory(format!("encode: {e}")))?;
+        let parity = self.c.codec.encode_to_vec(&frags).map_err(RuntimeError::Codec)?;
         let g = self.c.place.group(loc.group);
         for &p in &bad {
             let bytes = if p < k { frags[p] } else { &parity[p - k] };

@@ -31,9 +31,10 @@ impl Default for NonFt {
 
 /// What a failed read of the only copy at `at` means: lost once the
 /// manager declared its memory node dead, unavailable for now while the
-/// node is only unreachable (the read path waits for it).
+/// node is only unreachable, or answers as a new incarnation that no longer
+/// holds the region (the read path waits for the manager's word).
 fn lost(far: &FarMemory, at: SpanAddr, e: RpcError) -> RuntimeError {
-    if !e.is_node_down() {
+    if !e.is_node_down() && !e.is_region_gone() {
         return RuntimeError::Rpc(e);
     }
     tracing::debug!("span r{}:p{}: {e}", at.region, at.page);

@@ -130,8 +130,9 @@ fn read_once(
 
 /// One READ of the member at `offset` of region `region` (the copy of a
 /// span a redundant scheme can read around): the round trip feeds the
-/// failure detector, and a node that cannot be reached, fails, or is
-/// overdue makes the copy unreadable rather than the read failed.
+/// failure detector, and a node that cannot be reached, fails, is overdue
+/// or no longer holds the region makes the copy unreadable rather than the
+/// read failed.
 pub(crate) fn read_member(
     far: &FarMemory,
     region: u16,
@@ -154,6 +155,17 @@ pub(crate) fn read_member(
             Ok(CopyRead::Unreadable {
                 failed: Some(r.grant.node),
             })
+        }
+        // The node answered, but not with our member: it is a new
+        // incarnation (restarted, or wiped after it was fenced) that the
+        // manager's word has not reached us about yet. The copy is gone;
+        // the node is not down, so it is not suspected.
+        Err(e) if e.is_region_gone() => {
+            tracing::debug!(
+                "{} no longer holds region {region} ({e}); reading around it",
+                r.grant.addr
+            );
+            Ok(CopyRead::Unreadable { failed: None })
         }
         Err(e) => Err(e.into()),
     }

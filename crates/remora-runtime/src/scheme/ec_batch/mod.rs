@@ -471,9 +471,7 @@ impl<'a> Row<'a> {
         let mut parity = vec![vec![0u8; row_len]; m];
         {
             let mut prefs: Vec<&mut [u8]> = parity.iter_mut().map(|v| v.as_mut_slice()).collect();
-            c.codec
-                .encode(&inputs, &mut prefs)
-                .map_err(|e| RuntimeError::LocalMemory(format!("encode: {e}")))?;
+            c.codec.encode(&inputs, &mut prefs).map_err(RuntimeError::Codec)?;
         }
         let data: Vec<Option<&'a [u8]>> = (0..k).map(|p| chunk.get(p).map(|&i| spans[i])).collect();
         let sizes = data
