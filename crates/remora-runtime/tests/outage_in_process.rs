@@ -25,17 +25,16 @@ const SCHEMES: [&str; 6] = [
     "ec-batch-remote",
 ];
 
-fn runtime(c: &InProcessCluster, name: &str, outage_deadline: Duration) -> Runtime {
+/// Seven in-process nodes and a runtime of scheme `name` on them, with a
+/// 1 MiB budget, holding 4 MiB of objects: most of them far.
+fn filled(name: &str, outage_deadline: Duration) -> (InProcessCluster, Runtime, Vec<RemBox<Obj>>) {
+    let c = InProcessCluster::new(7, 16, 2 * MIB as u64);
     let mut cfg = in_process::config(name, &SchemeOptions::default(), MIB);
     cfg.outage_deadline = outage_deadline;
-    in_process::runtime(c, cfg)
-}
-
-/// 4 MiB of objects with a 1 MiB budget: most of them far.
-fn fill(rt: &Runtime) -> Vec<RemBox<Obj>> {
+    let rt = in_process::runtime(&c, cfg);
     let objs: Vec<RemBox<Obj>> = (0..4 * KIB as u64).map(|i| rt.alloc(obj(i, 0)).unwrap()).collect();
     rt.wait_for_eviction(Duration::from_secs(20)).unwrap();
-    objs
+    (c, rt, objs)
 }
 
 /// The first object whose span is far now.
@@ -60,10 +59,8 @@ fn set_leases(c: &InProcessCluster, hold: bool) {
 fn an_outage_longer_than_the_deadline_is_unavailable_not_lost() {
     let _one = serial();
     for name in SCHEMES {
-        let c = InProcessCluster::new(7, 16, 2 * MIB as u64);
         let deadline = Duration::from_millis(300);
-        let rt = runtime(&c, name, deadline);
-        let objs = fill(&rt);
+        let (c, rt, objs) = filled(name, deadline);
         let i = a_far_object(&objs);
         set_leases(&c, false);
         let start = Instant::now();
@@ -90,9 +87,7 @@ fn an_outage_longer_than_the_deadline_is_unavailable_not_lost() {
 fn an_outage_shorter_than_the_deadline_is_waited_out() {
     let _one = serial();
     for name in SCHEMES {
-        let c = InProcessCluster::new(7, 16, 2 * MIB as u64);
-        let rt = runtime(&c, name, Duration::from_secs(30));
-        let objs = fill(&rt);
+        let (c, rt, objs) = filled(name, Duration::from_secs(30));
         let i = a_far_object(&objs);
         set_leases(&c, false);
         let outage = Duration::from_millis(400);
@@ -126,10 +121,8 @@ fn an_outage_shorter_than_the_deadline_is_waited_out() {
 fn a_node_restarted_empty_is_read_around_before_the_manager_says_so() {
     let _one = serial();
     for name in SCHEMES {
-        let c = InProcessCluster::new(7, 16, 2 * MIB as u64);
         let deadline = Duration::from_millis(300);
-        let rt = runtime(&c, name, deadline);
-        let objs = fill(&rt);
+        let (c, rt, objs) = filled(name, deadline);
         let (_, fullest) = rt.regions_with_data().into_iter().next().expect("far data");
         let node = c.node(fullest.node).expect("the node is in the cluster");
         node.restart_empty();
