@@ -75,7 +75,7 @@ fn kill_during_workload(name: &str, amp: f64, reads: u64) {
     let versions: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
     let before = rt.stats();
     assert!(before.traffic.swap_outs > 0);
-    let ratio = before.traffic.bytes_written_remote as f64 / before.traffic.bytes_evicted_data as f64;
+    let ratio = write_amplification(&before);
     assert!(
         ratio >= amp * 0.99 && ratio < amp * 1.07,
         "{name} writes {amp}x the data: {ratio} ({before:?})"
@@ -357,7 +357,7 @@ fn swap_out_shortens_below_k_plus_m_and_waits_below_m_plus_1() {
         "3+2 spansets on five nodes: {st:?}"
     );
     // Every spanset short: RS(3, 2) on the far data, 5/3 bytes written.
-    let ratio = st.traffic.bytes_written_remote as f64 / st.traffic.bytes_evicted_data as f64;
+    let ratio = write_amplification(&st);
     assert!((5.0 / 3.0 * 0.99..5.0 / 3.0 * 1.15).contains(&ratio), "{ratio} {st:?}");
     {
         let scope = rt.scope();
@@ -368,19 +368,17 @@ fn swap_out_shortens_below_k_plus_m_and_waits_below_m_plus_1() {
     // A sixth node: full spansets for what is evicted from now on.
     c.add_memnode().unwrap();
     std::thread::sleep(Duration::from_millis(1500));
-    let before = rt.stats();
-    {
+    let d = stats_delta(&rt, || {
         let scope = rt.scope();
         for (i, o) in objs.iter().enumerate() {
             assert!(Words::is(o.deref(&scope).unwrap(), i as u64, 7));
         }
-    }
-    rt.wait_for_eviction(Duration::from_secs(20)).unwrap();
-    let after = rt.stats();
+        drop(scope);
+        rt.wait_for_eviction(Duration::from_secs(20)).unwrap();
+    });
     assert!(
-        after.scheme.spansets_written - before.scheme.spansets_written
-            > after.scheme.partial_spansets - before.scheme.partial_spansets,
-        "full 4+2 spansets once six nodes live: {after:?}"
+        d.scheme.spansets_written > d.scheme.partial_spansets,
+        "full 4+2 spansets once six nodes live: {d:?}"
     );
     // The short groups are given the sixth node at their empty position:
     // full width again (their 3+2 spansets can fold into full ones).
