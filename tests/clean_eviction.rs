@@ -11,7 +11,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use remora_runtime::{RemBox, Runtime, Stats};
+use remora_runtime::{RemBox, Runtime};
 
 /// Objects of about 1 KiB (1016 bytes): 14 to a span, so a written object
 /// dirties a span that also holds objects only read.
@@ -87,24 +87,13 @@ fn clean_reeviction(scheme: &str) {
     read_all(&rt, &objs, &versions[..n / 2]);
     drop(objs);
     rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut st: Stats;
-    loop {
-        st = rt.stats();
-        if (st.far.kept_bytes == 0 && st.far.remote_bytes_used == 0) || Instant::now() > deadline {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let st = wait_stats(
+        &rt,
+        &format!("{scheme}: kept copies and far memory given back"),
+        Duration::from_secs(10),
+        |st| st.far.kept_bytes == 0 && st.far.remote_bytes_used == 0,
+    );
     assert_eq!(st.local.objects, 0);
-    assert_eq!(
-        st.far.kept_bytes, 0,
-        "{scheme}: kept copies outlived their objects: {st:?}"
-    );
-    assert_eq!(
-        st.far.remote_bytes_used, 0,
-        "{scheme}: far memory not given back: {st:?}"
-    );
 }
 
 #[test]

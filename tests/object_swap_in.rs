@@ -6,10 +6,10 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
-use remora_runtime::{RemBox, Runtime, Stats};
+use remora_runtime::{RemBox, Runtime};
 
 fn runtime(c: &remora_cluster::LocalCluster, scheme: &str, budget: usize) -> Runtime {
     let mut cfg = runtime_config(c, &format!("object-swap-in-{scheme}"), budget);
@@ -50,18 +50,6 @@ fn check_all(rt: &Runtime, objs: &[RemBox<Obj2K>], versions: &[u64]) {
             "object {i} v{}: wrong bytes",
             versions[i]
         );
-    }
-}
-
-/// Waits until every far byte is given back (or 10 s) and returns the stats.
-fn settled(rt: &Runtime) -> Stats {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let st = rt.stats();
-        if (st.far.remote_bytes_used == 0 && st.far.kept_bytes == 0) || Instant::now() > deadline {
-            return st;
-        }
-        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -122,15 +110,16 @@ fn one_object_per_swap_in(scheme: &str, kill: bool) {
     // Freeing every object, local or far, gives every far span back.
     drop(objs);
     rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
-    let st = settled(&rt);
+    let st = wait_stats(
+        &rt,
+        &format!("{scheme}: kept copies and far memory given back"),
+        Duration::from_secs(10),
+        |st| st.far.kept_bytes == 0 && st.far.remote_bytes_used == 0,
+    );
     assert_eq!(st.local.objects, 0);
     assert_eq!(
         st.far.far_objects, 0,
         "{scheme}: far objects outlived their owners: {st:?}"
-    );
-    assert_eq!(
-        st.far.remote_bytes_used, 0,
-        "{scheme}: far memory not given back: {st:?}"
     );
 }
 
