@@ -113,8 +113,7 @@ fn kill_during_workload(name: &str, amp: f64, reads: u64) {
             std::thread::sleep(Duration::from_millis(20));
         }
         // A node holding this runtime's far data.
-        let held: Vec<String> = rt.regions_with_data().iter().map(|(_, g)| g.addr.clone()).collect();
-        let victim = c.memnodes().iter().position(|m| held.contains(&m.addr)).unwrap();
+        let victim = memnode_holding_data(&c, &rt);
         c.kill_memnode(victim).unwrap();
         let killed = Instant::now();
         // Keep the workload running through detection, degraded reads and recovery.
@@ -214,8 +213,7 @@ fn unreachable_node(name: &str) {
     let objs: Vec<RemBox<Obj2K>> = (0..n).map(|i| rt.alloc(obj(i, 3)).unwrap()).collect();
     rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
     // Pause a node that holds this runtime's data.
-    let held: Vec<String> = rt.regions_with_data().iter().map(|(_, g)| g.addr.clone()).collect();
-    let victim = c.memnodes().iter().position(|m| held.contains(&m.addr)).unwrap();
+    let victim = memnode_holding_data(&c, &rt);
     c.fault(victim, Fault::Pause).unwrap();
     let scope = rt.scope();
     for (i, o) in objs.iter().take(1024).enumerate() {
@@ -254,8 +252,7 @@ fn corrupt_and_repair(name: &str) {
     let objs: Vec<RemBox<Obj2K>> = (0..n).map(|i| rt.alloc(obj(i, 0)).unwrap()).collect();
     rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
     // Flip the first 256 KiB of every region this runtime holds on one node.
-    let held: Vec<String> = rt.regions_with_data().iter().map(|(_, g)| g.addr.clone()).collect();
-    let v = c.memnodes().iter().position(|m| held.contains(&m.addr)).unwrap();
+    let v = memnode_holding_data(&c, &rt);
     let victim = c.memnodes()[v].addr.clone();
     let mut hit = 0;
     for (_, g) in rt.regions() {
