@@ -11,7 +11,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use remora_runtime::{RemBox, Runtime, Stats};
+use remora_runtime::{RemBox, Runtime};
 
 /// Objects of about 1 KiB (1016 bytes): 14 to a span, so a written object
 /// dirties a span that also holds objects only read.
@@ -48,14 +48,12 @@ fn clean_reeviction(scheme: &str) {
     // Two read-only passes: the second pass evicts spans the first brought
     // in unchanged, so they go back without a write.
     read_all(&rt, &objs, &versions);
-    let s0 = rt.stats();
-    read_all(&rt, &objs, &versions);
-    let s1 = rt.stats();
-    let clean = s1.traffic.clean_evictions - s0.traffic.clean_evictions;
-    let written = s1.traffic.bytes_evicted_data - s0.traffic.bytes_evicted_data;
-    let saved = s1.traffic.clean_bytes_saved - s0.traffic.clean_bytes_saved;
+    let d = stats_delta(&rt, || read_all(&rt, &objs, &versions));
+    let clean = d.traffic.clean_evictions;
+    let written = d.traffic.bytes_evicted_data;
+    let saved = d.traffic.clean_bytes_saved;
     eprintln!("{scheme}: read-only pass: {clean} clean re-evictions, {saved} bytes not written, {written} written");
-    assert!(clean > 0, "{scheme}: no clean re-eviction in a read-only pass: {s1:?}");
+    assert!(clean > 0, "{scheme}: no clean re-eviction in a read-only pass: {d:?}");
     if scheme != "ec-batch" {
         // (Under ec-batch a row whose other members all came back is freed,
         // cancelling its kept copies, so a sequential pass keeps fewer.)
@@ -64,22 +62,23 @@ fn clean_reeviction(scheme: &str) {
             "{scheme}: a read-only pass should mostly skip writes: {saved} saved, {written} written"
         );
     }
-    assert!(s1.far.kept_bytes > 0, "{scheme}: kept copies not reported: {s1:?}");
+    assert!(d.far.kept_bytes > 0, "{scheme}: kept copies not reported: {d:?}");
 
     // Write one object in every span's worth, then read everything: a
     // dirty span must be written, never flipped back to its stale copy.
-    for i in (0..n).step_by(7) {
-        let scope = rt.scope();
-        versions[i] += 1;
-        *objs[i].deref_mut(&scope).unwrap() = obj(i as u64, versions[i]);
-    }
-    for _ in 0..2 {
-        read_all(&rt, &objs, &versions);
-    }
-    let s2 = rt.stats();
+    let d = stats_delta(&rt, || {
+        for i in (0..n).step_by(7) {
+            let scope = rt.scope();
+            versions[i] += 1;
+            *objs[i].deref_mut(&scope).unwrap() = obj(i as u64, versions[i]);
+        }
+        for _ in 0..2 {
+            read_all(&rt, &objs, &versions);
+        }
+    });
     assert!(
-        s2.traffic.bytes_evicted_data > s1.traffic.bytes_evicted_data,
-        "{scheme}: dirty spans were not written"
+        d.traffic.bytes_evicted_data > 0,
+        "{scheme}: dirty spans were not written: {d:?}"
     );
 
     // Free half the objects (local and far): kept copies of spans that go
@@ -88,24 +87,13 @@ fn clean_reeviction(scheme: &str) {
     read_all(&rt, &objs, &versions[..n / 2]);
     drop(objs);
     rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut st: Stats;
-    loop {
-        st = rt.stats();
-        if (st.far.kept_bytes == 0 && st.far.remote_bytes_used == 0) || Instant::now() > deadline {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let st = wait_stats(
+        &rt,
+        &format!("{scheme}: kept copies and far memory given back"),
+        Duration::from_secs(10),
+        |st| st.far.kept_bytes == 0 && st.far.remote_bytes_used == 0,
+    );
     assert_eq!(st.local.objects, 0);
-    assert_eq!(
-        st.far.kept_bytes, 0,
-        "{scheme}: kept copies outlived their objects: {st:?}"
-    );
-    assert_eq!(
-        st.far.remote_bytes_used, 0,
-        "{scheme}: far memory not given back: {st:?}"
-    );
 }
 
 #[test]
@@ -156,25 +144,26 @@ fn filtering_leaves_the_cold_objects_of_a_clean_span_in_place() {
             Obj1016::check(objs[i].deref(&scope).expect("deref"), i as u64, 0);
         }
     }
-    let s0 = rt.stats();
+    let st = rt.stats();
     assert!(
-        s0.traffic.swap_ins as usize >= spans / 2,
-        "spans did not come back: {s0:?}"
+        st.traffic.swap_ins as usize >= spans / 2,
+        "spans did not come back: {st:?}"
     );
-    rt.set_local_budget(MIB / 4);
-    rt.wait_for_eviction(Duration::from_secs(30)).unwrap();
-    let s1 = rt.stats();
-    let clean = s1.traffic.clean_evictions - s0.traffic.clean_evictions;
-    let written = s1.traffic.bytes_evicted_data - s0.traffic.bytes_evicted_data;
+    let d = stats_delta(&rt, || {
+        rt.set_local_budget(MIB / 4);
+        rt.wait_for_eviction(Duration::from_secs(30)).unwrap();
+    });
+    let clean = d.traffic.clean_evictions;
+    let written = d.traffic.bytes_evicted_data;
     let span_bytes = 16 << 10;
-    eprintln!("{clean} clean re-evictions, {written} bytes written: {s1:?}");
+    eprintln!("{clean} clean re-evictions, {written} bytes written: {d:?}");
     assert!(
         clean as usize >= spans / 2,
-        "spans with a kept copy were written again ({clean} clean of {spans}): {s1:?}"
+        "spans with a kept copy were written again ({clean} clean of {spans}): {d:?}"
     );
     assert!(
         (written as usize) < spans * span_bytes * 6 / 10,
-        "cold objects were written again ({written} bytes): {s1:?}"
+        "cold objects were written again ({written} bytes): {d:?}"
     );
     for (i, o) in objs.iter().enumerate() {
         let scope = rt.scope();

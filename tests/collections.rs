@@ -137,8 +137,7 @@ fn run_with_a_kill(c: &remora_cluster::LocalCluster, rt: &Runtime, store: &dyn S
         }
         let guard = StopOnDrop(&stop);
         std::thread::sleep(Duration::from_millis(800));
-        let held: Vec<String> = rt.regions_with_data().iter().map(|(_, g)| g.addr.clone()).collect();
-        let victim = c.memnodes().iter().position(|m| held.contains(&m.addr)).unwrap();
+        let victim = memnode_holding_data(c, rt);
         c.kill_memnode(victim).unwrap();
         killed.store(true, Ordering::Relaxed);
         let killed = Instant::now();

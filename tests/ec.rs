@@ -75,7 +75,7 @@ fn kill_during_workload(name: &str, amp: f64, reads: u64) {
     let versions: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
     let before = rt.stats();
     assert!(before.traffic.swap_outs > 0);
-    let ratio = before.traffic.bytes_written_remote as f64 / before.traffic.bytes_evicted_data as f64;
+    let ratio = write_amplification(&before);
     assert!(
         ratio >= amp * 0.99 && ratio < amp * 1.07,
         "{name} writes {amp}x the data: {ratio} ({before:?})"
@@ -113,8 +113,7 @@ fn kill_during_workload(name: &str, amp: f64, reads: u64) {
             std::thread::sleep(Duration::from_millis(20));
         }
         // A node holding this runtime's far data.
-        let held: Vec<String> = rt.regions_with_data().iter().map(|(_, g)| g.addr.clone()).collect();
-        let victim = c.memnodes().iter().position(|m| held.contains(&m.addr)).unwrap();
+        let victim = memnode_holding_data(&c, &rt);
         c.kill_memnode(victim).unwrap();
         let killed = Instant::now();
         // Keep the workload running through detection, degraded reads and recovery.
@@ -214,8 +213,7 @@ fn unreachable_node(name: &str) {
     let objs: Vec<RemBox<Obj2K>> = (0..n).map(|i| rt.alloc(obj(i, 3)).unwrap()).collect();
     rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
     // Pause a node that holds this runtime's data.
-    let held: Vec<String> = rt.regions_with_data().iter().map(|(_, g)| g.addr.clone()).collect();
-    let victim = c.memnodes().iter().position(|m| held.contains(&m.addr)).unwrap();
+    let victim = memnode_holding_data(&c, &rt);
     c.fault(victim, Fault::Pause).unwrap();
     let scope = rt.scope();
     for (i, o) in objs.iter().take(1024).enumerate() {
@@ -254,8 +252,7 @@ fn corrupt_and_repair(name: &str) {
     let objs: Vec<RemBox<Obj2K>> = (0..n).map(|i| rt.alloc(obj(i, 0)).unwrap()).collect();
     rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
     // Flip the first 256 KiB of every region this runtime holds on one node.
-    let held: Vec<String> = rt.regions_with_data().iter().map(|(_, g)| g.addr.clone()).collect();
-    let v = c.memnodes().iter().position(|m| held.contains(&m.addr)).unwrap();
+    let v = memnode_holding_data(&c, &rt);
     let victim = c.memnodes()[v].addr.clone();
     let mut hit = 0;
     for (_, g) in rt.regions() {
@@ -357,7 +354,7 @@ fn swap_out_shortens_below_k_plus_m_and_waits_below_m_plus_1() {
         "3+2 spansets on five nodes: {st:?}"
     );
     // Every spanset short: RS(3, 2) on the far data, 5/3 bytes written.
-    let ratio = st.traffic.bytes_written_remote as f64 / st.traffic.bytes_evicted_data as f64;
+    let ratio = write_amplification(&st);
     assert!((5.0 / 3.0 * 0.99..5.0 / 3.0 * 1.15).contains(&ratio), "{ratio} {st:?}");
     {
         let scope = rt.scope();
@@ -368,19 +365,17 @@ fn swap_out_shortens_below_k_plus_m_and_waits_below_m_plus_1() {
     // A sixth node: full spansets for what is evicted from now on.
     c.add_memnode().unwrap();
     std::thread::sleep(Duration::from_millis(1500));
-    let before = rt.stats();
-    {
+    let d = stats_delta(&rt, || {
         let scope = rt.scope();
         for (i, o) in objs.iter().enumerate() {
             assert!(Words::is(o.deref(&scope).unwrap(), i as u64, 7));
         }
-    }
-    rt.wait_for_eviction(Duration::from_secs(20)).unwrap();
-    let after = rt.stats();
+        drop(scope);
+        rt.wait_for_eviction(Duration::from_secs(20)).unwrap();
+    });
     assert!(
-        after.scheme.spansets_written - before.scheme.spansets_written
-            > after.scheme.partial_spansets - before.scheme.partial_spansets,
-        "full 4+2 spansets once six nodes live: {after:?}"
+        d.scheme.spansets_written > d.scheme.partial_spansets,
+        "full 4+2 spansets once six nodes live: {d:?}"
     );
     // The short groups are given the sixth node at their empty position:
     // full width again (their 3+2 spansets can fold into full ones).

@@ -60,8 +60,7 @@ fn tpc_a_on_the_kv_store_survives_a_killed_node_under_ec_batch() {
         let guard = StopOnDrop(&stop);
         std::thread::sleep(Duration::from_millis(1500));
         let before = committed.load(Ordering::Relaxed);
-        let held: Vec<String> = rt.regions_with_data().iter().map(|(_, g)| g.addr.clone()).collect();
-        let victim = c.memnodes().iter().position(|m| held.contains(&m.addr)).unwrap();
+        let victim = memnode_holding_data(&c, &rt);
         c.kill_memnode(victim).unwrap();
         let killed = Instant::now();
         loop {

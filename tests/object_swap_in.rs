@@ -6,10 +6,10 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
-use remora_runtime::{RemBox, Runtime, Stats};
+use remora_runtime::{RemBox, Runtime};
 
 fn runtime(c: &remora_cluster::LocalCluster, scheme: &str, budget: usize) -> Runtime {
     let mut cfg = runtime_config(c, &format!("object-swap-in-{scheme}"), budget);
@@ -53,18 +53,6 @@ fn check_all(rt: &Runtime, objs: &[RemBox<Obj2K>], versions: &[u64]) {
     }
 }
 
-/// Waits until every far byte is given back (or 10 s) and returns the stats.
-fn settled(rt: &Runtime) -> Stats {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let st = rt.stats();
-        if (st.far.remote_bytes_used == 0 && st.far.kept_bytes == 0) || Instant::now() > deadline {
-            return st;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn one_object_per_swap_in(scheme: &str, kill: bool) {
     let c = cluster(7, 256 << 20, 16 << 20);
     let rt = runtime(&c, scheme, 32 * MIB);
@@ -78,38 +66,31 @@ fn one_object_per_swap_in(scheme: &str, kill: bool) {
         s0.far.far_objects as usize >= n * 3 / 4,
         "objects did not go far: {s0:?}"
     );
-    if kill {
-        // Every later swap-in from this node's spans is a degraded read.
-        c.kill_memnode(0).expect("kill");
-    }
-
-    // Room for everything: nothing is evicted while we count. One object
-    // from each of 64 places far apart, so no two share a span.
-    rt.set_local_budget(32 * MIB);
+    // One object from each of 64 places far apart, so no two share a span.
     let picked: Vec<usize> = (0..64).map(|j| j * (n / 64) + j % 3).collect();
-    read_unwritten(&rt, &objs, picked.iter().copied());
-    let s1 = rt.stats();
-    let swap_ins = s1.traffic.swap_ins - s0.traffic.swap_ins;
-    let object_swap_ins = s1.traffic.object_swap_ins - s0.traffic.object_swap_ins;
-    let left_far = s0.far.far_objects - s1.far.far_objects;
+    let d = stats_delta(&rt, || {
+        if kill {
+            // Every later swap-in from this node's spans is a degraded read.
+            c.kill_memnode(0).expect("kill");
+        }
+        // Room for everything: nothing is evicted while we count.
+        rt.set_local_budget(32 * MIB);
+        read_unwritten(&rt, &objs, picked.iter().copied());
+    });
+    let swap_ins = d.traffic.swap_ins;
+    let object_swap_ins = d.traffic.object_swap_ins;
+    let left_far = s0.far.far_objects - d.far.far_objects;
     eprintln!("{scheme}: {swap_ins} swap-ins, {object_swap_ins} of one object, {left_far} objects left far memory");
-    assert!(swap_ins >= 32, "{scheme}: the picked objects were not far: {s1:?}");
-    assert_eq!(object_swap_ins, swap_ins, "{scheme}: a whole span came back: {s1:?}");
+    assert!(swap_ins >= 32, "{scheme}: the picked objects were not far: {d:?}");
+    assert_eq!(object_swap_ins, swap_ins, "{scheme}: a whole span came back: {d:?}");
     assert_eq!(
         left_far, swap_ins,
         "{scheme}: a swap-in took more than its object out of far memory"
     );
     if kill {
-        assert!(
-            s1.scheme.degraded_reads > s0.scheme.degraded_reads,
-            "{scheme}: no degraded read: {s1:?}"
-        );
+        assert!(d.scheme.degraded_reads > 0, "{scheme}: no degraded read: {d:?}");
     } else {
-        assert_eq!(
-            s1.traffic.swap_in_reads - s0.traffic.swap_in_reads,
-            swap_ins,
-            "{scheme}: one read per swap-in"
-        );
+        assert_eq!(d.traffic.swap_in_reads, swap_ins, "{scheme}: one read per swap-in");
     }
 
     // Write the picked ones, then bring everything back and out again
@@ -129,15 +110,16 @@ fn one_object_per_swap_in(scheme: &str, kill: bool) {
     // Freeing every object, local or far, gives every far span back.
     drop(objs);
     rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
-    let st = settled(&rt);
+    let st = wait_stats(
+        &rt,
+        &format!("{scheme}: kept copies and far memory given back"),
+        Duration::from_secs(10),
+        |st| st.far.kept_bytes == 0 && st.far.remote_bytes_used == 0,
+    );
     assert_eq!(st.local.objects, 0);
     assert_eq!(
         st.far.far_objects, 0,
         "{scheme}: far objects outlived their owners: {st:?}"
-    );
-    assert_eq!(
-        st.far.remote_bytes_used, 0,
-        "{scheme}: far memory not given back: {st:?}"
     );
 }
 
@@ -165,17 +147,12 @@ fn a_scan_brings_the_rest_of_a_span_back_whole() {
     let c = cluster(3, 256 << 20, 16 << 20);
     let n = 4096usize;
     let (rt, objs) = evicted(&c, n);
-    let s0 = rt.stats();
-    let far = s0.far.far_objects;
-    check_all(&rt, &objs, &vec![0; n]);
-    let s1 = rt.stats();
-    let (swap_ins, objects) = (
-        s1.traffic.swap_ins - s0.traffic.swap_ins,
-        s1.traffic.object_swap_ins - s0.traffic.object_swap_ins,
-    );
+    let far = rt.stats().far.far_objects;
+    let d = stats_delta(&rt, || check_all(&rt, &objs, &vec![0; n]));
+    let (swap_ins, objects) = (d.traffic.swap_ins, d.traffic.object_swap_ins);
     eprintln!("scan of {far} far objects: {swap_ins} swap-ins, {objects} of one object");
-    assert!(objects > 0, "no object swap-in: {s1:?}");
-    assert!(objects < swap_ins, "no span came back whole: {s1:?}");
+    assert!(objects > 0, "no object swap-in: {d:?}");
+    assert!(objects < swap_ins, "no span came back whole: {d:?}");
     assert!(
         swap_ins * 3 <= far,
         "a scan read spans once per object: {swap_ins} swap-ins for {far} objects"
@@ -222,38 +199,38 @@ fn threads_missing_on_one_span_each_get_their_object() {
     let n = 2048u64;
     let objs: Vec<RwLock<RemBox<Obj2K>>> = (0..n).map(|i| RwLock::new(rt.alloc(obj(i, 0)).unwrap())).collect();
     let versions: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
-    let s0 = rt.stats();
-    std::thread::scope(|s| {
-        for t in 0..4u64 {
-            let (rt, objs, versions) = (&rt, &objs, &versions);
-            s.spawn(move || {
-                let mut x = t.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-                for _ in 0..20_000 {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    // Eight neighbours (one span's worth) of one of 64 places.
-                    let i = ((x % 64) * 32 + (x >> 40) % 8) % n;
-                    let scope = rt.scope();
-                    if x % 4 == 0 {
-                        let mut g = objs[i as usize].write().unwrap();
-                        let v = versions[i as usize].load(Ordering::Relaxed) + 1;
-                        *g.deref_mut(&scope).expect("deref_mut") = obj(i, v);
-                        versions[i as usize].store(v, Ordering::Relaxed);
-                    } else {
-                        let g = objs[i as usize].read().unwrap();
-                        let v = versions[i as usize].load(Ordering::Relaxed);
-                        let o = g.deref(&scope).expect("deref");
-                        assert!(Words::is(o, i, v), "object {i} v{v}: got id {} v{}", o.id, o.version);
+    let d = stats_delta(&rt, || {
+        std::thread::scope(|s| {
+            for t in 0..4u64 {
+                let (rt, objs, versions) = (&rt, &objs, &versions);
+                s.spawn(move || {
+                    let mut x = t.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                    for _ in 0..20_000 {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        // Eight neighbours (one span's worth) of one of 64 places.
+                        let i = ((x % 64) * 32 + (x >> 40) % 8) % n;
+                        let scope = rt.scope();
+                        if x % 4 == 0 {
+                            let mut g = objs[i as usize].write().unwrap();
+                            let v = versions[i as usize].load(Ordering::Relaxed) + 1;
+                            *g.deref_mut(&scope).expect("deref_mut") = obj(i, v);
+                            versions[i as usize].store(v, Ordering::Relaxed);
+                        } else {
+                            let g = objs[i as usize].read().unwrap();
+                            let v = versions[i as usize].load(Ordering::Relaxed);
+                            let o = g.deref(&scope).expect("deref");
+                            assert!(Words::is(o, i, v), "object {i} v{v}: got id {} v{}", o.id, o.version);
+                        }
                     }
-                }
-            });
-        }
+                });
+            }
+        })
     });
-    let s1 = rt.stats();
     assert!(
-        s1.traffic.object_swap_ins > s0.traffic.object_swap_ins + 100,
-        "too few object swap-ins to have raced: {s1:?}"
+        d.traffic.object_swap_ins > 100,
+        "too few object swap-ins to have raced: {d:?}"
     );
     let objs: Vec<RemBox<Obj2K>> = objs.into_iter().map(|o| o.into_inner().unwrap()).collect();
     let versions: Vec<u64> = versions.iter().map(|v| v.load(Ordering::Relaxed)).collect();

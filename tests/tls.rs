@@ -13,7 +13,10 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{BIN, MARK, Text, cluster_config, refusals, run_remora, runtime_config, spawn_daemon, stderr, stdout};
+use common::{
+    BIN, MARK, Text, cluster_config, memnode_holding_data, refusals, run_remora, runtime_config, spawn_daemon, stderr,
+    stdout,
+};
 use remora_cluster::LocalCluster;
 use remora_proto::{ComputeSession, ConnOptions, MemNodeClient, NodeState, RpcError, TlsConfig, TlsMode};
 use remora_runtime::{RemBox, Runtime};
@@ -85,8 +88,7 @@ fn a_tls_data_cluster_rebuilds_a_lost_node_from_its_peers() {
     let n = 2048;
     let objs: Vec<RemBox<Text>> = (0..n).map(|i| rt.alloc(Text::new(i, 0)).unwrap()).collect();
     rt.wait_for_eviction(Duration::from_secs(30)).unwrap();
-    let held: Vec<String> = rt.regions_with_data().iter().map(|(_, g)| g.addr.clone()).collect();
-    let victim = c.memnodes().iter().position(|m| held.contains(&m.addr)).unwrap();
+    let victim = memnode_holding_data(&c, &rt);
     c.kill_memnode(victim).unwrap();
     let killed = Instant::now();
     loop {

@@ -12,8 +12,8 @@ use std::time::Duration;
 use remora_cluster::{ClusterConfig, LocalCluster};
 pub use remora_testkit::cli::{SMALL_ARRAY, read_json, spawn_daemon, stderr, stdout, succeeded};
 pub use remora_testkit::cluster::{
-    await_refusals, fast_filtering_config, fast_filtering_runtime, node_id, quick_opts, refusals, runtime_config,
-    session,
+    await_refusals, fast_filtering_config, fast_filtering_runtime, memnode_holding_data, node_id, quick_opts, refusals,
+    runtime_config, session,
 };
 pub use remora_testkit::*;
 

@@ -62,6 +62,19 @@ pub fn session(c: &LocalCluster, name: &str) -> ComputeSession {
     ComputeSession::open(c.manager_addr(), name, c.conn_options()).expect("session opens")
 }
 
+/// The index in `c.memnodes()` of the first memory node holding some of
+/// `rt`'s far data ([`Runtime::regions_with_data`]): the victim of a test
+/// that kills, pauses or corrupts a node whose loss must be recovered from.
+/// Fails the test if no node holds any.
+#[track_caller]
+pub fn memnode_holding_data(c: &LocalCluster, rt: &Runtime) -> usize {
+    let held: Vec<String> = rt.regions_with_data().into_iter().map(|(_, g)| g.addr).collect();
+    c.memnodes()
+        .iter()
+        .position(|m| held.contains(&m.addr))
+        .expect("a memory node holds some of the runtime's far data")
+}
+
 /// The manager's id for the cluster's `i`-th memory node.
 pub fn node_id(c: &LocalCluster, i: usize) -> NodeId {
     let addr = &c.memnodes()[i].addr;
