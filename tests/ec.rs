@@ -353,30 +353,53 @@ fn swap_out_shortens_below_k_plus_m_and_waits_below_m_plus_1() {
         st.traffic.swap_outs > 0 && st.scheme.short_spansets > 0,
         "3+2 spansets on five nodes: {st:?}"
     );
-    // Every spanset short: RS(3, 2) on the far data, 5/3 bytes written.
+    // Every spanset short: at most 3 data spans (RS(3, 2): 5/3 bytes
+    // written when full). A batch of spans that does not fill its last
+    // spanset ends it shorter still, more often on a loaded machine, so
+    // the bytes are checked against the spansets written: two parity
+    // members each, beside the data.
+    let (spans, sets) = (st.traffic.swap_outs, st.scheme.spansets_written);
+    assert!(
+        sets * 3 >= spans && sets < spans,
+        "{spans} spans in {sets} spansets: {st:?}"
+    );
     let ratio = write_amplification(&st);
-    assert!((5.0 / 3.0 * 0.99..5.0 / 3.0 * 1.15).contains(&ratio), "{ratio} {st:?}");
+    let parity = 1.0 + 2.0 * sets as f64 / spans as f64;
+    assert!(
+        ratio >= 5.0 / 3.0 * 0.99 && (parity * 0.99..parity * 1.1).contains(&ratio),
+        "{ratio}x written for {spans} spans in {sets} spansets: {st:?}"
+    );
     {
         let scope = rt.scope();
         for (i, o) in objs.iter().enumerate() {
             assert!(Words::is(o.deref(&scope).unwrap(), i as u64, 7));
         }
     }
-    // A sixth node: full spansets for what is evicted from now on.
+    // A sixth node: full spansets for what is evicted once the runtime
+    // has asked for a full group (a swap-out asks at most once a second,
+    // and on a loaded machine the first ask may find the manager slow):
+    // each pass swaps everything in and out again, until one writes full
+    // spansets.
     c.add_memnode().unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
-    let d = stats_delta(&rt, || {
-        let scope = rt.scope();
-        for (i, o) in objs.iter().enumerate() {
-            assert!(Words::is(o.deref(&scope).unwrap(), i as u64, 7));
+    let start = Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_millis(1100));
+        let d = stats_delta(&rt, || {
+            let scope = rt.scope();
+            for (i, o) in objs.iter().enumerate() {
+                assert!(Words::is(o.deref(&scope).unwrap(), i as u64, 7));
+            }
+            drop(scope);
+            rt.wait_for_eviction(Duration::from_secs(20)).unwrap();
+        });
+        if d.scheme.spansets_written > d.scheme.partial_spansets {
+            break;
         }
-        drop(scope);
-        rt.wait_for_eviction(Duration::from_secs(20)).unwrap();
-    });
-    assert!(
-        d.scheme.spansets_written > d.scheme.partial_spansets,
-        "full 4+2 spansets once six nodes live: {d:?}"
-    );
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "no full 4+2 spansets though six nodes live: {d:?}"
+        );
+    }
     // The short groups are given the sixth node at their empty position:
     // full width again (their 3+2 spansets can fold into full ones).
     let sixth = c.memnodes()[5].addr.clone();
