@@ -127,7 +127,7 @@ fn hot_cold_run(c: &remora_cluster::LocalCluster, filtering: usize) -> Outcome {
     let pressed = rt.stats();
     let pressure_swap_ins = pressed.traffic.swap_ins - warm.traffic.swap_ins;
     assert!(
-        pressed.local.local_bytes <= budget as u64 / 2,
+        pressed.local.bytes <= budget as u64 / 2,
         "eviction kept local memory under the budget: {pressed:?}"
     );
     let hot_total = (0..N).filter(|&i| hot(i)).count();

@@ -74,10 +74,7 @@ fn one_object_per_swap_in(scheme: &str, kill: bool) {
     rt.set_local_budget(MIB / 4);
     rt.wait_for_eviction(Duration::from_secs(30)).unwrap();
     let s0 = rt.stats();
-    assert!(
-        s0.far.far_objects as usize >= n * 3 / 4,
-        "objects did not go far: {s0:?}"
-    );
+    assert!(s0.far.objects as usize >= n * 3 / 4, "objects did not go far: {s0:?}");
     if kill {
         // Every later swap-in from this node's spans is a degraded read.
         c.kill_memnode(0).expect("kill");
@@ -91,7 +88,7 @@ fn one_object_per_swap_in(scheme: &str, kill: bool) {
     let s1 = rt.stats();
     let swap_ins = s1.traffic.swap_ins - s0.traffic.swap_ins;
     let object_swap_ins = s1.traffic.object_swap_ins - s0.traffic.object_swap_ins;
-    let left_far = s0.far.far_objects - s1.far.far_objects;
+    let left_far = s0.far.objects - s1.far.objects;
     eprintln!("{scheme}: {swap_ins} swap-ins, {object_swap_ins} of one object, {left_far} objects left far memory");
     assert!(swap_ins >= 32, "{scheme}: the picked objects were not far: {s1:?}");
     assert_eq!(object_swap_ins, swap_ins, "{scheme}: a whole span came back: {s1:?}");
@@ -131,10 +128,7 @@ fn one_object_per_swap_in(scheme: &str, kill: bool) {
     rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
     let st = settled(&rt);
     assert_eq!(st.local.objects, 0);
-    assert_eq!(
-        st.far.far_objects, 0,
-        "{scheme}: far objects outlived their owners: {st:?}"
-    );
+    assert_eq!(st.far.objects, 0, "{scheme}: far objects outlived their owners: {st:?}");
     assert_eq!(
         st.far.remote_bytes_used, 0,
         "{scheme}: far memory not given back: {st:?}"
@@ -166,7 +160,7 @@ fn a_scan_brings_the_rest_of_a_span_back_whole() {
     let n = 4096usize;
     let (rt, objs) = evicted(&c, n);
     let s0 = rt.stats();
-    let far = s0.far.far_objects;
+    let far = s0.far.objects;
     check_all(&rt, &objs, &vec![0; n]);
     let s1 = rt.stats();
     let (swap_ins, objects) = (
@@ -198,7 +192,7 @@ fn far_spans_stay_at_least_half_full() {
         let st = rt.stats();
         // Kept far copies of spans swapped in whole are not holes.
         let far = st.far.remote_bytes_used - st.far.kept_bytes;
-        let live = st.far.far_objects * slot;
+        let live = st.far.objects * slot;
         eprintln!("pass {pass}: {far} far bytes for {live} of live far objects: {st:?}");
         assert!(
             far <= live * 21 / 10 + 4 * (16 << 10), // and a few spans' rounding

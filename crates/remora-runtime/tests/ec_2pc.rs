@@ -150,7 +150,7 @@ fn refill_under(what: &str, fault: impl FnOnce(&InProcessCluster, &Runtime)) -> 
         "{what}: {} delta applies, {} degraded reads, far objects {}",
         after.delta_applies - before.delta_applies,
         st.scheme.degraded_reads,
-        st.far.far_objects
+        st.far.objects
     );
     (c, st)
 }

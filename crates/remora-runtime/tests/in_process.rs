@@ -37,7 +37,7 @@ fn fill(rt: &Runtime, n: u64) -> Vec<RemBox<Obj>> {
 }
 
 fn far_share(st: &Stats) -> f64 {
-    st.far.far_objects as f64 / st.local.objects.max(1) as f64
+    st.far.objects as f64 / st.local.objects.max(1) as f64
 }
 
 #[test]
@@ -338,7 +338,7 @@ fn large_objects_go_far_and_come_back() {
         let rt = runtime(&c, name, 2 * MIB);
         let objs: Vec<RemBox<Big>> = (0..24).map(|i| rt.alloc(*big(i)).unwrap()).collect();
         rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
-        assert!(rt.stats().far.far_objects > 10, "{name}: {:?}", rt.stats());
+        assert!(rt.stats().far.objects > 10, "{name}: {:?}", rt.stats());
         for (i, o) in objs.iter().enumerate() {
             let scope = rt.scope();
             let got = o.deref(&scope).unwrap();
@@ -507,7 +507,7 @@ fn ec_split_frees_far_pages_as_spans_come_back() {
     );
     try_verify(&rt, &objs, |_| 0).unwrap();
     let st = rt.stats();
-    assert_eq!(st.far.far_objects, 0, "{st:?}");
+    assert_eq!(st.far.objects, 0, "{st:?}");
     assert_eq!(st.far.hole_bytes, 0, "{st:?}");
     // Kept copies count their fragments' bytes; a row's members round up
     // to whole pages, at most one page per position and row.

@@ -124,7 +124,7 @@ pub(crate) fn drive(
                 if let Some(rt) = store.rt {
                     let st = rt.stats();
                     remote = (remote.0 + st.far.remote_bytes_used as f64, remote.1 + 1);
-                    local = (local.0 + st.local.local_bytes as f64, local.1 + 1);
+                    local = (local.0 + st.local.bytes as f64, local.1 + 1);
                 } else if let Some(b) = store.bank.redis_bytes() {
                     remote = (remote.0 + b as f64, remote.1 + 1);
                 }

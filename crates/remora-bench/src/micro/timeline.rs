@@ -36,7 +36,7 @@ pub(crate) fn points(snaps: &Snaps<Stats>) -> Vec<Point> {
             t,
             ops_per_s,
             far_used: s.far.remote_bytes_used,
-            far_held: s.far.far_bytes_held,
+            far_held: s.far.bytes_held,
         })
         .collect()
 }

@@ -34,8 +34,9 @@ pub struct Stats {
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct LocalStats {
     /// Local bytes in spans now (a level).
-    pub local_bytes: u64,
-    /// Live objects now, local or far (a level).
+    pub bytes: u64,
+    /// Live objects now, local or far (a level); [`FarStats::objects`] of
+    /// them are far.
     pub objects: u64,
     /// Dereferences that waited for a swap-in, their own or another thread's (misses).
     pub deref_misses: u64,
@@ -53,19 +54,20 @@ pub struct LocalStats {
 }
 
 /// Far memory: what is held from the manager and what it holds. All levels
-/// but `far_bytes_given_back`.
+/// but `bytes_given_back`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct FarStats {
     /// Far bytes allocated to spans now (a level).
     pub remote_bytes_used: u64,
     /// Far bytes held from the manager now: every region, in use or not (a level).
-    pub far_bytes_held: u64,
+    pub bytes_held: u64,
     /// Bytes of empty regions given back to the manager so far (a counter).
-    pub far_bytes_given_back: u64,
+    pub bytes_given_back: u64,
     /// Far bytes of live data spans now (a level).
     pub live_bytes: u64,
-    /// Live objects in far spans now; the rest are local (a level).
-    pub far_objects: u64,
+    /// Live objects in far spans now; the rest of [`LocalStats::objects`]
+    /// are local (a level).
+    pub objects: u64,
     /// Far bytes held by holes (swapped-in spans parity still covers) now (a level).
     pub hole_bytes: u64,
     /// Far bytes held now by kept far copies of swapped-in clean spans (a level).
@@ -230,7 +232,7 @@ impl Stats {
 impl LocalStats {
     fn since(&self, e: &Self) -> Self {
         Self {
-            local_bytes: self.local_bytes,
+            bytes: self.bytes,
             objects: self.objects,
             deref_misses: self.deref_misses.saturating_sub(e.deref_misses),
             room_wait_ns: self.room_wait_ns.saturating_sub(e.room_wait_ns),
@@ -246,10 +248,10 @@ impl FarStats {
     fn since(&self, e: &Self) -> Self {
         Self {
             remote_bytes_used: self.remote_bytes_used,
-            far_bytes_held: self.far_bytes_held,
-            far_bytes_given_back: self.far_bytes_given_back.saturating_sub(e.far_bytes_given_back),
+            bytes_held: self.bytes_held,
+            bytes_given_back: self.bytes_given_back.saturating_sub(e.bytes_given_back),
             live_bytes: self.live_bytes,
-            far_objects: self.far_objects,
+            objects: self.objects,
             hole_bytes: self.hole_bytes,
             kept_bytes: self.kept_bytes,
             stranded_bytes: self.stranded_bytes,
@@ -331,7 +333,7 @@ impl Inner {
         let (suspicions, suspicions_cleared) = self.far.detector().suspects.counts();
         Stats {
             local: LocalStats {
-                local_bytes: self.heap.bytes_in_use() as u64,
+                bytes: self.heap.bytes_in_use() as u64,
                 objects: self.slots.in_use() as u64,
                 deref_misses: c.deref_misses,
                 room_wait_ns: c.room_wait_ns,
@@ -342,10 +344,10 @@ impl Inner {
             },
             far: FarStats {
                 remote_bytes_used: self.scheme.remote_bytes_used(&self.far),
-                far_bytes_held: self.far.held_bytes(),
-                far_bytes_given_back: c.given_back,
+                bytes_held: self.far.held_bytes(),
+                bytes_given_back: c.given_back,
                 live_bytes: live,
-                far_objects: self.far_map.objects(),
+                objects: self.far_map.objects(),
                 hole_bytes: rep.hole_bytes,
                 kept_bytes: rep.kept_bytes,
                 stranded_bytes: rep.stranded_bytes,
@@ -410,12 +412,12 @@ mod tests {
     /// Two snapshots with every counter grown and every level moved (some up, some down).
     fn pair() -> (Stats, Stats) {
         let mut a = Stats::default();
-        a.local.local_bytes = 1000;
+        a.local.bytes = 1000;
         a.local.objects = 50;
         a.local.deref_misses = 3;
         a.local.evict_busy_ns = 10;
         a.far.remote_bytes_used = 4096;
-        a.far.far_bytes_given_back = 8192;
+        a.far.bytes_given_back = 8192;
         a.far.stranded_bytes = 16;
         a.traffic.swap_ins = 5;
         a.traffic.bytes_written_remote = 700;
@@ -428,12 +430,12 @@ mod tests {
         a.scheme.compaction_mode = Some("local");
         a.scheme.memnode_cpu_permille = 900;
         let mut b = a.clone();
-        b.local.local_bytes = 600;
+        b.local.bytes = 600;
         b.local.objects = 70;
         b.local.deref_misses = 10;
         b.local.evict_busy_ns = 25;
         b.far.remote_bytes_used = 2048;
-        b.far.far_bytes_given_back = 12288;
+        b.far.bytes_given_back = 12288;
         b.far.stranded_bytes = 32;
         b.traffic.swap_ins = 9;
         b.traffic.bytes_written_remote = 1000;
@@ -455,7 +457,7 @@ mod tests {
         // Counters: the growth between the snapshots.
         assert_eq!(d.local.deref_misses, 7);
         assert_eq!(d.local.evict_busy_ns, 15);
-        assert_eq!(d.far.far_bytes_given_back, 4096);
+        assert_eq!(d.far.bytes_given_back, 4096);
         assert_eq!(d.traffic.swap_ins, 4);
         assert_eq!(d.traffic.bytes_written_remote, 300);
         assert_eq!(d.traffic.write_requests, 5);
@@ -463,7 +465,7 @@ mod tests {
         assert_eq!(d.scheme.spansets_written, 2);
         assert_eq!(d.scheme.reconstruct_seconds, 0.5);
         // Levels: the later snapshot's, whether they rose or fell.
-        assert_eq!(d.local.local_bytes, 600);
+        assert_eq!(d.local.bytes, 600);
         assert_eq!(d.local.objects, 70);
         assert_eq!(d.far.remote_bytes_used, 2048);
         assert_eq!(d.far.stranded_bytes, 32);
@@ -480,7 +482,7 @@ mod tests {
     fn since_itself_leaves_only_levels() {
         let (_, b) = pair();
         let mut want = Stats::default();
-        want.local.local_bytes = 600;
+        want.local.bytes = 600;
         want.local.objects = 70;
         want.far.remote_bytes_used = 2048;
         want.far.stranded_bytes = 32;
@@ -495,10 +497,10 @@ mod tests {
         let (a, b) = pair();
         let d = a.since(&b);
         assert_eq!(d.traffic.swap_ins, 0);
-        assert_eq!(d.far.far_bytes_given_back, 0);
+        assert_eq!(d.far.bytes_given_back, 0);
         assert_eq!(d.scheme.reconstruct_seconds, 0.0);
         // Levels are still the receiver's.
-        assert_eq!(d.local.local_bytes, 1000);
+        assert_eq!(d.local.bytes, 1000);
         assert_eq!(d.scheme.compaction_mode, Some("local"));
     }
 
@@ -509,7 +511,8 @@ mod tests {
         let mut groups: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
         groups.sort_unstable();
         assert_eq!(groups, ["detection", "far", "local", "scheme", "traffic"]);
-        assert_eq!(v["local"]["local_bytes"], 600);
+        assert_eq!(v["local"]["bytes"], 600);
+        assert_eq!(v["far"]["bytes_given_back"], 12288);
         assert_eq!(v["traffic"]["bytes_written_remote"], 1000);
         assert_eq!(v["detection"]["overdue_writes"], 4);
         assert_eq!(v["scheme"]["compaction_mode"], "remote");
