@@ -92,7 +92,7 @@ fn clean_reeviction(scheme: &str) {
     let mut st: Stats;
     loop {
         st = rt.stats();
-        if (st.far.kept_bytes == 0 && st.far.remote_bytes_used == 0) || Instant::now() > deadline {
+        if (st.far.kept_bytes == 0 && st.far.bytes_used == 0) || Instant::now() > deadline {
             break;
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -102,10 +102,7 @@ fn clean_reeviction(scheme: &str) {
         st.far.kept_bytes, 0,
         "{scheme}: kept copies outlived their objects: {st:?}"
     );
-    assert_eq!(
-        st.far.remote_bytes_used, 0,
-        "{scheme}: far memory not given back: {st:?}"
-    );
+    assert_eq!(st.far.bytes_used, 0, "{scheme}: far memory not given back: {st:?}");
 }
 
 #[test]

@@ -84,7 +84,7 @@ fn gives_back(name: &str) {
             Instant::now() < deadline,
             "{name}: far memory held stays at {} of {held_full} bytes after 90 % of the data died (in use {})",
             s.far.bytes_held,
-            s.far.remote_bytes_used
+            s.far.bytes_used
         );
         std::thread::sleep(Duration::from_millis(200));
     }

@@ -58,7 +58,7 @@ fn settled(rt: &Runtime) -> Stats {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let st = rt.stats();
-        if (st.far.remote_bytes_used == 0 && st.far.kept_bytes == 0) || Instant::now() > deadline {
+        if (st.far.bytes_used == 0 && st.far.kept_bytes == 0) || Instant::now() > deadline {
             return st;
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -129,10 +129,7 @@ fn one_object_per_swap_in(scheme: &str, kill: bool) {
     let st = settled(&rt);
     assert_eq!(st.local.objects, 0);
     assert_eq!(st.far.objects, 0, "{scheme}: far objects outlived their owners: {st:?}");
-    assert_eq!(
-        st.far.remote_bytes_used, 0,
-        "{scheme}: far memory not given back: {st:?}"
-    );
+    assert_eq!(st.far.bytes_used, 0, "{scheme}: far memory not given back: {st:?}");
 }
 
 #[test]
@@ -191,7 +188,7 @@ fn far_spans_stay_at_least_half_full() {
         read_unwritten(&rt, &objs, (pass..n).step_by(8));
         let st = rt.stats();
         // Kept far copies of spans swapped in whole are not holes.
-        let far = st.far.remote_bytes_used - st.far.kept_bytes;
+        let far = st.far.bytes_used - st.far.kept_bytes;
         let live = st.far.objects * slot;
         eprintln!("pass {pass}: {far} far bytes for {live} of live far objects: {st:?}");
         assert!(

@@ -50,11 +50,11 @@ fn objects_survive_eviction_and_swap_in() {
     );
     assert!(st.traffic.bytes_written_remote >= st.traffic.bytes_evicted_data);
     // Dropping objects (local and far) returns far space.
-    let far_before = st.far.remote_bytes_used;
+    let far_before = st.far.bytes_used;
     objs.truncate(n as usize / 4);
     rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
     let st = rt.stats();
-    assert!(st.far.remote_bytes_used < far_before, "{st:?}");
+    assert!(st.far.bytes_used < far_before, "{st:?}");
     assert_eq!(st.local.objects, n / 4);
     // Every object is local or far, and each side's count fits its bytes
     // (a 4 KiB object takes at least 4 KiB of a span).
@@ -76,7 +76,7 @@ fn objects_survive_eviction_and_swap_in() {
     rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
     assert_eq!(rt.stats().local.objects, 0);
     assert_eq!(rt.stats().far.objects, 0);
-    assert_eq!(rt.stats().far.remote_bytes_used, 0);
+    assert_eq!(rt.stats().far.bytes_used, 0);
 }
 
 /// A 16 KiB value (with its header, the 20 KiB class: two per 40 KiB span).

@@ -250,7 +250,7 @@ pub(crate) fn with_stores<R>(
                     "{name}: loaded in {:.1} s; {:.1} MiB local, {:.1} MiB far",
                     start.elapsed().as_secs_f64(),
                     rt.stats().local.bytes as f64 / (1 << 20) as f64,
-                    rt.stats().far.remote_bytes_used as f64 / (1 << 20) as f64
+                    rt.stats().far.bytes_used as f64 / (1 << 20) as f64
                 ));
                 (Box::new(bank), Some(rt))
             }

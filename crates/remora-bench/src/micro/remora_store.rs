@@ -109,7 +109,7 @@ fn figures(first: &Stats, last: &Stats, samples: &[Stats]) -> RemoraFigures {
     let avg = |f: fn(&Stats) -> u64| samples.iter().map(|s| f(s) as f64).sum::<f64>() / k;
     RemoraFigures {
         delta: last.since(first),
-        avg_remote_used: avg(|s| s.far.remote_bytes_used),
+        avg_remote_used: avg(|s| s.far.bytes_used),
         avg_live: avg(|s| s.far.live_bytes),
         avg_local: avg(|s| s.local.bytes),
         avg_kept: avg(|s| s.far.kept_bytes),

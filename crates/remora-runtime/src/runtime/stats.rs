@@ -58,7 +58,7 @@ pub struct LocalStats {
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct FarStats {
     /// Far bytes allocated to spans now (a level).
-    pub remote_bytes_used: u64,
+    pub bytes_used: u64,
     /// Far bytes held from the manager now: every region, in use or not (a level).
     pub bytes_held: u64,
     /// Bytes of empty regions given back to the manager so far (a counter).
@@ -247,7 +247,7 @@ impl LocalStats {
 impl FarStats {
     fn since(&self, e: &Self) -> Self {
         Self {
-            remote_bytes_used: self.remote_bytes_used,
+            bytes_used: self.bytes_used,
             bytes_held: self.bytes_held,
             bytes_given_back: self.bytes_given_back.saturating_sub(e.bytes_given_back),
             live_bytes: self.live_bytes,
@@ -343,7 +343,7 @@ impl Inner {
                 spans_filtered: c.spans_filtered,
             },
             far: FarStats {
-                remote_bytes_used: self.scheme.remote_bytes_used(&self.far),
+                bytes_used: self.scheme.remote_bytes_used(&self.far),
                 bytes_held: self.far.held_bytes(),
                 bytes_given_back: c.given_back,
                 live_bytes: live,
@@ -416,7 +416,7 @@ mod tests {
         a.local.objects = 50;
         a.local.deref_misses = 3;
         a.local.evict_busy_ns = 10;
-        a.far.remote_bytes_used = 4096;
+        a.far.bytes_used = 4096;
         a.far.bytes_given_back = 8192;
         a.far.stranded_bytes = 16;
         a.traffic.swap_ins = 5;
@@ -434,7 +434,7 @@ mod tests {
         b.local.objects = 70;
         b.local.deref_misses = 10;
         b.local.evict_busy_ns = 25;
-        b.far.remote_bytes_used = 2048;
+        b.far.bytes_used = 2048;
         b.far.bytes_given_back = 12288;
         b.far.stranded_bytes = 32;
         b.traffic.swap_ins = 9;
@@ -467,7 +467,7 @@ mod tests {
         // Levels: the later snapshot's, whether they rose or fell.
         assert_eq!(d.local.bytes, 600);
         assert_eq!(d.local.objects, 70);
-        assert_eq!(d.far.remote_bytes_used, 2048);
+        assert_eq!(d.far.bytes_used, 2048);
         assert_eq!(d.far.stranded_bytes, 32);
         assert_eq!(d.scheme.recovering, 0);
         assert_eq!(d.scheme.lost_positions, 3);
@@ -484,7 +484,7 @@ mod tests {
         let mut want = Stats::default();
         want.local.bytes = 600;
         want.local.objects = 70;
-        want.far.remote_bytes_used = 2048;
+        want.far.bytes_used = 2048;
         want.far.stranded_bytes = 32;
         want.scheme.lost_positions = 3;
         want.scheme.compaction_mode = Some("remote");
