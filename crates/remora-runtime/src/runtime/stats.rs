@@ -226,100 +226,84 @@ impl Stats {
     }
 }
 
-// Each `since` below names every field (no `..`), so a new field does not
-// compile until it is classed as a counter or a level.
+/// A counter's growth from an earlier snapshot: 0 rather than below.
+trait Growth {
+    fn growth_since(self, earlier: Self) -> Self;
+}
 
-impl LocalStats {
-    fn since(&self, e: &Self) -> Self {
-        Self {
-            bytes: self.bytes,
-            objects: self.objects,
-            deref_misses: self.deref_misses.saturating_sub(e.deref_misses),
-            room_wait_ns: self.room_wait_ns.saturating_sub(e.room_wait_ns),
-            evict_busy_ns: self.evict_busy_ns.saturating_sub(e.evict_busy_ns),
-            objects_moved: self.objects_moved.saturating_sub(e.objects_moved),
-            objects_moved_hot: self.objects_moved_hot.saturating_sub(e.objects_moved_hot),
-            spans_filtered: self.spans_filtered.saturating_sub(e.spans_filtered),
-        }
+impl Growth for u64 {
+    fn growth_since(self, earlier: u64) -> u64 {
+        self.saturating_sub(earlier)
     }
 }
 
-impl FarStats {
-    fn since(&self, e: &Self) -> Self {
-        Self {
-            bytes_used: self.bytes_used,
-            bytes_held: self.bytes_held,
-            bytes_given_back: self.bytes_given_back.saturating_sub(e.bytes_given_back),
-            live_bytes: self.live_bytes,
-            objects: self.objects,
-            hole_bytes: self.hole_bytes,
-            kept_bytes: self.kept_bytes,
-            stranded_bytes: self.stranded_bytes,
-        }
+impl Growth for f64 {
+    fn growth_since(self, earlier: f64) -> f64 {
+        (self - earlier).max(0.0)
     }
 }
 
-impl TrafficStats {
-    fn since(&self, e: &Self) -> Self {
-        Self {
-            swap_ins: self.swap_ins.saturating_sub(e.swap_ins),
-            swap_in_reads: self.swap_in_reads.saturating_sub(e.swap_in_reads),
-            object_swap_ins: self.object_swap_ins.saturating_sub(e.object_swap_ins),
-            swap_in_bytes: self.swap_in_bytes.saturating_sub(e.swap_in_bytes),
-            swap_in_used_bytes: self.swap_in_used_bytes.saturating_sub(e.swap_in_used_bytes),
-            swap_outs: self.swap_outs.saturating_sub(e.swap_outs),
-            evictions_aborted: self.evictions_aborted.saturating_sub(e.evictions_aborted),
-            bytes_evicted_data: self.bytes_evicted_data.saturating_sub(e.bytes_evicted_data),
-            clean_evictions: self.clean_evictions.saturating_sub(e.clean_evictions),
-            clean_bytes_saved: self.clean_bytes_saved.saturating_sub(e.clean_bytes_saved),
-            bytes_read_remote: self.bytes_read_remote.saturating_sub(e.bytes_read_remote),
-            bytes_written_remote: self.bytes_written_remote.saturating_sub(e.bytes_written_remote),
-            write_requests: self.write_requests.saturating_sub(e.write_requests),
-            txn_requests: self.txn_requests.saturating_sub(e.txn_requests),
-            txn_bytes: self.txn_bytes.saturating_sub(e.txn_bytes),
+/// Gives each group its `since`, from one list of its counters (their
+/// growth, by [`Growth`]) and one of its levels (the later snapshot's).
+/// The struct literal it builds names every field listed and has no `..`,
+/// so a field left out of both lists, or put in both, does not compile; nor
+/// does a counter of a type without [`Growth`] (a mode, say). The unit test
+/// `since_classes_every_figure_as_the_docs_do` checks the lists against the
+/// levels the groups' docs name.
+macro_rules! since {
+    ($($group:ident { counters: [$($counter:ident),* $(,)?], levels: [$($level:ident),* $(,)?] $(,)? })*) => {$(
+        impl $group {
+            fn since(&self, e: &Self) -> Self {
+                Self {
+                    $($counter: self.$counter.growth_since(e.$counter),)*
+                    $($level: self.$level,)*
+                }
+            }
+
+            /// Every field, counter or level, set from `n` (for the tests).
+            #[cfg(test)]
+            fn filled(n: u32) -> Self {
+                Self {
+                    $($counter: tests::Fill::fill(n),)*
+                    $($level: tests::Fill::fill(n),)*
+                }
+            }
         }
-    }
+    )*};
 }
 
-impl DetectionStats {
-    fn since(&self, e: &Self) -> Self {
-        Self {
-            suspicions: self.suspicions.saturating_sub(e.suspicions),
-            suspicions_cleared: self.suspicions_cleared.saturating_sub(e.suspicions_cleared),
-            overdue_reads: self.overdue_reads.saturating_sub(e.overdue_reads),
-            overdue_writes: self.overdue_writes.saturating_sub(e.overdue_writes),
-        }
+since! {
+    LocalStats {
+        counters: [deref_misses, room_wait_ns, evict_busy_ns, objects_moved, objects_moved_hot, spans_filtered],
+        levels: [bytes, objects],
     }
-}
-
-impl SchemeStats {
-    fn since(&self, e: &Self) -> Self {
-        Self {
-            spansets_written: self.spansets_written.saturating_sub(e.spansets_written),
-            partial_spansets: self.partial_spansets.saturating_sub(e.partial_spansets),
-            short_spansets: self.short_spansets,
-            degraded_reads: self.degraded_reads.saturating_sub(e.degraded_reads),
-            reconstructed_bytes: self.reconstructed_bytes.saturating_sub(e.reconstructed_bytes),
-            reconstruct_seconds: (self.reconstruct_seconds - e.reconstruct_seconds).max(0.0),
-            recoveries: self.recoveries.saturating_sub(e.recoveries),
-            recovering: self.recovering,
-            rebuild_retries: self.rebuild_retries.saturating_sub(e.rebuild_retries),
-            lost_positions: self.lost_positions,
-            spansets_below_tolerance: self.spansets_below_tolerance,
-            checksum_repairs: self.checksum_repairs.saturating_sub(e.checksum_repairs),
-            doubt_repairs: self.doubt_repairs.saturating_sub(e.doubt_repairs),
-            restriped_spans: self.restriped_spans.saturating_sub(e.restriped_spans),
-            compactions: self.compactions.saturating_sub(e.compactions),
-            compactions_local: self.compactions_local.saturating_sub(e.compactions_local),
-            compactions_remote: self.compactions_remote.saturating_sub(e.compactions_remote),
-            compaction_switches: self.compaction_switches.saturating_sub(e.compaction_switches),
-            compaction_mode: self.compaction_mode,
-            memnode_cpu_permille: self.memnode_cpu_permille,
-            compactions_aborted: self.compactions_aborted.saturating_sub(e.compactions_aborted),
-            compacted_bytes_freed: self.compacted_bytes_freed.saturating_sub(e.compacted_bytes_freed),
-            compacted_dead_bytes: self.compacted_dead_bytes.saturating_sub(e.compacted_dead_bytes),
-            compaction_busy_ns: self.compaction_busy_ns.saturating_sub(e.compaction_busy_ns),
-        }
+    FarStats {
+        counters: [bytes_given_back],
+        levels: [bytes_used, bytes_held, live_bytes, objects, hole_bytes, kept_bytes, stranded_bytes],
+    }
+    TrafficStats {
+        counters: [
+            swap_ins, swap_in_reads, object_swap_ins, swap_in_bytes, swap_in_used_bytes, swap_outs,
+            evictions_aborted, bytes_evicted_data, clean_evictions, clean_bytes_saved, bytes_read_remote,
+            bytes_written_remote, write_requests, txn_requests, txn_bytes,
+        ],
+        levels: [],
+    }
+    DetectionStats {
+        counters: [suspicions, suspicions_cleared, overdue_reads, overdue_writes],
+        levels: [],
+    }
+    SchemeStats {
+        counters: [
+            spansets_written, partial_spansets, degraded_reads, reconstructed_bytes, reconstruct_seconds,
+            recoveries, rebuild_retries, checksum_repairs, doubt_repairs, restriped_spans, compactions,
+            compactions_local, compactions_remote, compaction_switches, compactions_aborted,
+            compacted_bytes_freed, compacted_dead_bytes, compaction_busy_ns,
+        ],
+        levels: [
+            short_spansets, recovering, lost_positions, spansets_below_tolerance, compaction_mode,
+            memnode_cpu_permille,
+        ],
     }
 }
 
@@ -408,6 +392,53 @@ impl Inner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A figure set from a small number, for [`Stats::filled`].
+    pub(super) trait Fill {
+        fn fill(n: u32) -> Self;
+    }
+
+    impl Fill for u64 {
+        fn fill(n: u32) -> u64 {
+            n.into()
+        }
+    }
+
+    impl Fill for u32 {
+        fn fill(n: u32) -> u32 {
+            n
+        }
+    }
+
+    impl Fill for f64 {
+        fn fill(n: u32) -> f64 {
+            n.into()
+        }
+    }
+
+    impl Fill for Option<&'static str> {
+        fn fill(n: u32) -> Self {
+            Some(["zero", "one", "two", "three"][n as usize])
+        }
+    }
+
+    impl Stats {
+        /// Every figure of every group set from `n`.
+        fn filled(n: u32) -> Stats {
+            Stats {
+                local: LocalStats::filled(n),
+                far: FarStats::filled(n),
+                traffic: TrafficStats::filled(n),
+                detection: DetectionStats::filled(n),
+                scheme: SchemeStats::filled(n),
+            }
+        }
+    }
+
+    /// The levels, as the groups' docs list them (`group.figure`); every other figure is a counter.
+    const LEVELS: &str = "local.bytes local.objects far.bytes_used far.bytes_held far.live_bytes far.objects \
+        far.hole_bytes far.kept_bytes far.stranded_bytes scheme.short_spansets scheme.recovering \
+        scheme.lost_positions scheme.spansets_below_tolerance scheme.compaction_mode scheme.memnode_cpu_permille";
 
     /// Two snapshots with every counter grown and every level moved (some up, some down).
     fn pair() -> (Stats, Stats) {
@@ -502,6 +533,30 @@ mod tests {
         // Levels are still the receiver's.
         assert_eq!(d.local.bytes, 1000);
         assert_eq!(d.scheme.compaction_mode, Some("local"));
+    }
+
+    /// Every figure of every group moved from 1 to 3: the levels (as
+    /// [`LEVELS`] lists them) come out 3, every counter 2, so a figure
+    /// `since!` classes wrongly fails here, whichever way round.
+    #[test]
+    fn since_classes_every_figure_as_the_docs_do() {
+        let json = |s: Stats| serde_json::to_value(s).unwrap();
+        let d = json(Stats::filled(3).since(&Stats::filled(1)));
+        let (later, grown) = (json(Stats::filled(3)), json(Stats::filled(2)));
+        for level in LEVELS.split_whitespace() {
+            let (group, name) = level.split_once('.').unwrap();
+            assert!(d[group].get(name).is_some(), "{level} is not a figure");
+        }
+        for (group, figures) in d.as_object().unwrap() {
+            for (name, v) in figures.as_object().unwrap() {
+                let level = LEVELS.split_whitespace().any(|l| l == format!("{group}.{name}"));
+                let (want, class) = match level {
+                    true => (&later[group][name], "a level"),
+                    false => (&grown[group][name], "a counter"),
+                };
+                assert_eq!(v, want, "{group}.{name} should be {class}");
+            }
+        }
     }
 
     #[test]
