@@ -31,7 +31,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let objects = (0..n).map(|i| rt.alloc(chunk(i))).collect::<Result<Vec<_>, _>>()?;
     println!(
         "allocated {n} objects (1 GiB) with {} MiB local",
-        rt.stats().local.local_bytes >> 20
+        rt.stats().local.bytes >> 20
     );
 
     for (i, obj) in objects.iter().enumerate() {

@@ -91,7 +91,7 @@ fn clean_reeviction(scheme: &str) {
         &rt,
         &format!("{scheme}: kept copies and far memory given back"),
         Duration::from_secs(10),
-        |st| st.far.kept_bytes == 0 && st.far.remote_bytes_used == 0,
+        |st| st.far.kept_bytes == 0 && st.far.bytes_used == 0,
     );
     assert_eq!(st.local.objects, 0);
 }
@@ -132,7 +132,7 @@ fn filtering_leaves_the_cold_objects_of_a_clean_span_in_place() {
     let objs: Vec<RemBox<Obj1016>> = (0..n).map(|i| rt.alloc(obj(i as u64, 0)).unwrap()).collect();
     rt.set_local_budget(MIB / 4);
     rt.wait_for_eviction(Duration::from_secs(30)).unwrap();
-    assert!(rt.stats().far.far_objects as usize >= n * 3 / 4, "{:?}", rt.stats());
+    assert!(rt.stats().far.objects as usize >= n * 3 / 4, "{:?}", rt.stats());
     rt.set_local_budget(32 * MIB);
     // Each span comes back for 5 of its objects, read again and again while
     // the filter moves them to hot spans.

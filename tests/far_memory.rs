@@ -23,9 +23,9 @@ fn regions_in_use(c: &remora_cluster::LocalCluster) -> u64 {
 fn held_agreed(rt: &Runtime, c: &remora_cluster::LocalCluster, what: &str) -> u64 {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let held = rt.stats().far.far_bytes_held;
+        let held = rt.stats().far.bytes_held;
         let at_manager = regions_in_use(c) * REGION;
-        if held == at_manager && rt.stats().far.far_bytes_held == held {
+        if held == at_manager && rt.stats().far.bytes_held == held {
             return held;
         }
         assert!(
@@ -77,19 +77,19 @@ fn gives_back(name: &str) {
     loop {
         rt.give_back_empty_regions();
         let s = rt.stats();
-        if s.far.far_bytes_held * 2 <= held_full {
+        if s.far.bytes_held * 2 <= held_full {
             break;
         }
         assert!(
             Instant::now() < deadline,
             "{name}: far memory held stays at {} of {held_full} bytes after 90 % of the data died (in use {})",
-            s.far.far_bytes_held,
-            s.far.remote_bytes_used
+            s.far.bytes_held,
+            s.far.bytes_used
         );
         std::thread::sleep(Duration::from_millis(200));
     }
     let s = rt.stats();
-    assert!(s.far.far_bytes_given_back > 0, "{name}: given back is counted");
+    assert!(s.far.bytes_given_back > 0, "{name}: given back is counted");
     // The manager sees the regions free again.
     let held_now = held_agreed(&rt, &c, name);
     assert!(
@@ -103,7 +103,7 @@ fn gives_back(name: &str) {
     // first peak's objects, so that the peak stays below the first: new
     // regions take the vacant indices; old and new objects all read back.
     let mut next = n;
-    while rt.stats().far.far_bytes_held <= s.far.far_bytes_held && next < n + n * 3 / 4 {
+    while rt.stats().far.bytes_held <= s.far.bytes_held && next < n + n * 3 / 4 {
         objs.extend((next..next + n / 8).map(|i| (i, rt.alloc(Obj2K::new(i, 0)).unwrap())));
         next += n / 8;
         rt.wait_for_eviction(Duration::from_secs(60)).unwrap();
@@ -111,12 +111,12 @@ fn gives_back(name: &str) {
     // Read before the objects are verified: the swap-ins of the check
     // leave holes and free slots, and the runtime may give regions back
     // meanwhile.
-    let grown = rt.stats().far.far_bytes_held;
+    let grown = rt.stats().far.bytes_held;
     verify(&rt, &objs);
     assert!(
-        grown > s.far.far_bytes_held,
+        grown > s.far.bytes_held,
         "{name}: far memory did not grow again ({grown} held, {} after the drop)",
-        s.far.far_bytes_held
+        s.far.bytes_held
     );
     let indices: Vec<u16> = rt.regions().iter().map(|(i, _)| *i).collect();
     let max = indices.iter().copied().max().unwrap_or(0) as u64;

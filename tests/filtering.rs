@@ -127,7 +127,7 @@ fn hot_cold_run(c: &remora_cluster::LocalCluster, filtering: usize) -> Outcome {
     let pressed = rt.stats();
     let pressure_swap_ins = pressed.traffic.swap_ins - warm.traffic.swap_ins;
     assert!(
-        pressed.local.local_bytes <= budget as u64 / 2,
+        pressed.local.bytes <= budget as u64 / 2,
         "eviction kept local memory under the budget: {pressed:?}"
     );
     let hot_total = (0..N).filter(|&i| hot(i)).count();
@@ -151,7 +151,7 @@ fn hot_cold_run(c: &remora_cluster::LocalCluster, filtering: usize) -> Outcome {
     rt.wait_for_eviction(Duration::from_secs(20)).expect("eviction settles");
     let end = rt.stats();
     assert_eq!(end.local.objects, 0, "objects leaked: {end:?}");
-    assert_eq!(end.far.remote_bytes_used, 0, "far memory leaked: {end:?}");
+    assert_eq!(end.far.bytes_used, 0, "far memory leaked: {end:?}");
     Outcome {
         hot_local: hot_local as f64 / hot_total as f64,
         hot_pass_swap_ins,
@@ -364,5 +364,5 @@ fn stress_filtering_with_eviction_and_frees() {
     rt.wait_for_eviction(Duration::from_secs(20)).expect("eviction settles");
     let end = rt.stats();
     assert_eq!(end.local.objects, 0, "objects leaked: {end:?}");
-    assert_eq!(end.far.remote_bytes_used, 0, "far memory leaked: {end:?}");
+    assert_eq!(end.far.bytes_used, 0, "far memory leaked: {end:?}");
 }

@@ -99,7 +99,7 @@ fn tpc_a_on_the_kv_store_survives_a_killed_node_under_ec_batch() {
         bank.store().stats()
     );
     assert!(st.scheme.reconstructed_bytes > 0 && st.traffic.swap_ins > 100, "{st:?}");
-    assert!(st.far.far_objects > shape.rows() / 2, "most rows should be far: {st:?}");
+    assert!(st.far.objects > shape.rows() / 2, "most rows should be far: {st:?}");
     let audit = bank.audit().unwrap();
     audit.check(&shape, committed.load(Ordering::Relaxed)).unwrap();
     assert_eq!(audit.values, shape.rows());

@@ -62,10 +62,7 @@ fn one_object_per_swap_in(scheme: &str, kill: bool) {
     rt.set_local_budget(MIB / 4);
     rt.wait_for_eviction(Duration::from_secs(30)).unwrap();
     let s0 = rt.stats();
-    assert!(
-        s0.far.far_objects as usize >= n * 3 / 4,
-        "objects did not go far: {s0:?}"
-    );
+    assert!(s0.far.objects as usize >= n * 3 / 4, "objects did not go far: {s0:?}");
     // One object from each of 64 places far apart, so no two share a span.
     let picked: Vec<usize> = (0..64).map(|j| j * (n / 64) + j % 3).collect();
     let d = stats_delta(&rt, || {
@@ -79,7 +76,7 @@ fn one_object_per_swap_in(scheme: &str, kill: bool) {
     });
     let swap_ins = d.traffic.swap_ins;
     let object_swap_ins = d.traffic.object_swap_ins;
-    let left_far = s0.far.far_objects - d.far.far_objects;
+    let left_far = s0.far.objects - d.far.objects;
     eprintln!("{scheme}: {swap_ins} swap-ins, {object_swap_ins} of one object, {left_far} objects left far memory");
     assert!(swap_ins >= 32, "{scheme}: the picked objects were not far: {d:?}");
     assert_eq!(object_swap_ins, swap_ins, "{scheme}: a whole span came back: {d:?}");
@@ -114,13 +111,10 @@ fn one_object_per_swap_in(scheme: &str, kill: bool) {
         &rt,
         &format!("{scheme}: kept copies and far memory given back"),
         Duration::from_secs(10),
-        |st| st.far.kept_bytes == 0 && st.far.remote_bytes_used == 0,
+        |st| st.far.kept_bytes == 0 && st.far.bytes_used == 0,
     );
     assert_eq!(st.local.objects, 0);
-    assert_eq!(
-        st.far.far_objects, 0,
-        "{scheme}: far objects outlived their owners: {st:?}"
-    );
+    assert_eq!(st.far.objects, 0, "{scheme}: far objects outlived their owners: {st:?}");
 }
 
 #[test]
@@ -147,7 +141,7 @@ fn a_scan_brings_the_rest_of_a_span_back_whole() {
     let c = cluster(3, 256 << 20, 16 << 20);
     let n = 4096usize;
     let (rt, objs) = evicted(&c, n);
-    let far = rt.stats().far.far_objects;
+    let far = rt.stats().far.objects;
     let d = stats_delta(&rt, || check_all(&rt, &objs, &vec![0; n]));
     let (swap_ins, objects) = (d.traffic.swap_ins, d.traffic.object_swap_ins);
     eprintln!("scan of {far} far objects: {swap_ins} swap-ins, {objects} of one object");
@@ -174,8 +168,8 @@ fn far_spans_stay_at_least_half_full() {
         read_unwritten(&rt, &objs, (pass..n).step_by(8));
         let st = rt.stats();
         // Kept far copies of spans swapped in whole are not holes.
-        let far = st.far.remote_bytes_used - st.far.kept_bytes;
-        let live = st.far.far_objects * slot;
+        let far = st.far.bytes_used - st.far.kept_bytes;
+        let live = st.far.objects * slot;
         eprintln!("pass {pass}: {far} far bytes for {live} of live far objects: {st:?}");
         assert!(
             far <= live * 21 / 10 + 4 * (16 << 10), // and a few spans' rounding

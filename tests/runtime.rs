@@ -23,10 +23,7 @@ fn objects_survive_eviction_and_swap_in() {
     let mut objs: Vec<RemBox<Page>> = (0..n).map(|i| rt.alloc(obj(i, 0)).unwrap()).collect();
     let st = rt.stats();
     assert!(st.traffic.swap_outs > 0, "nothing was evicted: {st:?}");
-    assert!(
-        st.local.local_bytes <= 10 * MIB as u64,
-        "local memory over budget: {st:?}"
-    );
+    assert!(st.local.bytes <= 10 * MIB as u64, "local memory over budget: {st:?}");
     // Read everything back, then update every other object and read again.
     {
         let mut scope = rt.scope();
@@ -53,24 +50,24 @@ fn objects_survive_eviction_and_swap_in() {
     );
     assert!(st.traffic.bytes_written_remote >= st.traffic.bytes_evicted_data);
     // Dropping objects (local and far) returns far space.
-    let far_before = st.far.remote_bytes_used;
+    let far_before = st.far.bytes_used;
     objs.truncate(n as usize / 4);
     rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
     let st = rt.stats();
-    assert!(st.far.remote_bytes_used < far_before, "{st:?}");
+    assert!(st.far.bytes_used < far_before, "{st:?}");
     assert_eq!(st.local.objects, n / 4);
     // Every object is local or far, and each side's count fits its bytes
     // (a 4 KiB object takes at least 4 KiB of a span).
     let local = st
         .local
         .objects
-        .checked_sub(st.far.far_objects)
+        .checked_sub(st.far.objects)
         .expect("more far objects than objects");
     assert!(
-        st.far.far_objects > 0 && st.far.far_objects * 4096 <= st.far.live_bytes,
+        st.far.objects > 0 && st.far.objects * 4096 <= st.far.live_bytes,
         "{st:?}"
     );
-    assert!(local * 4096 <= st.local.local_bytes, "{st:?}");
+    assert!(local * 4096 <= st.local.bytes, "{st:?}");
     for (i, o) in objs.iter().enumerate() {
         let scope = rt.scope();
         Words::check(o.deref(&scope).unwrap(), i as u64, (i % 2 == 0) as u64);
@@ -78,8 +75,8 @@ fn objects_survive_eviction_and_swap_in() {
     drop(objs);
     rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
     assert_eq!(rt.stats().local.objects, 0);
-    assert_eq!(rt.stats().far.far_objects, 0);
-    assert_eq!(rt.stats().far.remote_bytes_used, 0);
+    assert_eq!(rt.stats().far.objects, 0);
+    assert_eq!(rt.stats().far.bytes_used, 0);
 }
 
 /// A 16 KiB value (with its header, the 20 KiB class: two per 40 KiB span).

@@ -105,7 +105,7 @@ fn assert_empty(rt: &Runtime) {
     rt.wait_for_eviction(Duration::from_secs(20)).expect("eviction settles");
     let st = rt.stats();
     assert_eq!(st.local.objects, 0, "objects leaked: {st:?}");
-    assert_eq!(st.far.remote_bytes_used, 0, "far memory leaked: {st:?}");
+    assert_eq!(st.far.bytes_used, 0, "far memory leaked: {st:?}");
     assert_eq!(st.far.live_bytes, 0, "far spans still live: {st:?}");
 }
 

@@ -45,7 +45,7 @@ fn runtime(c: &LocalCluster, scheme: &str, budget: usize) -> Runtime {
 fn store_and_check(rt: &Runtime, n: u64) {
     let mut objs: Vec<RemBox<Text>> = (0..n).map(|i| rt.alloc(Text::new(i, 0)).unwrap()).collect();
     rt.wait_for_eviction(Duration::from_secs(30)).unwrap();
-    assert!(rt.stats().far.far_objects > n / 2, "{:?}", rt.stats());
+    assert!(rt.stats().far.objects > n / 2, "{:?}", rt.stats());
     for (i, o) in objs.iter_mut().enumerate().filter(|(i, _)| i % 2 == 0) {
         let scope = rt.scope();
         *o.deref_mut(&scope).unwrap() = Text::new(i as u64, 1);

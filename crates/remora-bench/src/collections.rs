@@ -519,7 +519,7 @@ where
     ];
     // Each gets `ratio` of the local span bytes its own fill took.
     for f in &fars {
-        let took = f.rt.stats().local.local_bytes;
+        let took = f.rt.stats().local.bytes;
         f.rt.set_local_budget((took as f64 * ratio) as usize);
         f.rt.wait_for_eviction(Duration::from_secs(60))
             .with_context(|| format!("{}: eviction to the local ratio", f.what))?;

@@ -12,7 +12,7 @@
 //!    left, and waits with [`Runtime::wait_for_eviction`] until local memory
 //!    is at or below the runtime's low watermark of the new budget and no
 //!    eviction round is under way; then stops the clock. Meanwhile a sampler
-//!    thread reads `Stats::local.local_bytes` every 10 ms: the drain curve, whose
+//!    thread reads `Stats::local.bytes` every 10 ms: the drain curve, whose
 //!    50 % and 90 % times (of the bytes the drain removed, interpolated
 //!    between samples) are reported beside the total.
 //! 3. **Verify.** Dereferences every object inside a deref scope (swapping
@@ -416,24 +416,24 @@ fn run_scheme<const W: usize>(
     progress(format_args!(
         "[{scheme}] filled in {:.2} s: {} local, {fill_swap_outs} swap-outs",
         fill_time.as_secs_f64(),
-        Mib(s0.local.local_bytes)
+        Mib(s0.local.bytes)
     ));
 
     // Drain: a budget of `--to` of what the fill left (at least 16 spans, so
     // verification has room to swap in), timed until the low watermark.
     let floor = 16 * plan.layout.span_bytes as u64;
-    let target = ((args.to * s0.local.local_bytes as f64) as u64).max(floor);
+    let target = ((args.to * s0.local.bytes as f64) as u64).max(floor);
     let low_mark = (target as f64 * low) as u64;
     progress(format_args!(
         "[{scheme}] draining {} local to a budget of {} (low watermark {})",
-        Mib(s0.local.local_bytes),
+        Mib(s0.local.bytes),
         Mib(target),
         Mib(low_mark)
     ));
     let done = AtomicBool::new(false);
     let (waited, drain_time, mut curve) = thread::scope(|s| {
         let t0 = Instant::now();
-        let (rt, done, local0) = (&rt, &done, s0.local.local_bytes);
+        let (rt, done, local0) = (&rt, &done, s0.local.bytes);
         let sampler = thread::Builder::new()
             .name("drain-sampler".into())
             .spawn_scoped(s, move || {
@@ -442,7 +442,7 @@ fn run_scheme<const W: usize>(
                 while !done.load(Ordering::Acquire) {
                     thread::sleep(next.saturating_duration_since(Instant::now()));
                     next += SAMPLE_EVERY;
-                    let local = rt.stats().local.local_bytes;
+                    let local = rt.stats().local.bytes;
                     curve.push((t0.elapsed().as_secs_f64(), local));
                 }
                 curve
@@ -463,7 +463,7 @@ fn run_scheme<const W: usize>(
     let s1 = rt.stats();
     // Samples taken after the clock stopped belong to no drain.
     curve.retain(|&(t, _)| t < drain_time.as_secs_f64());
-    curve.push((drain_time.as_secs_f64(), s1.local.local_bytes));
+    curve.push((drain_time.as_secs_f64(), s1.local.bytes));
     let timed_out = match waited {
         Ok(()) => false,
         Err(e) => {
@@ -477,7 +477,7 @@ fn run_scheme<const W: usize>(
         Mib(delta.traffic.bytes_evicted_data),
         drain_time.as_secs_f64(),
         mib(delta.traffic.bytes_evicted_data as f64) / drain_time.as_secs_f64().max(1e-9),
-        Mib(s1.local.local_bytes)
+        Mib(s1.local.bytes)
     ));
 
     // Verify every object.
@@ -556,8 +556,8 @@ fn run_scheme<const W: usize>(
         fill_swap_outs,
         target,
         low_mark,
-        local_before: s0.local.local_bytes,
-        local_after: s1.local.local_bytes,
+        local_before: s0.local.bytes,
+        local_after: s1.local.bytes,
         drain_time,
         timed_out,
         delta,

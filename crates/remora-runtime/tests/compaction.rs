@@ -64,7 +64,7 @@ fn settle(rt: &Runtime) -> Stats {
 }
 
 fn far_per_live(st: &Stats) -> f64 {
-    st.far.remote_bytes_used as f64 / st.far.live_bytes.max(1) as f64
+    st.far.bytes_used as f64 / st.far.live_bytes.max(1) as f64
 }
 
 fn gives_back_far_memory(name: &str) {

@@ -92,13 +92,13 @@ fn freed_slots_are_refilled_by_two_phase_commit() {
     // spans, free slots (holes) and kept copies, times 1.5.
     let slots = st.far.live_bytes + st.far.hole_bytes + st.far.kept_bytes;
     assert!(
-        st.far.remote_bytes_used <= slots * 3 / 2 + slots / 100,
+        st.far.bytes_used <= slots * 3 / 2 + slots / 100,
         "far memory beyond (k+m)/k of the slots: {st:?}"
     );
     // Free slots are refilled: they stay a small part of far memory (not
     // one per swap-in, as holes would), so far memory stays near (k+m)/k
     // of the live spans.
-    let far_per_live = |s: &Stats| s.far.remote_bytes_used as f64 / s.far.live_bytes.max(1) as f64;
+    let far_per_live = |s: &Stats| s.far.bytes_used as f64 / s.far.live_bytes.max(1) as f64;
     assert!(far_per_live(&st) < 2.0, "far memory per live byte: {st:?}");
     // A good share of what was evicted went into refilled slots (each
     // filled byte sends m = 2 delta bytes between memory nodes).
@@ -150,7 +150,7 @@ fn refill_under(what: &str, fault: impl FnOnce(&InProcessCluster, &Runtime)) -> 
         "{what}: {} delta applies, {} degraded reads, far objects {}",
         after.delta_applies - before.delta_applies,
         st.scheme.degraded_reads,
-        st.far.far_objects
+        st.far.objects
     );
     (c, st)
 }

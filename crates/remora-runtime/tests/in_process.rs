@@ -37,7 +37,7 @@ fn fill(rt: &Runtime, n: u64) -> Vec<RemBox<Obj>> {
 }
 
 fn far_share(st: &Stats) -> f64 {
-    st.far.far_objects as f64 / st.local.objects.max(1) as f64
+    st.far.objects as f64 / st.local.objects.max(1) as f64
 }
 
 #[test]
@@ -338,7 +338,7 @@ fn large_objects_go_far_and_come_back() {
         let rt = runtime(&c, name, 2 * MIB);
         let objs: Vec<RemBox<Big>> = (0..24).map(|i| rt.alloc(*big(i)).unwrap()).collect();
         rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
-        assert!(rt.stats().far.far_objects > 10, "{name}: {:?}", rt.stats());
+        assert!(rt.stats().far.objects > 10, "{name}: {:?}", rt.stats());
         for (i, o) in objs.iter().enumerate() {
             let scope = rt.scope();
             let got = o.deref(&scope).unwrap();
@@ -496,29 +496,29 @@ fn ec_split_frees_far_pages_as_spans_come_back() {
     let rt = runtime(&c, "ec-split", MIB);
     let objs = fill(&rt, 8 * KIB as u64);
     let st = rt.stats();
-    assert!(far_share(&st) > 0.5 && st.far.remote_bytes_used > 0, "{st:?}");
+    assert!(far_share(&st) > 0.5 && st.far.bytes_used > 0, "{st:?}");
     // Room for everything: nothing goes far again.
     rt.set_local_budget(64 * MIB);
     try_verify(&rt, &objs[..objs.len() / 2], |_| 0).unwrap();
     let half = rt.stats();
     assert!(
-        half.far.remote_bytes_used - half.far.kept_bytes < st.far.remote_bytes_used,
+        half.far.bytes_used - half.far.kept_bytes < st.far.bytes_used,
         "pages were freed as spans came back: {half:?}"
     );
     try_verify(&rt, &objs, |_| 0).unwrap();
     let st = rt.stats();
-    assert_eq!(st.far.far_objects, 0, "{st:?}");
+    assert_eq!(st.far.objects, 0, "{st:?}");
     assert_eq!(st.far.hole_bytes, 0, "{st:?}");
     // Kept copies count their fragments' bytes; a row's members round up
     // to whole pages, at most one page per position and row.
     assert!(
-        st.far.remote_bytes_used >= st.far.kept_bytes
-            && st.far.remote_bytes_used - st.far.kept_bytes <= st.scheme.spansets_written * 6 * 8 * KIB as u64,
+        st.far.bytes_used >= st.far.kept_bytes
+            && st.far.bytes_used - st.far.kept_bytes <= st.scheme.spansets_written * 6 * 8 * KIB as u64,
         "every far byte still held is a kept copy: {st:?}"
     );
     drop(objs);
     let start = std::time::Instant::now();
-    while rt.stats().far.remote_bytes_used > 0 {
+    while rt.stats().far.bytes_used > 0 {
         assert!(
             start.elapsed() < Duration::from_secs(10),
             "kept copies outlived their objects: {:?}",
@@ -639,7 +639,7 @@ fn drains_to(rt: &Runtime, left: impl Fn(&Stats) -> u64) {
     loop {
         rt.give_back_empty_regions();
         let st = rt.stats();
-        if st.far.remote_bytes_used == left(&st) {
+        if st.far.bytes_used == left(&st) {
             return;
         }
         assert!(

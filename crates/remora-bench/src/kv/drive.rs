@@ -123,8 +123,8 @@ pub(crate) fn drive(
                 next_level = el + LEVEL_EVERY;
                 if let Some(rt) = store.rt {
                     let st = rt.stats();
-                    remote = (remote.0 + st.far.remote_bytes_used as f64, remote.1 + 1);
-                    local = (local.0 + st.local.local_bytes as f64, local.1 + 1);
+                    remote = (remote.0 + st.far.bytes_used as f64, remote.1 + 1);
+                    local = (local.0 + st.local.bytes as f64, local.1 + 1);
                 } else if let Some(b) = store.bank.redis_bytes() {
                     remote = (remote.0 + b as f64, remote.1 + 1);
                 }

@@ -193,7 +193,7 @@ pub(crate) fn calibrate(cluster: &LocalCluster, args: &KvArgs, shape: Shape) -> 
         rt: Some(&rt),
         committed: AtomicU64::new(0),
     };
-    let mut peak = rt.stats().local.local_bytes;
+    let mut peak = rt.stats().local.bytes;
     let w = super::drive::drive(
         &store,
         shape,
@@ -202,7 +202,7 @@ pub(crate) fn calibrate(cluster: &LocalCluster, args: &KvArgs, shape: Shape) -> 
         1,
         Duration::from_millis(10),
         &mut |_, _| {
-            peak = peak.max(rt.stats().local.local_bytes);
+            peak = peak.max(rt.stats().local.bytes);
         },
     );
     if w.commits == 0 {
@@ -249,8 +249,8 @@ pub(crate) fn with_stores<R>(
                 progress(format_args!(
                     "{name}: loaded in {:.1} s; {:.1} MiB local, {:.1} MiB far",
                     start.elapsed().as_secs_f64(),
-                    rt.stats().local.local_bytes as f64 / (1 << 20) as f64,
-                    rt.stats().far.remote_bytes_used as f64 / (1 << 20) as f64
+                    rt.stats().local.bytes as f64 / (1 << 20) as f64,
+                    rt.stats().far.bytes_used as f64 / (1 << 20) as f64
                 ));
                 (Box::new(bank), Some(rt))
             }

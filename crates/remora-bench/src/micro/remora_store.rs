@@ -109,11 +109,11 @@ fn figures(first: &Stats, last: &Stats, samples: &[Stats]) -> RemoraFigures {
     let avg = |f: fn(&Stats) -> u64| samples.iter().map(|s| f(s) as f64).sum::<f64>() / k;
     RemoraFigures {
         delta: last.since(first),
-        avg_remote_used: avg(|s| s.far.remote_bytes_used),
+        avg_remote_used: avg(|s| s.far.bytes_used),
         avg_live: avg(|s| s.far.live_bytes),
-        avg_local: avg(|s| s.local.local_bytes),
+        avg_local: avg(|s| s.local.bytes),
         avg_kept: avg(|s| s.far.kept_bytes),
-        avg_local_objects: avg(|s| s.local.objects.saturating_sub(s.far.far_objects)),
+        avg_local_objects: avg(|s| s.local.objects.saturating_sub(s.far.objects)),
         level_samples: samples.len() as u64,
         peer_bytes: 0,
         peer_delta_bytes: 0,
@@ -196,7 +196,7 @@ fn fill_array<'a, const W: usize>(
     progress(format_args!(
         "[{scheme}] filled in {:.2} s: {} local, {} far in {} swap-outs",
         fill_time.as_secs_f64(),
-        ByteSize(st.local.local_bytes),
+        ByteSize(st.local.bytes),
         ByteSize(st.far.live_bytes),
         st.traffic.swap_outs
     ));

@@ -35,8 +35,8 @@ pub(crate) fn points(snaps: &Snaps<Stats>) -> Vec<Point> {
         .map(|((t, ops_per_s), s)| Point {
             t,
             ops_per_s,
-            far_used: s.far.remote_bytes_used,
-            far_held: s.far.far_bytes_held,
+            far_used: s.far.bytes_used,
+            far_held: s.far.bytes_held,
         })
         .collect()
 }

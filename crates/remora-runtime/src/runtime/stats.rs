@@ -34,8 +34,9 @@ pub struct Stats {
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct LocalStats {
     /// Local bytes in spans now (a level).
-    pub local_bytes: u64,
-    /// Live objects now, local or far (a level).
+    pub bytes: u64,
+    /// Live objects now, local or far (a level); [`FarStats::objects`] of
+    /// them are far.
     pub objects: u64,
     /// Dereferences that waited for a swap-in, their own or another thread's (misses).
     pub deref_misses: u64,
@@ -53,19 +54,20 @@ pub struct LocalStats {
 }
 
 /// Far memory: what is held from the manager and what it holds. All levels
-/// but `far_bytes_given_back`.
+/// but `bytes_given_back`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct FarStats {
     /// Far bytes allocated to spans now (a level).
-    pub remote_bytes_used: u64,
+    pub bytes_used: u64,
     /// Far bytes held from the manager now: every region, in use or not (a level).
-    pub far_bytes_held: u64,
+    pub bytes_held: u64,
     /// Bytes of empty regions given back to the manager so far (a counter).
-    pub far_bytes_given_back: u64,
+    pub bytes_given_back: u64,
     /// Far bytes of live data spans now (a level).
     pub live_bytes: u64,
-    /// Live objects in far spans now; the rest are local (a level).
-    pub far_objects: u64,
+    /// Live objects in far spans now; the rest of [`LocalStats::objects`]
+    /// are local (a level).
+    pub objects: u64,
     /// Far bytes held by holes (swapped-in spans parity still covers) now (a level).
     pub hole_bytes: u64,
     /// Far bytes held now by kept far copies of swapped-in clean spans (a level).
@@ -224,100 +226,84 @@ impl Stats {
     }
 }
 
-// Each `since` below names every field (no `..`), so a new field does not
-// compile until it is classed as a counter or a level.
+/// A counter's growth from an earlier snapshot: 0 rather than below.
+trait Growth {
+    fn growth_since(self, earlier: Self) -> Self;
+}
 
-impl LocalStats {
-    fn since(&self, e: &Self) -> Self {
-        Self {
-            local_bytes: self.local_bytes,
-            objects: self.objects,
-            deref_misses: self.deref_misses.saturating_sub(e.deref_misses),
-            room_wait_ns: self.room_wait_ns.saturating_sub(e.room_wait_ns),
-            evict_busy_ns: self.evict_busy_ns.saturating_sub(e.evict_busy_ns),
-            objects_moved: self.objects_moved.saturating_sub(e.objects_moved),
-            objects_moved_hot: self.objects_moved_hot.saturating_sub(e.objects_moved_hot),
-            spans_filtered: self.spans_filtered.saturating_sub(e.spans_filtered),
-        }
+impl Growth for u64 {
+    fn growth_since(self, earlier: u64) -> u64 {
+        self.saturating_sub(earlier)
     }
 }
 
-impl FarStats {
-    fn since(&self, e: &Self) -> Self {
-        Self {
-            remote_bytes_used: self.remote_bytes_used,
-            far_bytes_held: self.far_bytes_held,
-            far_bytes_given_back: self.far_bytes_given_back.saturating_sub(e.far_bytes_given_back),
-            live_bytes: self.live_bytes,
-            far_objects: self.far_objects,
-            hole_bytes: self.hole_bytes,
-            kept_bytes: self.kept_bytes,
-            stranded_bytes: self.stranded_bytes,
-        }
+impl Growth for f64 {
+    fn growth_since(self, earlier: f64) -> f64 {
+        (self - earlier).max(0.0)
     }
 }
 
-impl TrafficStats {
-    fn since(&self, e: &Self) -> Self {
-        Self {
-            swap_ins: self.swap_ins.saturating_sub(e.swap_ins),
-            swap_in_reads: self.swap_in_reads.saturating_sub(e.swap_in_reads),
-            object_swap_ins: self.object_swap_ins.saturating_sub(e.object_swap_ins),
-            swap_in_bytes: self.swap_in_bytes.saturating_sub(e.swap_in_bytes),
-            swap_in_used_bytes: self.swap_in_used_bytes.saturating_sub(e.swap_in_used_bytes),
-            swap_outs: self.swap_outs.saturating_sub(e.swap_outs),
-            evictions_aborted: self.evictions_aborted.saturating_sub(e.evictions_aborted),
-            bytes_evicted_data: self.bytes_evicted_data.saturating_sub(e.bytes_evicted_data),
-            clean_evictions: self.clean_evictions.saturating_sub(e.clean_evictions),
-            clean_bytes_saved: self.clean_bytes_saved.saturating_sub(e.clean_bytes_saved),
-            bytes_read_remote: self.bytes_read_remote.saturating_sub(e.bytes_read_remote),
-            bytes_written_remote: self.bytes_written_remote.saturating_sub(e.bytes_written_remote),
-            write_requests: self.write_requests.saturating_sub(e.write_requests),
-            txn_requests: self.txn_requests.saturating_sub(e.txn_requests),
-            txn_bytes: self.txn_bytes.saturating_sub(e.txn_bytes),
+/// Gives each group its `since`, from one list of its counters (their
+/// growth, by [`Growth`]) and one of its levels (the later snapshot's).
+/// The struct literal it builds names every field listed and has no `..`,
+/// so a field left out of both lists, or put in both, does not compile; nor
+/// does a counter of a type without [`Growth`] (a mode, say). The unit test
+/// `since_classes_every_figure_as_the_docs_do` checks the lists against the
+/// levels the groups' docs name.
+macro_rules! since {
+    ($($group:ident { counters: [$($counter:ident),* $(,)?], levels: [$($level:ident),* $(,)?] $(,)? })*) => {$(
+        impl $group {
+            fn since(&self, e: &Self) -> Self {
+                Self {
+                    $($counter: self.$counter.growth_since(e.$counter),)*
+                    $($level: self.$level,)*
+                }
+            }
+
+            /// Every field, counter or level, set from `n` (for the tests).
+            #[cfg(test)]
+            fn filled(n: u32) -> Self {
+                Self {
+                    $($counter: tests::Fill::fill(n),)*
+                    $($level: tests::Fill::fill(n),)*
+                }
+            }
         }
-    }
+    )*};
 }
 
-impl DetectionStats {
-    fn since(&self, e: &Self) -> Self {
-        Self {
-            suspicions: self.suspicions.saturating_sub(e.suspicions),
-            suspicions_cleared: self.suspicions_cleared.saturating_sub(e.suspicions_cleared),
-            overdue_reads: self.overdue_reads.saturating_sub(e.overdue_reads),
-            overdue_writes: self.overdue_writes.saturating_sub(e.overdue_writes),
-        }
+since! {
+    LocalStats {
+        counters: [deref_misses, room_wait_ns, evict_busy_ns, objects_moved, objects_moved_hot, spans_filtered],
+        levels: [bytes, objects],
     }
-}
-
-impl SchemeStats {
-    fn since(&self, e: &Self) -> Self {
-        Self {
-            spansets_written: self.spansets_written.saturating_sub(e.spansets_written),
-            partial_spansets: self.partial_spansets.saturating_sub(e.partial_spansets),
-            short_spansets: self.short_spansets,
-            degraded_reads: self.degraded_reads.saturating_sub(e.degraded_reads),
-            reconstructed_bytes: self.reconstructed_bytes.saturating_sub(e.reconstructed_bytes),
-            reconstruct_seconds: (self.reconstruct_seconds - e.reconstruct_seconds).max(0.0),
-            recoveries: self.recoveries.saturating_sub(e.recoveries),
-            recovering: self.recovering,
-            rebuild_retries: self.rebuild_retries.saturating_sub(e.rebuild_retries),
-            lost_positions: self.lost_positions,
-            spansets_below_tolerance: self.spansets_below_tolerance,
-            checksum_repairs: self.checksum_repairs.saturating_sub(e.checksum_repairs),
-            doubt_repairs: self.doubt_repairs.saturating_sub(e.doubt_repairs),
-            restriped_spans: self.restriped_spans.saturating_sub(e.restriped_spans),
-            compactions: self.compactions.saturating_sub(e.compactions),
-            compactions_local: self.compactions_local.saturating_sub(e.compactions_local),
-            compactions_remote: self.compactions_remote.saturating_sub(e.compactions_remote),
-            compaction_switches: self.compaction_switches.saturating_sub(e.compaction_switches),
-            compaction_mode: self.compaction_mode,
-            memnode_cpu_permille: self.memnode_cpu_permille,
-            compactions_aborted: self.compactions_aborted.saturating_sub(e.compactions_aborted),
-            compacted_bytes_freed: self.compacted_bytes_freed.saturating_sub(e.compacted_bytes_freed),
-            compacted_dead_bytes: self.compacted_dead_bytes.saturating_sub(e.compacted_dead_bytes),
-            compaction_busy_ns: self.compaction_busy_ns.saturating_sub(e.compaction_busy_ns),
-        }
+    FarStats {
+        counters: [bytes_given_back],
+        levels: [bytes_used, bytes_held, live_bytes, objects, hole_bytes, kept_bytes, stranded_bytes],
+    }
+    TrafficStats {
+        counters: [
+            swap_ins, swap_in_reads, object_swap_ins, swap_in_bytes, swap_in_used_bytes, swap_outs,
+            evictions_aborted, bytes_evicted_data, clean_evictions, clean_bytes_saved, bytes_read_remote,
+            bytes_written_remote, write_requests, txn_requests, txn_bytes,
+        ],
+        levels: [],
+    }
+    DetectionStats {
+        counters: [suspicions, suspicions_cleared, overdue_reads, overdue_writes],
+        levels: [],
+    }
+    SchemeStats {
+        counters: [
+            spansets_written, partial_spansets, degraded_reads, reconstructed_bytes, reconstruct_seconds,
+            recoveries, rebuild_retries, checksum_repairs, doubt_repairs, restriped_spans, compactions,
+            compactions_local, compactions_remote, compaction_switches, compactions_aborted,
+            compacted_bytes_freed, compacted_dead_bytes, compaction_busy_ns,
+        ],
+        levels: [
+            short_spansets, recovering, lost_positions, spansets_below_tolerance, compaction_mode,
+            memnode_cpu_permille,
+        ],
     }
 }
 
@@ -331,7 +317,7 @@ impl Inner {
         let (suspicions, suspicions_cleared) = self.far.detector().suspects.counts();
         Stats {
             local: LocalStats {
-                local_bytes: self.heap.bytes_in_use() as u64,
+                bytes: self.heap.bytes_in_use() as u64,
                 objects: self.slots.in_use() as u64,
                 deref_misses: c.deref_misses,
                 room_wait_ns: c.room_wait_ns,
@@ -341,11 +327,11 @@ impl Inner {
                 spans_filtered: c.spans_filtered,
             },
             far: FarStats {
-                remote_bytes_used: self.scheme.remote_bytes_used(&self.far),
-                far_bytes_held: self.far.held_bytes(),
-                far_bytes_given_back: c.given_back,
+                bytes_used: self.scheme.remote_bytes_used(&self.far),
+                bytes_held: self.far.held_bytes(),
+                bytes_given_back: c.given_back,
                 live_bytes: live,
-                far_objects: self.far_map.objects(),
+                objects: self.far_map.objects(),
                 hole_bytes: rep.hole_bytes,
                 kept_bytes: rep.kept_bytes,
                 stranded_bytes: rep.stranded_bytes,
@@ -407,15 +393,62 @@ impl Inner {
 mod tests {
     use super::*;
 
+    /// A figure set from a small number, for [`Stats::filled`].
+    pub(super) trait Fill {
+        fn fill(n: u32) -> Self;
+    }
+
+    impl Fill for u64 {
+        fn fill(n: u32) -> u64 {
+            n.into()
+        }
+    }
+
+    impl Fill for u32 {
+        fn fill(n: u32) -> u32 {
+            n
+        }
+    }
+
+    impl Fill for f64 {
+        fn fill(n: u32) -> f64 {
+            n.into()
+        }
+    }
+
+    impl Fill for Option<&'static str> {
+        fn fill(n: u32) -> Self {
+            Some(["zero", "one", "two", "three"][n as usize])
+        }
+    }
+
+    impl Stats {
+        /// Every figure of every group set from `n`.
+        fn filled(n: u32) -> Stats {
+            Stats {
+                local: LocalStats::filled(n),
+                far: FarStats::filled(n),
+                traffic: TrafficStats::filled(n),
+                detection: DetectionStats::filled(n),
+                scheme: SchemeStats::filled(n),
+            }
+        }
+    }
+
+    /// The levels, as the groups' docs list them (`group.figure`); every other figure is a counter.
+    const LEVELS: &str = "local.bytes local.objects far.bytes_used far.bytes_held far.live_bytes far.objects \
+        far.hole_bytes far.kept_bytes far.stranded_bytes scheme.short_spansets scheme.recovering \
+        scheme.lost_positions scheme.spansets_below_tolerance scheme.compaction_mode scheme.memnode_cpu_permille";
+
     /// Two snapshots with every counter grown and every level moved (some up, some down).
     fn pair() -> (Stats, Stats) {
         let mut a = Stats::default();
-        a.local.local_bytes = 1000;
+        a.local.bytes = 1000;
         a.local.objects = 50;
         a.local.deref_misses = 3;
         a.local.evict_busy_ns = 10;
-        a.far.remote_bytes_used = 4096;
-        a.far.far_bytes_given_back = 8192;
+        a.far.bytes_used = 4096;
+        a.far.bytes_given_back = 8192;
         a.far.stranded_bytes = 16;
         a.traffic.swap_ins = 5;
         a.traffic.bytes_written_remote = 700;
@@ -428,12 +461,12 @@ mod tests {
         a.scheme.compaction_mode = Some("local");
         a.scheme.memnode_cpu_permille = 900;
         let mut b = a.clone();
-        b.local.local_bytes = 600;
+        b.local.bytes = 600;
         b.local.objects = 70;
         b.local.deref_misses = 10;
         b.local.evict_busy_ns = 25;
-        b.far.remote_bytes_used = 2048;
-        b.far.far_bytes_given_back = 12288;
+        b.far.bytes_used = 2048;
+        b.far.bytes_given_back = 12288;
         b.far.stranded_bytes = 32;
         b.traffic.swap_ins = 9;
         b.traffic.bytes_written_remote = 1000;
@@ -455,7 +488,7 @@ mod tests {
         // Counters: the growth between the snapshots.
         assert_eq!(d.local.deref_misses, 7);
         assert_eq!(d.local.evict_busy_ns, 15);
-        assert_eq!(d.far.far_bytes_given_back, 4096);
+        assert_eq!(d.far.bytes_given_back, 4096);
         assert_eq!(d.traffic.swap_ins, 4);
         assert_eq!(d.traffic.bytes_written_remote, 300);
         assert_eq!(d.traffic.write_requests, 5);
@@ -463,9 +496,9 @@ mod tests {
         assert_eq!(d.scheme.spansets_written, 2);
         assert_eq!(d.scheme.reconstruct_seconds, 0.5);
         // Levels: the later snapshot's, whether they rose or fell.
-        assert_eq!(d.local.local_bytes, 600);
+        assert_eq!(d.local.bytes, 600);
         assert_eq!(d.local.objects, 70);
-        assert_eq!(d.far.remote_bytes_used, 2048);
+        assert_eq!(d.far.bytes_used, 2048);
         assert_eq!(d.far.stranded_bytes, 32);
         assert_eq!(d.scheme.recovering, 0);
         assert_eq!(d.scheme.lost_positions, 3);
@@ -480,9 +513,9 @@ mod tests {
     fn since_itself_leaves_only_levels() {
         let (_, b) = pair();
         let mut want = Stats::default();
-        want.local.local_bytes = 600;
+        want.local.bytes = 600;
         want.local.objects = 70;
-        want.far.remote_bytes_used = 2048;
+        want.far.bytes_used = 2048;
         want.far.stranded_bytes = 32;
         want.scheme.lost_positions = 3;
         want.scheme.compaction_mode = Some("remote");
@@ -495,11 +528,35 @@ mod tests {
         let (a, b) = pair();
         let d = a.since(&b);
         assert_eq!(d.traffic.swap_ins, 0);
-        assert_eq!(d.far.far_bytes_given_back, 0);
+        assert_eq!(d.far.bytes_given_back, 0);
         assert_eq!(d.scheme.reconstruct_seconds, 0.0);
         // Levels are still the receiver's.
-        assert_eq!(d.local.local_bytes, 1000);
+        assert_eq!(d.local.bytes, 1000);
         assert_eq!(d.scheme.compaction_mode, Some("local"));
+    }
+
+    /// Every figure of every group moved from 1 to 3: the levels (as
+    /// [`LEVELS`] lists them) come out 3, every counter 2, so a figure
+    /// `since!` classes wrongly fails here, whichever way round.
+    #[test]
+    fn since_classes_every_figure_as_the_docs_do() {
+        let json = |s: Stats| serde_json::to_value(s).unwrap();
+        let d = json(Stats::filled(3).since(&Stats::filled(1)));
+        let (later, grown) = (json(Stats::filled(3)), json(Stats::filled(2)));
+        for level in LEVELS.split_whitespace() {
+            let (group, name) = level.split_once('.').unwrap();
+            assert!(d[group].get(name).is_some(), "{level} is not a figure");
+        }
+        for (group, figures) in d.as_object().unwrap() {
+            for (name, v) in figures.as_object().unwrap() {
+                let level = LEVELS.split_whitespace().any(|l| l == format!("{group}.{name}"));
+                let (want, class) = match level {
+                    true => (&later[group][name], "a level"),
+                    false => (&grown[group][name], "a counter"),
+                };
+                assert_eq!(v, want, "{group}.{name} should be {class}");
+            }
+        }
     }
 
     #[test]
@@ -509,7 +566,8 @@ mod tests {
         let mut groups: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
         groups.sort_unstable();
         assert_eq!(groups, ["detection", "far", "local", "scheme", "traffic"]);
-        assert_eq!(v["local"]["local_bytes"], 600);
+        assert_eq!(v["local"]["bytes"], 600);
+        assert_eq!(v["far"]["bytes_given_back"], 12288);
         assert_eq!(v["traffic"]["bytes_written_remote"], 1000);
         assert_eq!(v["detection"]["overdue_writes"], 4);
         assert_eq!(v["scheme"]["compaction_mode"], "remote");
