@@ -36,6 +36,7 @@
 //!    `P` is set and `L`, `M`, `E` are clear, the object is local and nobody is
 //!    taking it away, so the address is used directly. No atomic write unless
 //!    hotness or dirty must be raised (then one `fetch_or`).
+//!    ([`Slot::fast_path`].)
 //! 2. **Marking** (background): set `E` (or `M`) with a `fetch_or`, then wait
 //!    for a grace period (module `scope`): every thread that was inside a
 //!    scope when the bit was set has left it. A thread that enters a scope
@@ -44,7 +45,8 @@
 //! 3. **Slow path** (application): spin until `L` is clear, then race for `L`
 //!    with a CAS. The winner either clears `E`/`M` (the application keeps the
 //!    object local and the background operation aborts) or, if `P` is clear,
-//!    goes on to swap the span in.
+//!    goes on to swap the span in. ([`Slot::slow_path`]; the swap-in is
+//!    its caller's.)
 //! 4. **Seal** (background): after the grace period, add `Z` to each marked
 //!    word that still names the object with exactly `P|E` among its flags
 //!    (hotness and dirty may have changed: a reader that loaded the word
@@ -86,9 +88,12 @@
 //!    write the object while the mover reads it, a data race (loom reports
 //!    it: `copy_before_lock_races_a_writer` in `loom_models/moving.rs`).
 //!
-//! `loom` checks these steps, the crate's own `Slot` methods and deref
-//! scopes, in the unit-test modules `loom_models::pointer` and (the move)
-//! `loom_models::moving` (run under `--cfg loom`).
+//! `loom` checks these steps, the crate's own functions named above and
+//! its deref scopes, in the unit-test modules `loom_models::pointer` (the
+//! access barrier against eviction) and `loom_models::moving` (the move),
+//! run under `--cfg loom`. What the runtime does around them and loom
+//! cannot run (the swap-in, the copy of a moved object) is its callers':
+//! `runtime/access.rs`, `runtime/filtering.rs`.
 //!
 //! # Invariants
 //!
@@ -112,6 +117,10 @@
 #[cfg(any(test, loom))]
 use crate::loom::spin_yield;
 use crate::loom::{AtomicU64, Ordering};
+
+mod barrier;
+
+pub(crate) use barrier::Slow;
 
 /// Present: the object is in local memory.
 pub(crate) const PRESENT: u64 = 1 << 0;
@@ -243,10 +252,12 @@ impl Slot {
             .is_ok()
     }
 
-    /// Stores `w` (which must not have `L`), releasing the lock.
+    /// Stores `w` (which must not have `L`), releasing the lock: a
+    /// `Release` store ([`crate::loom::store_release`]; a `swap` under loom).
+    #[inline]
     pub(crate) fn unlock_with(&self, w: u64) {
         debug_assert_eq!(w & LOCK, 0);
-        self.word.store(w, Ordering::Release);
+        crate::loom::store_release(&self.word, w);
     }
 
     /// Step 2, the mark: sets `bit` (`E` or `M`) on the word of the local
