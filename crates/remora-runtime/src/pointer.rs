@@ -42,6 +42,7 @@
 //!    scope when the bit was set has left it. A thread that enters a scope
 //!    afterwards is guaranteed to see the bit (both sides issue a SeqCst fence
 //!    between their store and their load: Dekker) and takes the slow path.
+//!    ([`Slot::mark`]; for the objects of a span, [`evict::mark`].)
 //! 3. **Slow path** (application): spin until `L` is clear, then race for `L`
 //!    with a CAS. The winner either clears `E`/`M` (the application keeps the
 //!    object local and the background operation aborts) or, if `P` is clear,
@@ -58,11 +59,13 @@
 //!    change instead of racing: the evictor no longer waits for any scope,
 //!    so this wait cannot deadlock, and under memory pressure the evictor,
 //!    not the application, must win or the budget could not hold. The aging
-//!    sweep leaves marked words alone.
+//!    sweep leaves marked words alone. ([`evict::seal`]; taking the marks
+//!    back: [`evict::unmark`].)
 //! 5. **Commit** (background): after the far copy is acknowledged, take `L`
 //!    on every object of the span (the word must still be `P|E|Z` for the
 //!    object; it changes only if the owner freed it: abort), then store the
 //!    far word (which clears `P`, `E`, `Z` and `L` at once).
+//!    ([`evict::lock_sealed`], then [`evict::commit_far`].)
 //! 6. **Move** (filtering thread, `runtime/filtering.rs`): the object's span
 //!    is pinned by the filter (as eviction pins it: no allocation from it,
 //!    not released, skipped by the evictor), and so is the destination span.
@@ -92,8 +95,9 @@
 //! its deref scopes, in the unit-test modules `loom_models::pointer` (the
 //! access barrier against eviction) and `loom_models::moving` (the move),
 //! run under `--cfg loom`. What the runtime does around them and loom
-//! cannot run (the swap-in, the copy of a moved object) is its callers':
-//! `runtime/access.rs`, `runtime/filtering.rs`.
+//! cannot run (reading headers in span memory, the swap-out and swap-in,
+//! the far page map, copying a moved object's bytes) is its callers':
+//! `runtime/access.rs`, `runtime/evictor.rs`, `runtime/filtering.rs`.
 //!
 //! # Invariants
 //!
@@ -119,8 +123,10 @@ use crate::loom::spin_yield;
 use crate::loom::{AtomicU64, Ordering};
 
 mod barrier;
+pub(crate) mod evict;
 
 pub(crate) use barrier::Slow;
+pub(crate) use evict::Evictee;
 
 /// Present: the object is in local memory.
 pub(crate) const PRESENT: u64 = 1 << 0;

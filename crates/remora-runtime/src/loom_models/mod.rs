@@ -1,16 +1,22 @@
 //! Loom models of the pointer protocol, the move and the pause gate, run
 //! on the crate's own code: the word transitions are [`Slot`]'s methods,
 //! the access barrier is [`Slot::fast_path`] and [`Slot::slow_path`] (what
-//! `runtime/access.rs` `Inner::access` runs), the deref scopes and grace
-//! periods are [`Rcu`] (`scope.rs`), the move is [`Slot::move_marked`]
-//! (what `runtime/filtering.rs` `move_object` runs), and the gate is
-//! [`crate::pause_gate::PauseGate`]. Under `--cfg loom` their atomics,
-//! mutex and thread-locals are loom's (`crate::loom`).
+//! `runtime/access.rs` `Inner::access` runs), the evictor's word steps are
+//! [`crate::pointer::evict`]'s `mark`, `seal`, `lock_sealed`, `commit_far`
+//! and `unmark` (what `runtime/evictor.rs` `evict_round` runs), the deref
+//! scopes and grace periods are [`Rcu`] (`scope.rs`), the move is
+//! [`Slot::move_marked`] (what `runtime/filtering.rs` `move_object` runs),
+//! and the gate is [`crate::pause_gate::PauseGate`]. Under `--cfg loom`
+//! their atomics, mutex and thread-locals are loom's (`crate::loom`).
 //!
-//! The swap-in of a far span (a network read) cannot run under loom:
+//! What the runtime does around those functions and loom cannot run stays
+//! in the models as a stand-in: the swap-in of a far span (a network read;
 //! `access` returns [`Access::Far`] where the runtime would swap in and run
-//! the slow path again. What is still a copy here: the evictor's and the
-//! dropper's sequence of `Slot` calls around the real transitions, and, in
+//! the slow path again), reading object headers in span memory
+//! (`mark_span`'s `slot_of`), the swap-out and the far page map (a write
+//! of the object's cell, published before `commit_far`). Still a copy
+//! here: the dropper's sequence of `Slot` calls (`runtime/free.rs`
+//! `free_one` interleaves them with the heap and the swap-in) and, in
 //! clearly labelled `should_panic` tests, the old steps the models caught
 //! (`BEFORE_FIXES`, the copy-first move, the gate with its steps swapped).
 //!
@@ -75,8 +81,8 @@ fn check(name: &str, f: impl Fn() + Sync + Send + 'static) {
 /// A release store to a word that other threads update with RMWs, as
 /// [`Slot::unlock_with`] makes it: [`crate::loom::store_release`], a
 /// `swap` under loom (which would otherwise report impossible histories,
-/// tokio-rs/loom#254). For the models' own stores (the copies of the
-/// evictor's commit and of a dropper's reset of the slot, a new tenant).
+/// tokio-rs/loom#254). For the models' own stores (a dropper's reset of
+/// the slot, a new tenant, the old steps of `BEFORE_FIXES`).
 fn store(word: &AtomicU64, v: u64) {
     debug_assert_eq!(v & LOCK, 0);
     crate::loom::store_release(word, v);

@@ -5,9 +5,10 @@
 //! The model found two defects, since fixed (`unmark` expecting the exact
 //! marked word; a Relaxed scope-entry store). Every scenario runs the
 //! protocol as implemented (`CURRENT`: the crate's access barrier,
-//! `Slot::fast_path` and `Slot::slow_path`; `Slot`'s transitions and
-//! `Rcu`); three `#[should_panic]` tests run it as it was (`BEFORE_FIXES`:
-//! copies of the old steps) to show the model catches those defects.
+//! `Slot::fast_path` and `Slot::slow_path`; the evictor's word steps in
+//! `pointer::evict`; `Slot`'s transitions and `Rcu`); three
+//! `#[should_panic]` tests run it as it was (`BEFORE_FIXES`: copies of the
+//! old steps) to show the model catches those defects.
 //! Two threads run with preemption bound 5, three with 2.
 
 use loom::sync::Arc;
