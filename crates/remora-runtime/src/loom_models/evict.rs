@@ -122,39 +122,51 @@ pub(super) enum Evict {
 /// seal, copy out, commit or abort. `released_by_owner` is set by a dropper once
 /// the object's slot in the span is free (`heap.free`); an aborted eviction
 /// of a span left empty releases the span (`end_evict`).
-///
-/// The current protocol runs the evictor's own word steps
-/// ([`crate::pointer::evict`]: `mark`, `seal`, `lock_sealed`, `commit_far`,
-/// and `unmark` inside them); what stays here is what the runtime does
-/// around them in span memory and far memory (`runtime/evictor.rs`): the
-/// header read of `mark_span`, the copy-out, publishing the far copy, and
-/// releasing the span.
 pub(super) fn evict(w: &World, released_by_owner: Option<&AtomicBool>) -> Evict {
     if w.proto.unmark == Unmark::Exact {
         return evict_before_fixes(w, released_by_owner);
     }
-    // Phase 1: `mark_span`; `slot_of` finds no slot while the header is clear.
-    let slot = (w.header.load(Ordering::Acquire) != 0).then_some(&w.slot);
-    let Some(mut objs) = steps::mark([(slot, ADDR, 0)], 1) else {
+    evict_span(&[w], released_by_owner)
+}
+
+/// `evict_round` for a span holding the objects of `span` (one `World`
+/// each, the grace period `span[0]`'s: readers enter its scopes), with the
+/// current protocol. `released_by_owner`: as in [`evict`], set once every
+/// object's slot in the span is free.
+///
+/// It runs the evictor's own word steps ([`crate::pointer::evict`]:
+/// `mark`, `seal`, `lock_sealed`, `commit_far`, and `unmark` inside them);
+/// what stays here is what the runtime does around them in span memory and
+/// far memory (`runtime/evictor.rs`): the header reads of `mark_span`, the
+/// copy-out, publishing the far copy, and releasing the span.
+pub(super) fn evict_span(span: &[&World], released_by_owner: Option<&AtomicBool>) -> Evict {
+    // Phase 1: `mark_span`; `slot_of` finds no slot while a header is clear.
+    let objs = span
+        .iter()
+        .enumerate()
+        .map(|(i, w)| ((w.header.load(Ordering::Acquire) != 0).then_some(&w.slot), ADDR, i));
+    let Some(mut objs) = steps::mark(objs, span.len()) else {
         return Evict::NotMarked;
     };
     // Phase 2: one grace period, then the seal.
-    w.scopes.synchronize();
+    span[0].scopes.synchronize();
     if !steps::seal(&mut objs) {
         return Evict::Unsealed;
     }
     // Phase 3: copy the span out.
-    let copy = copy_out(w);
+    let copies: Vec<u64> = span.iter().map(|w| copy_out(w)).collect();
     // Phase 4: commit.
     if steps::lock_sealed(&mut objs) {
-        publish(w, copy);
+        for (w, copy) in span.iter().zip(copies) {
+            publish(w, copy);
+        }
         steps::commit_far(&objs, |_| LOC);
-        release_span(w);
+        span.iter().for_each(|w| release_span(w));
         Evict::Committed
     } else {
         if released_by_owner.is_some_and(|r| r.load(Ordering::Acquire)) {
             // `end_evict(span, false)` on a span left empty releases it too.
-            release_span(w);
+            span.iter().for_each(|w| release_span(w));
         }
         Evict::Aborted
     }
