@@ -36,15 +36,18 @@
 //!    `P` is set and `L`, `M`, `E` are clear, the object is local and nobody is
 //!    taking it away, so the address is used directly. No atomic write unless
 //!    hotness or dirty must be raised (then one `fetch_or`).
+//!    ([`Slot::fast_path`].)
 //! 2. **Marking** (background): set `E` (or `M`) with a `fetch_or`, then wait
 //!    for a grace period (module `scope`): every thread that was inside a
 //!    scope when the bit was set has left it. A thread that enters a scope
 //!    afterwards is guaranteed to see the bit (both sides issue a SeqCst fence
 //!    between their store and their load: Dekker) and takes the slow path.
+//!    ([`Slot::mark`]; for the objects of a span, [`evict::mark`].)
 //! 3. **Slow path** (application): spin until `L` is clear, then race for `L`
 //!    with a CAS. The winner either clears `E`/`M` (the application keeps the
 //!    object local and the background operation aborts) or, if `P` is clear,
-//!    goes on to swap the span in.
+//!    goes on to swap the span in. ([`Slot::slow_path`]; the swap-in is
+//!    its caller's.)
 //! 4. **Seal** (background): after the grace period, add `Z` to each marked
 //!    word that still names the object with exactly `P|E` among its flags
 //!    (hotness and dirty may have changed: a reader that loaded the word
@@ -56,11 +59,13 @@
 //!    change instead of racing: the evictor no longer waits for any scope,
 //!    so this wait cannot deadlock, and under memory pressure the evictor,
 //!    not the application, must win or the budget could not hold. The aging
-//!    sweep leaves marked words alone.
+//!    sweep leaves marked words alone. ([`evict::seal`]; taking the marks
+//!    back: [`evict::unmark`].)
 //! 5. **Commit** (background): after the far copy is acknowledged, take `L`
 //!    on every object of the span (the word must still be `P|E|Z` for the
 //!    object; it changes only if the owner freed it: abort), then store the
 //!    far word (which clears `P`, `E`, `Z` and `L` at once).
+//!    ([`evict::lock_sealed`], then [`evict::commit_far`].)
 //! 6. **Move** (filtering thread, `runtime/filtering.rs`): the object's span
 //!    is pinned by the filter (as eviction pins it: no allocation from it,
 //!    not released, skipped by the evictor), and so is the destination span.
@@ -86,9 +91,13 @@
 //!    write the object while the mover reads it, a data race (loom reports
 //!    it: `copy_before_lock_races_a_writer` in `loom_models/moving.rs`).
 //!
-//! `loom` checks these steps, the crate's own `Slot` methods and deref
-//! scopes, in the unit-test modules `loom_models::pointer` and (the move)
-//! `loom_models::moving` (run under `--cfg loom`).
+//! `loom` checks these steps, the crate's own functions named above and
+//! its deref scopes, in the unit-test modules `loom_models::pointer` (the
+//! access barrier against eviction) and `loom_models::moving` (the move),
+//! run under `--cfg loom`. What the runtime does around them and loom
+//! cannot run (reading headers in span memory, the swap-out and swap-in,
+//! the far page map, copying a moved object's bytes) is its callers':
+//! `runtime/access.rs`, `runtime/evictor.rs`, `runtime/filtering.rs`.
 //!
 //! # Invariants
 //!
@@ -112,6 +121,12 @@
 #[cfg(any(test, loom))]
 use crate::loom::spin_yield;
 use crate::loom::{AtomicU64, Ordering};
+
+mod barrier;
+pub(crate) mod evict;
+
+pub(crate) use barrier::Slow;
+pub(crate) use evict::Evictee;
 
 /// Present: the object is in local memory.
 pub(crate) const PRESENT: u64 = 1 << 0;
@@ -243,10 +258,12 @@ impl Slot {
             .is_ok()
     }
 
-    /// Stores `w` (which must not have `L`), releasing the lock.
+    /// Stores `w` (which must not have `L`), releasing the lock: a
+    /// `Release` store ([`crate::loom::store_release`]; a `swap` under loom).
+    #[inline]
     pub(crate) fn unlock_with(&self, w: u64) {
         debug_assert_eq!(w & LOCK, 0);
-        self.word.store(w, Ordering::Release);
+        crate::loom::store_release(&self.word, w);
     }
 
     /// Step 2, the mark: sets `bit` (`E` or `M`) on the word of the local

@@ -1,23 +1,25 @@
 //! The world of the pointer model (`pointer.rs`): one object, its slot
 //! (the crate's own [`Slot`]), its local and far copies, the real deref
 //! scopes ([`Scopes::Current`]), and the application and eviction steps
-//! that race on the word: a reader in a scope, `evict_round` for a span of
-//! one object (`mark_span`, the grace period, the seal, the commit or
-//! `unmark`), and `free_object`.
+//! that race on the word: a reader in a scope (the access barrier,
+//! [`Slot::fast_path`] and [`Slot::slow_path`]), `evict_round` for a span
+//! of one object (`mark_span`, the grace period, the seal, the commit or
+//! `unmark`: the functions of [`crate::pointer::evict`]), and a copy of
+//! `free_object`'s steps on the word.
 //!
-//! The current protocol's word transitions are `Slot`'s own (`mark`,
-//! `transition`, `unmark`, `try_lock_exact`, `age`), and the grace period
-//! is `Rcu::synchronize`; `BEFORE_FIXES` runs the model's copies of the old
-//! steps. The object's local memory is a loom `UnsafeCell`: releasing it is
-//! a write (the span goes back to the page heap and is reused), so loom
-//! reports any use that is not ordered before the release, and the value
-//! checks catch a use that is ordered after it.
+//! The current protocol runs the crate's own functions, and the grace
+//! period is `Rcu::synchronize`; `BEFORE_FIXES` runs the model's copies of
+//! the old steps. The object's local memory is a loom `UnsafeCell`:
+//! releasing it is a write (the span goes back to the page heap and is
+//! reused), so loom reports any use that is not ordered before the
+//! release, and the value checks catch a use that is ordered after it.
 
 use loom::cell::UnsafeCell;
 use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use loom::thread;
 
 use super::{Access, Scopes, access, store};
+use crate::pointer::evict as steps;
 use crate::pointer::{
     EVICTING, FarLoc, LOCK, MOVING, PRESENT, SEALED, Slot, far_loc, far_word, hotness, local_addr, local_word,
 };
@@ -46,15 +48,17 @@ pub(super) struct Protocol {
     /// Ordering of the store that makes the scope state odd in `enter_rec`:
     /// `Release` runs the real `Rcu`, `Relaxed` the copy of it before the fix.
     pub(super) enter: Ordering,
-    /// How an aborted eviction takes its mark back.
+    /// The evictor's word steps, and how an aborted eviction takes its mark back.
     pub(super) unmark: Unmark,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Unmark {
-    /// The old `unmark`: CAS from exactly the word as marked to it without `E`.
+    /// The old steps (a copy): the seal, the commit's lock and `unmark`
+    /// each CAS from exactly the word as marked.
     Exact,
-    /// [`Slot::unmark`]: clear `E` while the word still names this local
+    /// The crate's own steps ([`crate::pointer::evict`]), whose `unmark`
+    /// ([`Slot::unmark`]) clears `E` while the word still names this local
     /// object, whatever happened to its hotness and dirty bits meanwhile.
     Ours,
 }
@@ -119,85 +123,118 @@ pub(super) enum Evict {
 /// the object's slot in the span is free (`heap.free`); an aborted eviction
 /// of a span left empty releases the span (`end_evict`).
 pub(super) fn evict(w: &World, released_by_owner: Option<&AtomicBool>) -> Evict {
-    // Phase 1: `mark_span`.
-    if w.header.load(Ordering::Acquire) == 0 {
-        return Evict::NotMarked;
+    if w.proto.unmark == Unmark::Exact {
+        return evict_before_fixes(w, released_by_owner);
     }
-    // The current protocol runs the crate's own word transitions (pointer.rs).
-    let exp = if w.proto.unmark == Unmark::Ours {
-        match w.slot.mark(ADDR, EVICTING) {
-            Some(exp) => exp,
-            None => return Evict::NotMarked,
-        }
-    } else {
-        let prev = w.slot.word.fetch_or(EVICTING, Ordering::SeqCst);
-        if prev & (PRESENT | LOCK | MOVING | EVICTING) != PRESENT || local_addr(prev) != ADDR {
-            if prev & EVICTING == 0 {
-                w.slot.word.fetch_and(!EVICTING, Ordering::SeqCst);
-            }
-            return Evict::NotMarked;
-        }
-        prev | EVICTING
+    evict_span(&[w], released_by_owner)
+}
+
+/// `evict_round` for a span holding the objects of `span` (one `World`
+/// each, the grace period `span[0]`'s: readers enter its scopes), with the
+/// current protocol. `released_by_owner`: as in [`evict`], set once every
+/// object's slot in the span is free.
+///
+/// It runs the evictor's own word steps ([`crate::pointer::evict`]:
+/// `mark`, `seal`, `lock_sealed`, `commit_far`, and `unmark` inside them);
+/// what stays here is what the runtime does around them in span memory and
+/// far memory (`runtime/evictor.rs`): the header reads of `mark_span`, the
+/// copy-out, publishing the far copy, and releasing the span.
+pub(super) fn evict_span(span: &[&World], released_by_owner: Option<&AtomicBool>) -> Evict {
+    // Phase 1: `mark_span`; `slot_of` finds no slot while a header is clear.
+    let objs = span
+        .iter()
+        .enumerate()
+        .map(|(i, w)| ((w.header.load(Ordering::Acquire) != 0).then_some(&w.slot), ADDR, i));
+    let Some(mut objs) = steps::mark(objs, span.len()) else {
+        return Evict::NotMarked;
     };
     // Phase 2: one grace period, then the seal.
-    w.scopes.synchronize();
-    let sealed = if w.proto.unmark == Unmark::Ours {
-        w.slot.transition(ADDR, PRESENT | EVICTING, SEALED)
-    } else {
-        w.slot
-            .word
-            .compare_exchange(exp, exp | SEALED, Ordering::AcqRel, Ordering::Relaxed)
-            .ok()
-            .map(|_| exp | SEALED)
-    };
-    let Some(exp) = sealed else {
-        unmark(w, exp);
+    span[0].scopes.synchronize();
+    if !steps::seal(&mut objs) {
         return Evict::Unsealed;
-    };
-    // Phase 3: copy the span out. Once sealed no thread writes the object,
-    // so the copy is its last value.
-    // SAFETY: loom checks this read against every write.
-    let copy = w.local.with(|p| unsafe { *p });
+    }
+    // Phase 3: copy the span out.
+    let copies: Vec<u64> = span.iter().map(|w| copy_out(w)).collect();
     // Phase 4: commit.
-    let locked = if w.proto.unmark == Unmark::Ours {
-        w.slot
-            .transition(ADDR, PRESENT | EVICTING | SEALED, LOCK)
-            .map(|l| l & !LOCK)
-    } else {
-        w.slot.try_lock_exact(exp).then_some(exp)
-    };
-    if let Some(exp) = locked {
-        // SAFETY: loom checks the access; the far copy is published before the far word.
-        w.far.with_mut(|p| unsafe { *p = copy });
-        store(&w.slot.word, far_word(LOC, exp, hotness(exp)));
-        // `end_evict(span, true)`: the span's memory goes back to the page heap.
-        // SAFETY: loom reports this write if any use of the object is not ordered before it.
-        w.local.with_mut(|p| unsafe { *p = FREED });
+    if steps::lock_sealed(&mut objs) {
+        for (w, copy) in span.iter().zip(copies) {
+            publish(w, copy);
+        }
+        steps::commit_far(&objs, |_| LOC);
+        span.iter().for_each(|w| release_span(w));
         Evict::Committed
     } else {
-        unmark(w, exp);
         if released_by_owner.is_some_and(|r| r.load(Ordering::Acquire)) {
             // `end_evict(span, false)` on a span left empty releases it too.
-            // SAFETY: as above.
-            w.local.with_mut(|p| unsafe { *p = FREED });
+            span.iter().for_each(|w| release_span(w));
         }
         Evict::Aborted
     }
 }
 
-/// Takes back the mark `exp` (the word as `mark_span` or the seal left it) after an abort.
-fn unmark(w: &World, exp: u64) {
-    match w.proto.unmark {
-        Unmark::Exact => {
-            let _ = w
-                .slot
-                .word
-                .compare_exchange(exp, exp & !(EVICTING | SEALED), Ordering::AcqRel, Ordering::Relaxed);
-        }
-        // The crate's own `Slot::unmark`: while the span is pinned its memory
-        // is not reused, so a present word with this address is still ours.
-        Unmark::Ours => w.slot.unmark(local_addr(exp), EVICTING | SEALED),
+/// A labelled copy of `evict` as it was before finding 1 was fixed: the
+/// seal, the commit's lock and `unmark` each expect exactly the word as
+/// marked (`BEFORE_FIXES` only).
+fn evict_before_fixes(w: &World, released_by_owner: Option<&AtomicBool>) -> Evict {
+    if w.header.load(Ordering::Acquire) == 0 {
+        return Evict::NotMarked;
     }
+    let prev = w.slot.word.fetch_or(EVICTING, Ordering::SeqCst);
+    if prev & (PRESENT | LOCK | MOVING | EVICTING) != PRESENT || local_addr(prev) != ADDR {
+        if prev & EVICTING == 0 {
+            w.slot.word.fetch_and(!EVICTING, Ordering::SeqCst);
+        }
+        return Evict::NotMarked;
+    }
+    let exp = prev | EVICTING;
+    w.scopes.synchronize();
+    let unmark_exact = |exp: u64| {
+        let _ = w
+            .slot
+            .word
+            .compare_exchange(exp, exp & !(EVICTING | SEALED), Ordering::AcqRel, Ordering::Relaxed);
+    };
+    if w.slot
+        .word
+        .compare_exchange(exp, exp | SEALED, Ordering::AcqRel, Ordering::Relaxed)
+        .is_err()
+    {
+        unmark_exact(exp);
+        return Evict::Unsealed;
+    }
+    let exp = exp | SEALED;
+    let copy = copy_out(w);
+    if w.slot.try_lock_exact(exp) {
+        publish(w, copy);
+        store(&w.slot.word, far_word(LOC, exp, hotness(exp)));
+        release_span(w);
+        Evict::Committed
+    } else {
+        unmark_exact(exp);
+        if released_by_owner.is_some_and(|r| r.load(Ordering::Acquire)) {
+            release_span(w);
+        }
+        Evict::Aborted
+    }
+}
+
+/// Phase 3: the span's bytes as sent to far memory. Once sealed no thread
+/// writes the object, so the copy is its last value.
+fn copy_out(w: &World) -> u64 {
+    // SAFETY: loom checks this read against every write.
+    w.local.with(|p| unsafe { *p })
+}
+
+/// The far copy, published before the far word (`far_map.insert`).
+fn publish(w: &World, copy: u64) {
+    // SAFETY: loom checks the access; the far copy is published before the far word.
+    w.far.with_mut(|p| unsafe { *p = copy });
+}
+
+/// `end_evict` releasing the span: its memory goes back to the page heap.
+fn release_span(w: &World) {
+    // SAFETY: loom reports this write if any use of the object is not ordered before it.
+    w.local.with_mut(|p| unsafe { *p = FREED });
 }
 
 /// A reader in one scope: dereferences the object and reads it (or, with

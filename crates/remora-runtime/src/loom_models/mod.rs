@@ -1,16 +1,24 @@
 //! Loom models of the pointer protocol, the move and the pause gate, run
 //! on the crate's own code: the word transitions are [`Slot`]'s methods,
-//! the deref scopes and grace periods are [`Rcu`] (`scope.rs`), the move is
+//! the access barrier is [`Slot::fast_path`] and [`Slot::slow_path`] (what
+//! `runtime/access.rs` `Inner::access` runs), the evictor's word steps are
+//! [`crate::pointer::evict`]'s `mark`, `seal`, `lock_sealed`, `commit_far`
+//! and `unmark` (what `runtime/evictor.rs` `evict_round` runs), the deref
+//! scopes and grace periods are [`Rcu`] (`scope.rs`), the move is
 //! [`Slot::move_marked`] (what `runtime/filtering.rs` `move_object` runs),
 //! and the gate is [`crate::pause_gate::PauseGate`]. Under `--cfg loom`
 //! their atomics, mutex and thread-locals are loom's (`crate::loom`).
 //!
-//! What is still a copy here: the access barrier (`runtime/access.rs`
-//! needs a whole runtime; `access` below follows it step by step), the
-//! evictor's and the dropper's sequence of `Slot` calls around the real
-//! transitions, and, in clearly labelled `should_panic` tests, the old
-//! steps the models caught (`BEFORE_FIXES`, the copy-first move, the gate
-//! with its steps swapped).
+//! What the runtime does around those functions and loom cannot run stays
+//! in the models as a stand-in: the swap-in of a far span (a network read;
+//! `access` returns [`Access::Far`] where the runtime would swap in and run
+//! the slow path again), reading object headers in span memory
+//! (`mark_span`'s `slot_of`), the swap-out and the far page map (a write
+//! of the object's cell, published before `commit_far`). Still a copy
+//! here: the dropper's sequence of `Slot` calls (`runtime/free.rs`
+//! `free_one` interleaves them with the heap and the swap-in) and, in
+//! clearly labelled `should_panic` tests, the old steps the models caught
+//! (`BEFORE_FIXES`, the copy-first move, the gate with its steps swapped).
 //!
 //! Running the real `Rcu` found a third defect, since fixed: a reader
 //! thread that ended was dropped from the registry by the next thread to
@@ -35,9 +43,7 @@ mod pointer;
 use loom::sync::atomic::{AtomicU64, Ordering, fence};
 use loom::thread;
 
-use crate::pointer::{
-    DIRTY, EVICTING, FAST_MASK, FRESH, HOT_MASK, HOT_SHIFT, LOCK, MOVING, PRESENT, SEALED, Slot, local_addr,
-};
+use crate::pointer::{LOCK, Slot, Slow};
 use crate::scope::{Rcu, ScopeGuard};
 
 /// Reader threads a model may run (the old scope copy keeps one state each).
@@ -72,17 +78,14 @@ fn check(name: &str, f: impl Fn() + Sync + Send + 'static) {
     check_bounded(name, 5, f);
 }
 
-/// A release store to a word that other threads update with RMWs.
-///
-/// Written as a `swap`: loom 0.7 lets a plain store slip between the read and
-/// the write of a concurrent RMW on the same atomic (tokio-rs/loom#254,
-/// fix pending in #391), which reports impossible histories (e.g. the
-/// evictor's `fetch_or(E)` reading the dropper's locked word and landing
-/// after its reset of the slot). On hardware a store already behaves so;
-/// the `swap` only keeps loom from exploring executions that cannot happen.
+/// A release store to a word that other threads update with RMWs, as
+/// [`Slot::unlock_with`] makes it: [`crate::loom::store_release`], a
+/// `swap` under loom (which would otherwise report impossible histories,
+/// tokio-rs/loom#254). For the models' own stores (a dropper's reset of
+/// the slot, a new tenant, the old steps of `BEFORE_FIXES`).
 fn store(word: &AtomicU64, v: u64) {
     debug_assert_eq!(v & LOCK, 0);
-    word.swap(v, Ordering::Release);
+    crate::loom::store_release(word, v);
 }
 
 /// The deref-scope handshake a model runs.
@@ -215,53 +218,19 @@ impl Access {
     }
 }
 
-/// A copy of `Inner::access` + `access_slow` (`runtime/access.rs`) on one
-/// word, for a read or a write, without the swap-in; the policy's
-/// `on_access` is 255 (CLOCK). The word operations are the same `Slot`
-/// calls; the runtime's function needs a whole runtime.
+/// The policy's `on_access` in the models (CLOCK's).
+const ON_ACCESS: u8 = 255;
+
+/// The access barrier on one word, for a read or a write, as
+/// `Inner::access` runs it (`runtime/access.rs`): [`Slot::fast_path`], else
+/// [`Slot::slow_path`]. Where the runtime swaps a far span in and runs the
+/// slow path again, this returns [`Access::Far`].
 fn access(s: &Slot, write: bool) -> Access {
-    let touch = |w: u64| {
-        let want = if write { HOT_MASK | DIRTY } else { HOT_MASK };
-        if w & want != want {
-            s.word.fetch_or((255 << HOT_SHIFT) | (want & DIRTY), Ordering::Relaxed);
-        }
-    };
-    let w = s.word.load(Ordering::Acquire);
-    if w & FAST_MASK == PRESENT {
-        touch(w);
-        return Access::Fast(local_addr(w));
+    if let Some(addr) = s.fast_path(write, || ON_ACCESS) {
+        return Access::Fast(addr);
     }
-    loop {
-        let w = s.word.load(Ordering::Acquire);
-        if w & LOCK != 0 {
-            thread::yield_now();
-            continue;
-        }
-        if w & PRESENT == 0 {
-            return Access::Far;
-        }
-        if w & SEALED != 0 {
-            // Past the grace period the evictor alone decides: wait for it.
-            thread::yield_now();
-            continue;
-        }
-        if w & (EVICTING | MOVING) != 0 {
-            if s.try_lock_exact(w) {
-                let dirty = if write { DIRTY } else { 0 };
-                store(
-                    &s.word,
-                    (w & !(EVICTING | MOVING | HOT_MASK | FRESH)) | (255 << HOT_SHIFT) | dirty,
-                );
-                return Access::Slow(local_addr(w));
-            }
-            continue;
-        }
-        if w & FRESH != 0 {
-            // The first dereference after a swap-in (it counts the object as used).
-            s.clear_fresh(w);
-            continue;
-        }
-        touch(w);
-        return Access::Slow(local_addr(w));
+    match s.slow_path(write, || ON_ACCESS, |_| {}) {
+        Slow::Local(addr) => Access::Slow(addr),
+        Slow::Far(_) => Access::Far,
     }
 }

@@ -1,12 +1,16 @@
 //! Loom models of the pointer protocol ([`crate::pointer`]): readers,
-//! writers, droppers and the hotness aging race an eviction on one word
-//! (the world and its steps are in `evict.rs`).
+//! writers, droppers and the hotness aging race an eviction on one word,
+//! or on one word of a span of two (which runs the roll-backs of `seal` and
+//! `lock_sealed` for the other object); the world and its steps are in
+//! `evict.rs`.
 //!
 //! The model found two defects, since fixed (`unmark` expecting the exact
 //! marked word; a Relaxed scope-entry store). Every scenario runs the
-//! protocol as implemented (`CURRENT`: the crate's `Slot` transitions and
-//! `Rcu`); three `#[should_panic]` tests run it as it was (`BEFORE_FIXES`:
-//! copies of the old steps) to show the model catches those defects.
+//! protocol as implemented (`CURRENT`: the crate's access barrier,
+//! `Slot::fast_path` and `Slot::slow_path`; the evictor's word steps in
+//! `pointer::evict`; `Slot`'s transitions and `Rcu`); three
+//! `#[should_panic]` tests run it as it was (`BEFORE_FIXES`: copies of the
+//! old steps) to show the model catches those defects.
 //! Two threads run with preemption bound 5, three with 2.
 
 use loom::sync::Arc;
@@ -15,7 +19,7 @@ use loom::thread;
 
 use super::evict::{
     ADDR, ADDR2, BEFORE_FIXES, CURRENT, Evict, LOC, Protocol, Unmark, VALUE, WRITTEN, World, drop_object, evict,
-    reader, use_object,
+    evict_span, reader, use_object,
 };
 use super::{Access, access, check, check_bounded, store};
 use crate::pointer::{DIRTY, EVICTING, HOT_MASK, LOCK, PRESENT, SEALED, far_loc, hotness, local_addr, local_word};
@@ -336,5 +340,73 @@ fn two_evictors_commit_at_most_once() {
         }
         other.join().unwrap();
         assert!(commits.load(Ordering::Relaxed) <= 1);
+    });
+}
+
+/// After an eviction of a span of several objects: committed, every word
+/// (not reset by a dropper) is far; otherwise every one is still local at
+/// its address, unlocked and unmarked. A word left marked would keep the
+/// span from being evicted again, one left sealed or locked would make
+/// every later access to it wait forever.
+fn span_settled(span: &[&World], e: Evict) {
+    for w in span {
+        let word = w.slot.word.load(Ordering::Relaxed);
+        if word == 0 {
+            continue; // dropped
+        }
+        if e == Evict::Committed {
+            assert_eq!(word & (PRESENT | LOCK | EVICTING | SEALED), 0, "{word:#x}");
+            assert_eq!(far_loc(word), LOC);
+        } else {
+            assert_eq!(
+                word & (PRESENT | LOCK | EVICTING | SEALED),
+                PRESENT,
+                "{e:?} left {word:#x}"
+            );
+            assert_eq!(local_addr(word), ADDR);
+        }
+    }
+}
+
+/// A span of two objects: a reader of the second wins its race (slow path,
+/// before the seal) while the first may already be sealed. The eviction is
+/// then abandoned for the whole span, and `seal` takes the first object's
+/// `E|Z` back too (its roll-back, which a span of one object never needs).
+#[test]
+fn reader_of_one_object_vs_evicting_its_span() {
+    check("reader_of_one_object_vs_evicting_its_span", || {
+        let (a, b) = (Arc::new(World::new(255, CURRENT)), Arc::new(World::new(255, CURRENT)));
+        let (a2, b2) = (Arc::clone(&a), Arc::clone(&b));
+        let ev = thread::spawn(move || evict_span(&[&a2, &b2], None));
+        // The grace period is `a`'s: the reader enters its scopes.
+        let scope = a.scopes.enter(0);
+        let (acc, _) = use_object(&b, false);
+        drop(scope);
+        let e = ev.join().unwrap();
+        if matches!(acc, Access::Slow(_)) {
+            assert_ne!(e, Evict::Committed);
+        }
+        span_settled(&[&a, &b], e);
+    });
+}
+
+/// A span of two objects: the owner frees the second (it locks the word,
+/// sealed or not) while the span is evicted. After the seal, `lock_sealed`
+/// has locked the first word when it finds the second gone: it must unlock
+/// the first without `E|Z` (its roll-back, which a span of one object never
+/// needs). The dropper frees the local object exactly when the eviction did
+/// not commit.
+#[test]
+fn dropper_of_one_object_vs_evicting_its_span() {
+    check("dropper_of_one_object_vs_evicting_its_span", || {
+        let (a, b) = (Arc::new(World::new(255, CURRENT)), Arc::new(World::new(255, CURRENT)));
+        let (a2, b2) = (Arc::clone(&a), Arc::clone(&b));
+        let ev = thread::spawn(move || evict_span(&[&a2, &b2], None));
+        let released = AtomicBool::new(false);
+        let freed_local = drop_object(&b, &released);
+        let e = ev.join().unwrap();
+        assert_eq!(freed_local, e != Evict::Committed, "{e:?}");
+        assert_eq!(b.slot.word.load(Ordering::Relaxed), 0);
+        span_settled(&[&a, &b], e);
     });
 }

@@ -1,17 +1,17 @@
 //! The evictor: marks cold spans, waits one grace period per batch, writes
-//! them out through the scheme and commits (pointer protocol steps 2, 4, 5).
+//! them out through the scheme and commits (pointer protocol steps 2, 4, 5;
+//! the steps on the pointer words are [`crate::pointer::evict`]'s).
 
-use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Instant;
 
 use remora_proto::checksum::checksum;
 
-use super::{Inner, kept, slot_ref};
+use super::{Inner, kept};
 use crate::error::RuntimeError;
 use crate::far_page_map::FarSpan;
 use crate::object_heap::SpanRef;
-use crate::pointer::{self, EVICTING, LOCK, PRESENT, SEALED, Slot, far_word, local_addr};
+use crate::pointer::{self, Evictee, evict};
 use crate::scheme::SpanAddr;
 
 impl Inner {
@@ -94,20 +94,9 @@ impl Inner {
         self.rcu.synchronize();
         let mut sealed: Vec<(SpanRef, Marked)> = Vec::with_capacity(marked.len());
         for (span, mut objs) in marked {
-            let mut ok = true;
-            for (slot, exp, _) in objs.iter_mut() {
-                match slot_ref(*slot).transition(local_addr(*exp), PRESENT | EVICTING, SEALED) {
-                    Some(w) => *exp = w,
-                    None => {
-                        ok = false;
-                        break;
-                    }
-                }
-            }
-            if ok {
+            if evict::seal(&mut objs) {
                 sealed.push((span, objs));
             } else {
-                unmark(&objs);
                 self.counters.eviction_aborted();
                 self.heap.end_evict(span, false);
             }
@@ -151,7 +140,7 @@ impl Inner {
                         if let Some(k) = k {
                             self.scheme.release(&self.far, k.at, k.pages);
                         }
-                        unmark(&objs);
+                        evict::unmark(&objs);
                         self.heap.end_evict(span, false);
                     }
                     return 0;
@@ -173,20 +162,8 @@ impl Inner {
         let mut evicted = 0;
         for ((span, mut objs), (at, sum, clean)) in marked.into_iter().zip(placed) {
             let sp = span.get();
-            let mut locked = 0;
-            for (slot, exp, _) in objs.iter_mut() {
-                match slot_ref(*slot).transition(local_addr(*exp), PRESENT | EVICTING | SEALED, LOCK) {
-                    Some(w) => *exp = w & !LOCK,
-                    None => break,
-                }
-                locked += 1;
-            }
-            if locked < objs.len() {
+            if !evict::lock_sealed(&mut objs) {
                 // The owner freed an object meanwhile: keep the span local.
-                for (slot, exp, _) in &objs[..locked] {
-                    slot_ref(*slot).unlock_with(exp & !(EVICTING | SEALED));
-                }
-                unmark(&objs[locked..]);
                 self.scheme.release(&self.far, at, sp.pages() as u32);
                 self.counters.eviction_aborted();
                 self.heap.end_evict(span, false);
@@ -196,8 +173,8 @@ impl Inner {
                 self.counters.evicted_clean(sp.bytes() as u64);
             }
             let mut live = vec![0u64; sp.capacity().div_ceil(64)];
-            for (_, _, i) in &objs {
-                live[i / 64] |= 1 << (i % 64);
+            for o in &objs {
+                live[o.index / 64] |= 1 << (o.index % 64);
             }
             let fs = Arc::new(FarSpan::new(
                 at.region,
@@ -214,10 +191,7 @@ impl Inner {
             // instead of finding them still locked and local.
             let publishing = fs.lock();
             self.far_map.insert(Arc::clone(&fs), publishing.live_count);
-            for (slot, exp, i) in &objs {
-                let loc = fs.loc(*i as u16);
-                slot_ref(*slot).unlock_with(far_word(loc, *exp, pointer::hotness(*exp)));
-            }
+            evict::commit_far(&objs, |i| fs.loc(i as u16));
             drop(publishing);
             self.counters.swapped_out(if clean { 0 } else { sp.bytes() as u64 });
             self.heap.end_evict(span, true);
@@ -230,33 +204,17 @@ impl Inner {
     /// an object is busy or being freed.
     pub(super) fn mark_span(&self, span: SpanRef) -> Option<Marked> {
         let sp = span.get();
-        let mut objs = Vec::with_capacity(sp.allocated());
-        for i in (0..sp.capacity()).filter(|&i| sp.is_allocated(i)) {
+        let objs = (0..sp.capacity()).filter(|&i| sp.is_allocated(i)).map(|i| {
             let addr = sp.object_addr(i);
             // SAFETY: slot i is allocated in a pinned local span.
-            let ok = unsafe { pointer::slot_of(addr) }
-                .and_then(|slot| slot.mark(addr, EVICTING).map(|w| (NonNull::from(slot), w, i)));
-            match ok {
-                Some(o) => objs.push(o),
-                None => {
-                    unmark(&objs);
-                    return None;
-                }
-            }
-        }
-        Some(objs)
+            (unsafe { pointer::slot_of(addr) }, addr, i)
+        });
+        evict::mark(objs, sp.allocated())
     }
 }
 
-/// The objects of a span marked for eviction: slot, word as marked, index.
-pub(super) type Marked = Vec<(NonNull<Slot>, u64, usize)>;
-
-/// Takes back the marks (E and Z) of `objs`.
-fn unmark(objs: &[(NonNull<Slot>, u64, usize)]) {
-    for (slot, exp, _) in objs {
-        slot_ref(*slot).unmark(local_addr(*exp), EVICTING | SEALED);
-    }
-}
+/// The objects of a span marked for eviction (slots live as long as the runtime).
+pub(super) type Marked = Vec<Evictee<'static>>;
 
 #[cfg(all(test, not(loom)))]
 mod tests;

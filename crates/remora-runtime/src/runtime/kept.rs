@@ -101,9 +101,9 @@ impl Inner {
         let k = self.kept.take(id)?;
         let clean = k.start == span.start()
             && k.pages as usize == span.pages()
-            && objs
-                .iter()
-                .all(|(_, w, i)| w & DIRTY == 0 && k.live.get(i / 64).is_some_and(|b| b & (1 << (i % 64)) != 0));
+            && objs.iter().all(|o| {
+                o.word & DIRTY == 0 && k.live.get(o.index / 64).is_some_and(|b| b & (1 << (o.index % 64)) != 0)
+            });
         if clean && self.scheme.reuse(&self.far, k.at, k.pages, k.token) {
             return Some(k);
         }
