@@ -87,13 +87,7 @@ fn clean_reeviction(scheme: &str) {
     read_all(&rt, &objs, &versions[..n / 2]);
     drop(objs);
     rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
-    let st = wait_stats(
-        &rt,
-        &format!("{scheme}: kept copies and far memory given back"),
-        Duration::from_secs(10),
-        |st| st.far.kept_bytes == 0 && st.far.bytes_used == 0,
-    );
-    assert_eq!(st.local.objects, 0);
+    wait_far_given_back(&rt, scheme);
 }
 
 #[test]

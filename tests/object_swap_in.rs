@@ -107,13 +107,7 @@ fn one_object_per_swap_in(scheme: &str, kill: bool) {
     // Freeing every object, local or far, gives every far span back.
     drop(objs);
     rt.wait_for_eviction(Duration::from_secs(10)).unwrap();
-    let st = wait_stats(
-        &rt,
-        &format!("{scheme}: kept copies and far memory given back"),
-        Duration::from_secs(10),
-        |st| st.far.kept_bytes == 0 && st.far.bytes_used == 0,
-    );
-    assert_eq!(st.local.objects, 0);
+    let st = wait_far_given_back(&rt, scheme);
     assert_eq!(st.far.objects, 0, "{scheme}: far objects outlived their owners: {st:?}");
 }
 

@@ -9,7 +9,8 @@
 //! - [`verify`](mod@verify): reading objects back and comparing them, and waiting on
 //!   the runtime's stats.
 //! - [`stats`](mod@stats): what a phase of a test did, as the change in the
-//!   runtime's stats over it, and the write amplification stats show.
+//!   runtime's stats over it, the write amplification stats show, and
+//!   waiting for far memory to be given back.
 //! - [`workload`]: the skewed multi-threaded workload failure tests run
 //!   while nodes die, a uniform one counted per 100 ms window, and a
 //!   churning workload that makes compaction fold.
@@ -35,7 +36,7 @@ pub mod cluster;
 
 pub use objects::{MARK, Node, Obj, Obj2K, Obj4K, Text, Words, obj, word};
 pub use pattern::{assert_bytes_eq, fill_pattern, pattern};
-pub use stats::{stats_delta, write_amplification};
+pub use stats::{stats_delta, wait_far_given_back, write_amplification};
 pub use verify::{recovered, verify, wait_stats, wait_until};
 pub use workload::{Churn, Skewed, Uniform, access, skewed_worker};
 
