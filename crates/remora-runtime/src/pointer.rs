@@ -90,14 +90,22 @@
 //!    validating after (seqlock style) would let a thread that cleared `M`
 //!    write the object while the mover reads it, a data race (loom reports
 //!    it: `copy_before_lock_races_a_writer` in `loom_models/moving.rs`).
+//! 7. **Free** (application, the owner's last handle dropped): spin until
+//!    `L` is clear; if `P` is set, take `L` on the word exactly as it is,
+//!    marks and all ([`Slot::lock_for_free`]): a marked eviction or move
+//!    finds the word changed and aborts (steps 4-6), so the dropper owns
+//!    the object's bytes and frees its place in the span. A far word is
+//!    freed under its far span's lock instead. Either way the slot is
+//!    given back last ([`Slot::reset`]: the word becomes 0).
 //!
 //! `loom` checks these steps, the crate's own functions named above and
 //! its deref scopes, in the unit-test modules `loom_models::pointer` (the
-//! access barrier against eviction) and `loom_models::moving` (the move),
-//! run under `--cfg loom`. What the runtime does around them and loom
-//! cannot run (reading headers in span memory, the swap-out and swap-in,
-//! the far page map, copying a moved object's bytes) is its callers':
-//! `runtime/access.rs`, `runtime/evictor.rs`, `runtime/filtering.rs`.
+//! access barrier and the free against eviction) and `loom_models::moving`
+//! (the move and the free against it), run under `--cfg loom`. What the
+//! runtime does around them and loom cannot run (reading headers in span
+//! memory, the swap-out and swap-in, the far page map, copying a moved
+//! object's bytes, the heap's free) is its callers': `runtime/access.rs`,
+//! `runtime/evictor.rs`, `runtime/filtering.rs`, `runtime/free.rs`.
 //!
 //! # Invariants
 //!
@@ -124,9 +132,11 @@ use crate::loom::{AtomicU64, Ordering};
 
 mod barrier;
 pub(crate) mod evict;
+mod free;
 
 pub(crate) use barrier::Slow;
 pub(crate) use evict::Evictee;
+pub(crate) use free::Freeing;
 
 /// Present: the object is in local memory.
 pub(crate) const PRESENT: u64 = 1 << 0;

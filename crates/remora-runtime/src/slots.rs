@@ -96,7 +96,7 @@ impl SlotTable {
     /// Returns a slot to the table.
     pub(crate) fn free(&self, s: NonNull<Slot>) {
         // SAFETY: callers pass a slot they own, from a live chunk of this table.
-        unsafe { s.as_ref() }.word.store(0, Ordering::Release);
+        unsafe { s.as_ref() }.reset();
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).free.push(s);
     }
 

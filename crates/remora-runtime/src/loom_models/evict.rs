@@ -16,12 +16,11 @@
 
 use loom::cell::UnsafeCell;
 use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use loom::thread;
 
 use super::{Access, Scopes, access, store};
 use crate::pointer::evict as steps;
 use crate::pointer::{
-    EVICTING, FarLoc, LOCK, MOVING, PRESENT, SEALED, Slot, far_loc, far_word, hotness, local_addr, local_word,
+    EVICTING, FarLoc, Freeing, LOCK, MOVING, PRESENT, SEALED, Slot, far_loc, far_word, hotness, local_addr, local_word,
 };
 
 /// Where the modelled object's header lives (only the payload matters).
@@ -274,19 +273,13 @@ pub(super) fn use_object(w: &World, write: bool) -> (Access, u64) {
     (a, v)
 }
 
-/// `free_object` on one word: returns whether it freed the local object
-/// (`true`) or the far copy (`false`). `released` is set after `heap.free`.
+/// `free_one` on one word ([`Slot::lock_for_free`], then the heap's and
+/// the far map's stand-ins, then [`Slot::reset`]): returns whether it freed
+/// the local object (`true`) or the far copy (`false`). `released` is set
+/// after `heap.free`.
 pub(super) fn drop_object(w: &World, released: &AtomicBool) -> bool {
-    loop {
-        let wd = w.slot.word.load(Ordering::Acquire);
-        if wd & LOCK != 0 {
-            thread::yield_now();
-            continue;
-        }
-        if wd & PRESENT != 0 {
-            if !w.slot.try_lock_exact(wd) {
-                continue;
-            }
+    match w.slot.lock_for_free() {
+        Freeing::Local(_) => {
             // The value is read out for its drop glue.
             // SAFETY: loom checks this read against the release of the span.
             let v = w.local.with(|p| unsafe { *p });
@@ -295,14 +288,16 @@ pub(super) fn drop_object(w: &World, released: &AtomicBool) -> bool {
             // `heap.free`: the slot in the span is free; a pinned span stays put.
             released.store(true, Ordering::Release);
             // `slots.free`: the word is reset (and may get a new tenant).
-            store(&w.slot.word, 0);
-            return true;
+            w.slot.reset();
+            true
         }
-        // Far: the live bit is cleared under the far span's lock; the copy must be visible.
-        assert_eq!(far_loc(wd), LOC);
-        // SAFETY: loom checks this read against the evictor's write.
-        assert_eq!(w.far.with(|p| unsafe { *p }), VALUE);
-        store(&w.slot.word, 0);
-        return false;
+        Freeing::Far(wd) => {
+            // The live bit is cleared under the far span's lock; the copy must be visible.
+            assert_eq!(far_loc(wd), LOC);
+            // SAFETY: loom checks this read against the evictor's write.
+            assert_eq!(w.far.with(|p| unsafe { *p }), VALUE);
+            w.slot.reset();
+            false
+        }
     }
 }

@@ -1,7 +1,9 @@
 //! Loom models of the pointer protocol, the move and the pause gate, run
 //! on the crate's own code: the word transitions are [`Slot`]'s methods,
 //! the access barrier is [`Slot::fast_path`] and [`Slot::slow_path`] (what
-//! `runtime/access.rs` `Inner::access` runs), the evictor's word steps are
+//! `runtime/access.rs` `Inner::access` runs), the dropper's are
+//! [`Slot::lock_for_free`] and [`Slot::reset`] (what `runtime/free.rs`
+//! `free_one` and the slot table run), the evictor's word steps are
 //! [`crate::pointer::evict`]'s `mark`, `seal`, `lock_sealed`, `commit_far`
 //! and `unmark` (what `runtime/evictor.rs` `evict_round` runs), the deref
 //! scopes and grace periods are [`Rcu`] (`scope.rs`), the move is
@@ -14,11 +16,10 @@
 //! `access` returns [`Access::Far`] where the runtime would swap in and run
 //! the slow path again), reading object headers in span memory
 //! (`mark_span`'s `slot_of`), the swap-out and the far page map (a write
-//! of the object's cell, published before `commit_far`). Still a copy
-//! here: the dropper's sequence of `Slot` calls (`runtime/free.rs`
-//! `free_one` interleaves them with the heap and the swap-in) and, in
-//! clearly labelled `should_panic` tests, the old steps the models caught
-//! (`BEFORE_FIXES`, the copy-first move, the gate with its steps swapped).
+//! of the object's cell, published before `commit_far`), the dropper's
+//! heap free and far-map update. Still a copy here, in clearly labelled
+//! `should_panic` tests: the old steps the models caught (`BEFORE_FIXES`,
+//! the copy-first move, the gate with its steps swapped).
 //!
 //! Running the real `Rcu` found a third defect, since fixed: a reader
 //! thread that ended was dropped from the registry by the next thread to

@@ -28,7 +28,7 @@ use loom::thread;
 
 use super::{Scopes, access, check, check_bounded, store};
 use crate::pointer::{
-    DIRTY, EVICTING, FRESH, LOCK, MOVING, PRESENT, SEALED, SHARED, Slot, hotness, local_addr, local_word,
+    DIRTY, EVICTING, FRESH, Freeing, LOCK, MOVING, PRESENT, SEALED, SHARED, Slot, hotness, local_addr, local_word,
 };
 
 /// The object's old home (its header address; only the payload of the word matters).
@@ -293,30 +293,22 @@ fn two_readers_vs_mover() {
     });
 }
 
-/// `free_object` on the word: lock it, read the object out (its drop glue),
-/// clear the header, free the slot in its span, reset the word. With
-/// `tenant`, the slot is reused at once for an object elsewhere. Returns
-/// the home it freed.
+/// `free_one` on the word ([`Slot::lock_for_free`]): lock it, read the
+/// object out (its drop glue), free the slot in its span, reset the word
+/// ([`Slot::reset`]). With `tenant`, the slot is reused at once for an
+/// object elsewhere. Returns the home it freed.
 fn dropper(w: &World, tenant: bool) -> usize {
-    loop {
-        let wd = w.slot.word.load(Ordering::Acquire);
-        if wd & LOCK != 0 {
-            thread::yield_now();
-            continue;
-        }
-        assert_ne!(wd & PRESENT, 0);
-        if !w.slot.try_lock_exact(wd) {
-            continue;
-        }
-        let addr = local_addr(wd);
-        assert_eq!(w.read(addr), VALUE, "dropped a stale or released home");
-        // `slots.free`, then possibly `slots.alloc` for a new object elsewhere.
-        store(&w.slot.word, 0);
-        if tenant {
-            store(&w.slot.word, local_word(OTHER, 0, 255));
-        }
-        return addr;
+    let Freeing::Local(wd) = w.slot.lock_for_free() else {
+        panic!("the object went far; nothing evicts in these models");
+    };
+    let addr = local_addr(wd);
+    assert_eq!(w.read(addr), VALUE, "dropped a stale or released home");
+    // `slots.free`, then possibly `slots.alloc` for a new object elsewhere.
+    w.slot.reset();
+    if tenant {
+        store(&w.slot.word, local_word(OTHER, 0, 255));
     }
+    addr
 }
 
 /// A drop racing a move: the dropper frees exactly the home the word named

@@ -8,7 +8,7 @@ use super::{Inner, header, slot_ref};
 use crate::far_page_map::{FarSpan, FarSpanState};
 use crate::loom::Ordering;
 use crate::object::{HEADER, Remotable};
-use crate::pointer::{EVICTING, LOCK, PRESENT, Slot, far_loc, local_addr};
+use crate::pointer::{EVICTING, Freeing, Slot, far_loc, local_addr};
 use crate::scheme::SpanAddr;
 use crate::slots::owner_of;
 
@@ -65,42 +65,37 @@ impl Inner {
         // is freed far without running its drop glue.
         let mut unreadable = false;
         loop {
-            let w = s.word.load(Ordering::Acquire);
-            if w & LOCK != 0 {
-                crate::loom::spin_yield();
-                continue;
-            }
-            if w & PRESENT != 0 {
-                if !s.try_lock_exact(w) {
-                    continue;
+            let w = match s.lock_for_free() {
+                Freeing::Far(w) => w,
+                Freeing::Local(w) => {
+                    // We hold L on a present object: no one can move it now; a
+                    // pending eviction of its span will see the slot change and abort.
+                    let addr = local_addr(w);
+                    if std::mem::needs_drop::<T>() {
+                        // SAFETY: the object is live and local; we read it out exactly once.
+                        value = Some(unsafe { ((addr + HEADER) as *const T).read() });
+                    }
+                    // The header of an object whose span is being written out
+                    // (`E`: the word cannot gain it while we hold `L`) is left
+                    // alone: the evictor sends the span's bytes as they are, and
+                    // computes the parity of a spanset from them, with no lock
+                    // on the object. A store here could land between the two,
+                    // leaving a far member that differs from what its parity
+                    // covers: the eviction aborts on the changed word, but the
+                    // member stays in its spanset as a hole, and every later
+                    // decode that reads it comes out wrong. The slot is free in
+                    // the span's bitmap all the same, and a stale reverse
+                    // reference names a slot whose word no longer names this
+                    // address, so nothing follows it.
+                    if w & EVICTING == 0 {
+                        // SAFETY: the header of a live local object.
+                        unsafe { header(addr) }.store(0, StdOrdering::Release);
+                    }
+                    inner.heap.free(addr);
+                    inner.wake_room();
+                    break;
                 }
-                // We hold L on a present object: no one can move it now; a
-                // pending eviction of its span will see the slot change and abort.
-                let addr = local_addr(w);
-                if std::mem::needs_drop::<T>() {
-                    // SAFETY: the object is live and local; we read it out exactly once.
-                    value = Some(unsafe { ((addr + HEADER) as *const T).read() });
-                }
-                // The header of an object whose span is being written out
-                // (`E`: the word cannot gain it while we hold `L`) is left
-                // alone: the evictor sends the span's bytes as they are, and
-                // computes the parity of a spanset from them, with no lock
-                // on the object. A store here could land between the two,
-                // leaving a far member that differs from what its parity
-                // covers: the eviction aborts on the changed word, but the
-                // member stays in its spanset as a hole, and every later
-                // decode that reads it comes out wrong. The slot is free in
-                // the span's bitmap all the same, and a stale reverse
-                // reference names a slot whose word no longer names this
-                // address, so nothing follows it.
-                if w & EVICTING == 0 {
-                    // SAFETY: the header of a live local object.
-                    unsafe { header(addr) }.store(0, StdOrdering::Release);
-                }
-                inner.heap.free(addr);
-                inner.wake_room();
-                break;
-            }
+            };
             if std::mem::needs_drop::<T>() && !unreadable {
                 // Its drop glue must run on the real bytes: bring it back
                 // first, inside a scope of our own (the swap-in needs one).
