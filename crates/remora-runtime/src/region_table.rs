@@ -112,17 +112,21 @@ impl RegionTable {
             .collect()
     }
 
-    /// Points index `idx` at a new region (after its old node died and the
-    /// region was rebuilt elsewhere). Far words keep naming `idx`.
-    pub(crate) fn rebind(&self, idx: u16, grant: RegionGrant) -> Result<(), RuntimeError> {
+    /// Points index `idx` at a new region (after its old node died or
+    /// began to drain, and the region was rebuilt elsewhere). Far words
+    /// keep naming `idx`. Returns the old region's grant.
+    pub(crate) fn rebind(&self, idx: u16, grant: RegionGrant) -> Result<RegionGrant, RuntimeError> {
         let client = self.client_for(&grant.addr, Lane::Evict)?;
         let reader = self.client_for(&grant.addr, Lane::Swap)?;
         let mut r = self.regions.write().unwrap_or_else(|p| p.into_inner());
-        r[idx as usize] = Slot {
-            region: Arc::new(FarRegion { grant, client, reader }),
-            held: true,
-        };
-        Ok(())
+        let old = std::mem::replace(
+            &mut r[idx as usize],
+            Slot {
+                region: Arc::new(FarRegion { grant, client, reader }),
+                held: true,
+            },
+        );
+        Ok(old.region.grant.clone())
     }
 
     /// The shared connection to `addr` on `lane`, opened if it is missing

@@ -1,7 +1,8 @@
 //! Several memory nodes failing, on in-process nodes (faults at exact
 //! steps): two positions of one stripe group lost at once, a node dying in
 //! the middle of another's rebuild, a rebuild that cannot find a
-//! replacement for a long time, and more failures than parity covers. Every
+//! replacement for a long time, more failures than parity covers, and a
+//! node draining while its groups have no parity to spare. Every
 //! object read back is compared with what was written. (Real processes:
 //! the workspace's `tests/failures_processes.rs`.)
 
@@ -140,6 +141,51 @@ fn a_failing_rebuild_is_retried_until_a_replacement_exists() {
     let st = wait_stats(&rt, "rebuilt on the new node", Duration::from_secs(60), |st| {
         recovered(st, 1)
     });
+    assert_eq!(st.scheme.lost_positions, 0, "{st:?}");
+    check_all(&rt, &objs);
+    assert_not_degraded(&rt, &objs);
+}
+
+/// A node drains while every stripe group has lost m positions already
+/// (two members dead, no node to rebuild on): failing its positions too
+/// would leave fewer than k, so they stay on it and it keeps serving them,
+/// and nothing is reported lost. Once nodes join and the dead members are
+/// rebuilt, the runtime asks again and moves the draining node's positions,
+/// giving back every region it lent.
+#[test]
+fn a_draining_node_waits_while_its_groups_have_no_parity_to_spare() {
+    let _one_at_a_time = serial();
+    let (c, rt, objs, group) = six_then_of("ec-2pc", 0, Duration::from_millis(300));
+    let [a, b, d] = [0, 1, 2].map(|i| c.node(group[i]).unwrap());
+    a.kill(true);
+    b.kill(true);
+    wait_stats(
+        &rt,
+        "rebuilds failing for want of a node",
+        Duration::from_secs(60),
+        |st| st.scheme.rebuild_retries > 0,
+    );
+    d.drain();
+    // Past the runtime's once-a-second second look.
+    std::thread::sleep(Duration::from_millis(1500));
+    check_all(&rt, &objs);
+    let st = rt.stats();
+    assert_eq!(st.scheme.lost_positions, 0, "{st:?}");
+    assert_eq!(
+        st.scheme.recovering, 2,
+        "only the two deaths are being recovered: {st:?}"
+    );
+    assert!(d.regions_lent() > 0, "the draining node's positions stayed on it");
+    for _ in 0..3 {
+        c.add_node();
+    }
+    // Two deaths and one drain, each settled; the node lends nothing.
+    let st = wait_stats(
+        &rt,
+        "the deaths and the drain recovered",
+        Duration::from_secs(90),
+        |st| recovered(st, 3) && d.regions_lent() == 0,
+    );
     assert_eq!(st.scheme.lost_positions, 0, "{st:?}");
     check_all(&rt, &objs);
     assert_not_degraded(&rt, &objs);

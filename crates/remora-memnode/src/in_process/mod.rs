@@ -26,6 +26,12 @@
 //! - [`NodeHandle::lapse_lease`]: the node's lease lapses, as a daemon's
 //!   does when the manager stops acknowledging it, so it serves no data
 //!   (until [`NodeHandle::renew_lease`]).
+//! - [`NodeHandle::restart_empty`]: a new incarnation at the same address
+//!   that holds none of its regions;
+//! - [`NodeHandle::drain`]: a planned departure (no new regions; the
+//!   owners are told), whose end [`NodeHandle::regions_lent`] shows.
+//!
+//! The switches are in `handle.rs`; the manager's part (`Backend`) here.
 //!
 //! A node here shares its process with the compute node, so it cannot
 //! measure its own CPU use: it reports the figure a test sets with
@@ -37,10 +43,9 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
-use remora_proto::msg::PeerTraffic;
 use remora_proto::{
-    AdminKey, Cap, ComputeId, Epoch, Event, EventKind, FarBackend, MemTransport, NodeId, NodeState, RegionGrant,
-    RegionId, RemoteError, Rights, RpcError, SessionEvent, Token,
+    AdminKey, Cap, ComputeId, Epoch, FarBackend, MemTransport, NodeId, NodeState, RegionGrant, RegionId, RemoteError,
+    Rights, RpcError, SessionEvent, Token,
 };
 
 use crate::lease::Lease;
@@ -48,6 +53,7 @@ use crate::peer_traffic::PeerCounters;
 use crate::region::RegionTable;
 
 mod conn;
+mod handle;
 #[cfg(test)]
 mod tests;
 
@@ -120,6 +126,8 @@ struct Node {
     cpu_permille: AtomicU32,
     /// Held from the start (the cluster is its manager); lapsed by tests.
     lease: Lease,
+    /// Planned departure ([`NodeHandle::drain`]): no new regions here.
+    draining: AtomicBool,
     /// Known to no one: the cluster grants through its own API, so admin
     /// requests on the wire are refused as a daemon refuses a wrong key.
     admin: AdminKey,
@@ -193,6 +201,7 @@ impl InProcessCluster {
             peer: PeerCounters::default(),
             cpu_permille: AtomicU32::new(0),
             lease: Lease::default(),
+            draining: AtomicBool::new(false),
             admin: Token::random(),
         });
         node.lease.hold();
@@ -257,203 +266,6 @@ impl Shared {
     }
 }
 
-impl NodeHandle {
-    /// The node's id.
-    pub fn id(&self) -> NodeId {
-        self.node.id
-    }
-
-    /// Where its data path "listens".
-    pub fn addr(&self) -> &str {
-        &self.node.addr
-    }
-
-    /// Kills the node: every connection breaks, its memory is gone. With
-    /// `notify`, every compute node holding one of its regions is told at
-    /// once, as the manager would after its heartbeat timeout.
-    pub fn kill(&self, notify: bool) {
-        self.node.die();
-        if notify {
-            self.declare_dead();
-        }
-    }
-
-    /// Tells the compute nodes holding regions here that the node is dead
-    /// (the manager's verdict), and takes its regions out of the pool.
-    pub fn declare_dead(&self) {
-        let mut by_owner: HashMap<ComputeId, Vec<RegionId>> = HashMap::new();
-        {
-            let mut owners = lock(&self.sh.owners);
-            for r in &self.node.ids {
-                if let Some(o) = owners.remove(r) {
-                    by_owner.entry(o).or_default().push(*r);
-                }
-            }
-        }
-        let subs = lock(&self.sh.subscribers);
-        for (owner, regions) in by_owner {
-            for (id, tx) in subs.iter() {
-                if *id == owner {
-                    let ev = Event {
-                        seq: self.sh.next_event.fetch_add(1, Ordering::Relaxed),
-                        kind: EventKind::NodeDead {
-                            node: self.node.id,
-                            addr: self.node.addr.clone(),
-                            regions: regions.clone(),
-                        },
-                    };
-                    let _ = tx.send(SessionEvent::Manager(ev));
-                }
-            }
-        }
-    }
-
-    /// The node comes back at once as a new incarnation at the same
-    /// address (restarted by its supervisor): it serves, but holds none of
-    /// its regions (each is revoked, so a capability for it is refused), and
-    /// nobody is told; [`NodeHandle::declare_dead`] is the manager's word
-    /// about the old incarnation, when a test wants it to come.
-    pub fn restart_empty(&self) {
-        for id in &self.node.ids {
-            let _ = self.node.regions.revoke(*id, self.sh.bump_epoch(*id));
-        }
-    }
-
-    /// The next `n` data requests break their connection (the node lives).
-    pub fn fail_next(&self, n: u64) {
-        self.node.faults.fail_next.store(n, Ordering::Release);
-    }
-
-    /// Every reply comes `d` late.
-    pub fn set_delay(&self, d: Duration) {
-        self.node.faults.delay_us.store(d.as_micros() as u64, Ordering::Release);
-    }
-
-    /// Connections to the node give `d` as their call timeout (10 s by
-    /// default), so a test can outlast it without waiting 10 s.
-    pub fn set_call_timeout(&self, d: Duration) {
-        self.node
-            .faults
-            .call_timeout_us
-            .store(d.as_micros() as u64, Ordering::Release);
-    }
-
-    /// Reads return their bytes with the first bit flipped.
-    pub fn corrupt_reads(&self, on: bool) {
-        self.node.faults.corrupt_reads.store(on, Ordering::Release);
-    }
-
-    /// The node dies while serving the data request after the next `n`: a
-    /// write then stores only the first half of its bytes.
-    pub fn die_after(&self, n: u64) {
-        self.node.faults.die_after.store(n as i64, Ordering::Release);
-    }
-
-    /// The node dies at its transaction request number `n` (0: the next
-    /// prepare, commit or abort it serves), before applying it, or after
-    /// applying it with the reply lost (`after_applying`).
-    pub fn die_at_txn(&self, n: u64, after_applying: bool) {
-        let f = &self.node.faults;
-        f.die_after_applying.store(after_applying, Ordering::Release);
-        f.die_at_txn.store(n as i64, Ordering::Release);
-    }
-
-    /// The CPU use the node reports from now on, in thousandths of a core
-    /// (see [`NodeLoad`](remora_proto::msg::NodeLoad)), standing in for a busy or idle memory node.
-    pub fn set_cpu_permille(&self, permille: u32) {
-        self.node.cpu_permille.store(permille, Ordering::Release);
-    }
-
-    /// The node's lease lapses, as a daemon's does when the manager stops
-    /// acknowledging its heartbeats: it refuses data requests and rebuilds
-    /// with `Unavailable` (and still answers `Ping` and `Stats`).
-    pub fn lapse_lease(&self) {
-        self.node.lease.expire();
-    }
-
-    /// The node's lease lapses at the `n`-th commit it is sent from now
-    /// (0: the next), which it then refuses like every data request until
-    /// [`NodeHandle::renew_lease`]; its staged changes stay.
-    pub fn lapse_lease_at_commit(&self, n: u64) {
-        self.node.faults.lapse_at_commit.store(n as i64, Ordering::Release);
-    }
-
-    /// At the `n`-th commit the node is sent from now (0: the next), it is
-    /// cut off for `d`: that commit and every request until then break
-    /// their connection unserved, as when a partition cuts the node off
-    /// mid-fold. The node lives, its staged changes stay, and it serves
-    /// again afterwards.
-    pub fn break_at_commit(&self, n: u64, d: Duration) {
-        let f = &self.node.faults;
-        f.break_for_us.store(d.as_micros() as u64, Ordering::Release);
-        f.break_at_commit.store(n as i64, Ordering::Release);
-    }
-
-    /// A [`NodeHandle::break_at_commit`] still waiting is called off.
-    pub fn keep_commits(&self) {
-        self.node.faults.break_at_commit.store(-1, Ordering::Release);
-    }
-
-    /// Whether a [`NodeHandle::break_at_commit`] still waits for its commit.
-    pub fn commit_break_pending(&self) -> bool {
-        self.node.faults.break_at_commit.load(Ordering::Acquire) >= 0
-    }
-
-    /// The node's lease holds again (the manager acknowledged it), and a
-    /// lapse still waiting for a commit ([`NodeHandle::lapse_lease_at_commit`])
-    /// is called off.
-    pub fn renew_lease(&self) {
-        self.node.faults.lapse_at_commit.store(-1, Ordering::Release);
-        self.node.lease.hold();
-    }
-
-    /// What this node has sent to peers so far.
-    pub fn peer_traffic(&self) -> PeerTraffic {
-        self.node.peer.snapshot()
-    }
-
-    /// Transactions with changes staged on this node (prepared, neither
-    /// committed nor aborted).
-    pub fn staged_transactions(&self) -> usize {
-        self.node.regions.txns.staged()
-    }
-
-    /// Whether the node serves data now: alive, with its lease holding.
-    pub fn is_serving(&self) -> bool {
-        !self.is_dead() && self.node.lease.valid()
-    }
-
-    /// Whether the node is dead.
-    pub fn is_dead(&self) -> bool {
-        self.node.faults.dead.load(Ordering::Acquire)
-    }
-
-    /// Bit rot: flips every bit of the byte at `offset` of region `region`
-    /// in the node's memory, behind the protocol's back; false if the
-    /// region is not here.
-    pub fn rot(&self, region: RegionId, offset: u64) -> bool {
-        let Ok(r) = self.node.regions.get(region) else {
-            return false;
-        };
-        let mut g = r.write();
-        match g.mem.get_mut(offset as usize) {
-            Some(b) => {
-                *b = !*b;
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Bytes of region `region` at `offset` (for tests that look at what a
-    /// node holds); `None` if the region is not here or not granted.
-    pub fn peek(&self, region: RegionId, offset: u64, len: usize) -> Option<Vec<u8>> {
-        let r = self.node.regions.get(region).ok()?;
-        let g = r.read();
-        g.mem.get(offset as usize..offset as usize + len).map(<[u8]>::to_vec)
-    }
-}
-
 impl Node {
     fn die(&self) {
         self.faults.dead.store(true, Ordering::Release);
@@ -487,7 +299,7 @@ impl FarBackend for Backend {
         // Free regions per live, allowed node, the emptiest node first (as the manager does).
         let mut free: Vec<(Arc<Node>, Vec<RegionId>)> = nodes
             .into_iter()
-            .filter(|n| !n.is_dead() && !exclude.contains(&n.id))
+            .filter(|n| !n.is_dead() && !n.draining.load(Ordering::Acquire) && !exclude.contains(&n.id))
             .map(|n| {
                 let f: Vec<RegionId> = n.ids.iter().copied().filter(|r| !owners.contains_key(r)).collect();
                 (n, f)

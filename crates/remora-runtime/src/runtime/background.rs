@@ -1,11 +1,15 @@
 //! The runtime's background threads: eviction, and the manager's notices
 //! (whose thread also gives empty regions back now and then).
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use remora_proto::NodeId;
+
 use super::Inner;
+use crate::scheme::Departure;
 
 /// How often empty regions are given back to the manager.
 const GIVE_BACK_EVERY: Duration = Duration::from_secs(1);
@@ -16,6 +20,9 @@ pub(super) fn notice_loop(
     events: &std::sync::mpsc::Receiver<remora_proto::SessionEvent>,
 ) {
     let mut last_give_back = Instant::now();
+    // Draining nodes some of whose spans could not move yet (their stripe
+    // group had lost m positions): asked about again every second.
+    let mut draining: HashSet<NodeId> = HashSet::new();
     loop {
         let ev = match events.recv_timeout(Duration::from_millis(100)) {
             Ok(ev) => ev,
@@ -23,6 +30,7 @@ pub(super) fn notice_loop(
                 Some(inner) if !inner.lifecycle.stopping() => {
                     if last_give_back.elapsed() >= GIVE_BACK_EVERY {
                         inner.give_back_empty();
+                        draining.retain(|&n| inner.scheme.node_left(&inner.far, n, Departure::Draining));
                         last_give_back = Instant::now();
                     }
                     continue;
@@ -39,12 +47,19 @@ pub(super) fn notice_loop(
                         "memory node {node} at {addr} died, holding {} of our regions",
                         regions.len()
                     );
+                    draining.remove(&node);
                     inner.far.declare_dead(node);
                     inner.far.regions().sever(&addr);
-                    inner.scheme.node_failed(&inner.far, node);
+                    inner.scheme.node_left(&inner.far, node, Departure::Died);
                 }
-                remora_proto::EventKind::NodeDraining { node, addr, .. } => {
-                    tracing::info!("memory node {node} at {addr} is draining");
+                remora_proto::EventKind::NodeDraining { node, addr, regions } => {
+                    tracing::info!(
+                        "memory node {node} at {addr} is draining, holding {} of our regions: moving them",
+                        regions.len()
+                    );
+                    if inner.scheme.node_left(&inner.far, node, Departure::Draining) {
+                        draining.insert(node);
+                    }
                 }
             },
             remora_proto::SessionEvent::Resync => tracing::info!("manager restarted"),

@@ -38,7 +38,7 @@ use remora_proto::NodeId;
 use super::recovery::{self, Lost};
 use super::shards::{self, Stripes};
 use super::spanset::{Held, Member, Spanset, bytes, offset};
-use super::{CopyRead, Scheme, SchemeReport, SpanAddr, read};
+use super::{CopyRead, Departure, Scheme, SchemeReport, SpanAddr, read};
 use crate::error::RuntimeError;
 use crate::far_memory::FarMemory;
 use crate::size_classes::PAGE_SIZE;
@@ -451,13 +451,13 @@ impl Scheme for Ec2pc {
         }
     }
 
-    fn node_failed(&self, far: &Arc<FarMemory>, node: NodeId) {
+    fn node_left(&self, far: &Arc<FarMemory>, node: NodeId, why: Departure) -> bool {
         let sh = &self.sh;
         let (me, far) = (Arc::clone(sh), Arc::clone(far));
         sh.c.recovery
-            .node_failed(sh.c.name, (sh.c.k, sh.c.m), &sh.c.place, node, move |lost| {
+            .node_left(sh.c.name, (sh.c.k, sh.c.m), &sh.c.place, (node, why), move |lost| {
                 me.recover(&far, lost)
-            });
+            })
     }
 
     fn stop(&self) {

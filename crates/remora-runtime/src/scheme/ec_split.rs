@@ -53,7 +53,7 @@ use remora_proto::checksum::checksum;
 
 use super::recovery::{self, Lost};
 use super::shards::{self, Shard, Stripes, Waiters};
-use super::{CopyRead, Scheme, SchemeReport, SpanAddr};
+use super::{CopyRead, Departure, Scheme, SchemeReport, SpanAddr};
 use crate::error::RuntimeError;
 use crate::far_memory::FarMemory;
 use crate::size_classes::PAGE_SIZE;
@@ -555,13 +555,13 @@ impl Scheme for EcSplit {
         }
     }
 
-    fn node_failed(&self, far: &Arc<FarMemory>, node: NodeId) {
+    fn node_left(&self, far: &Arc<FarMemory>, node: NodeId, why: Departure) -> bool {
         let sh = &self.sh;
         let (me, far) = (Arc::clone(sh), Arc::clone(far));
         sh.c.recovery
-            .node_failed(NAME, (sh.c.k, sh.c.m), &sh.c.place, node, move |lost| {
+            .node_left(NAME, (sh.c.k, sh.c.m), &sh.c.place, (node, why), move |lost| {
                 me.recover(&far, lost)
-            });
+            })
     }
 
     fn stop(&self) {

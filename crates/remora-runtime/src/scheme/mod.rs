@@ -144,6 +144,17 @@ pub struct SchemeReport {
     pub short_spansets: u64,
 }
 
+/// Why a memory node's spans must be recovered ([`Scheme::node_left`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Departure {
+    /// The manager declared it dead: it never serves again.
+    Died,
+    /// A planned departure (`remora drain`, or a signal to the daemon): it
+    /// serves what it holds until that has moved, then leaves.
+    Draining,
+}
+
 /// A way of keeping evicted spans in far memory.
 pub trait Scheme: Send + Sync {
     /// The scheme's name as given on the command line (`non-ft`, ...).
@@ -209,9 +220,16 @@ pub trait Scheme: Send + Sync {
     /// The local span changed or went away: its kept copy is not needed.
     fn drop_kept(&self, _far: &FarMemory, _at: SpanAddr, _pages: u32, _token: u64) {}
 
-    /// The manager declared memory node `node` dead: recover what it held
-    /// (in the background; [`Scheme::stop`] joins it).
-    fn node_failed(&self, _far: &Arc<FarMemory>, _node: NodeId) {}
+    /// Memory node `node` left or is leaving (`why`): recover what it held
+    /// (in the background; [`Scheme::stop`] joins it). A draining node's
+    /// spans are rebuilt elsewhere while it still serves them, and each of
+    /// its regions is given back once nothing there is needed, so it can
+    /// leave. Returns whether some of them must stay on it for now (the
+    /// runtime asks again every second while it does). By default nothing
+    /// is recovered or moved.
+    fn node_left(&self, _far: &Arc<FarMemory>, _node: NodeId, _why: Departure) -> bool {
+        false
+    }
 
     /// The runtime is starting: start background work (compaction and
     /// scrubbing will), on threads [`Scheme::stop`] joins. Called once,

@@ -672,17 +672,29 @@ impl Placement {
 
     /// Marks every position on `node` failed; returns them.
     pub(crate) fn fail_node(&self, node: NodeId) -> Vec<(usize, usize)> {
+        self.fail_node_within(node, usize::MAX).0
+    }
+
+    /// Marks the positions on `node` failed in each group that has fewer
+    /// than `tolerated` failed positions already (a draining node's data is
+    /// read around and rebuilt elsewhere only while parity covers it);
+    /// returns them, and how many positions on `node` were left alone.
+    pub(crate) fn fail_node_within(&self, node: NodeId, tolerated: usize) -> (Vec<(usize, usize)>, usize) {
         let mut st = lock(&self.st);
-        let mut v = Vec::new();
+        let (mut v, mut left) = (Vec::new(), 0);
         for (gi, g) in st.groups.iter_mut().enumerate().filter(|(_, g)| !g.retired) {
             for pos in 0..g.nodes.len() {
                 if g.nodes[pos] == node && !g.failed[pos] {
+                    if g.failed.iter().filter(|&&f| f).count() >= tolerated {
+                        left += 1;
+                        continue;
+                    }
                     g.failed[pos] = true;
                     v.push((gi, pos));
                 }
             }
         }
-        v
+        (v, left)
     }
 
     /// A region to rebuild a position of group `g` on, on a node the group
@@ -745,8 +757,9 @@ impl Placement {
                 .collect()
         };
         for (r, failed) in gone {
+            // A failed position on a live node is one that was draining.
             if let Some(grant) = far.regions().vacate(r)
-                && !failed
+                && (!failed || !far.is_dead(grant.node))
             {
                 far.give_back(grant.cap.region);
             }
@@ -759,11 +772,16 @@ impl Placement {
     }
 
     /// Points position `pos` of group `g` at its rebuilt region. Far words
-    /// keep naming the same region index, so none needs to change.
+    /// keep naming the same region index, so none needs to change. The old
+    /// region goes back to the manager if its node is still alive (it was
+    /// draining: the node leaves once nothing of it is held).
     pub(crate) fn rebind(&self, far: &FarMemory, g: usize, pos: usize, grant: RegionGrant) -> Result<(), RuntimeError> {
         let idx = self.group(g).regions[pos];
         let node = grant.node;
-        far.regions().rebind(idx, grant)?;
+        let old = far.regions().rebind(idx, grant)?;
+        if !far.is_dead(old.node) {
+            far.give_back(old.cap.region);
+        }
         let mut st = lock(&self.st);
         st.groups[g].nodes[pos] = node;
         // Checked under the groups' lock: a death declared after this

@@ -62,7 +62,7 @@ pub(crate) use compaction::{Compaction, Mode};
 
 use super::shards::{self, Stripes};
 use super::spanset::{Held, Member, Spanset, bytes, offset};
-use super::{CopyRead, Scheme, SchemeReport, SpanAddr, read};
+use super::{CopyRead, Departure, Scheme, SchemeReport, SpanAddr, read};
 use crate::error::RuntimeError;
 use crate::far_memory::FarMemory;
 use crate::size_classes::PAGE_SIZE;
@@ -364,13 +364,16 @@ impl Scheme for EcBatch {
         // would have been freed, cancelling this copy).
     }
 
-    fn node_failed(&self, far: &Arc<FarMemory>, node: NodeId) {
+    fn node_left(&self, far: &Arc<FarMemory>, node: NodeId, why: Departure) -> bool {
         let sh = &self.sh;
         let (me, far) = (Arc::clone(sh), Arc::clone(far));
-        sh.c.recovery
-            .node_failed(self.sh.c.name, (sh.c.k, sh.c.m), &sh.c.place, node, move |lost| {
-                me.recover(&far, lost)
-            });
+        sh.c.recovery.node_left(
+            self.sh.c.name,
+            (sh.c.k, sh.c.m),
+            &sh.c.place,
+            (node, why),
+            move |lost| me.recover(&far, lost),
+        )
     }
 
     fn start(&self, far: &Arc<FarMemory>) -> Result<(), RuntimeError> {

@@ -26,10 +26,19 @@
 //! position. The lost position stays failed; its spans answer
 //! [`crate::RuntimeError::DataLost`] naming them, the group's surviving
 //! spans are still read directly, and the group takes no new spans.
+//!
+//! **A planned departure is a rebuild too.** When the manager says a node
+//! is draining, its positions are failed and rebuilt elsewhere exactly as
+//! if it had died (reads go around it meanwhile, nothing new is written to
+//! it), and each old region is given back once its position is rebound, so
+//! the node can leave with nothing lost. Only positions whose group keeps
+//! within parity are failed ([`Placement::fail_node_within`]): a group that
+//! has lost m positions already keeps reading the draining node, whose
+//! position waits until the node drains again.
 
 mod rebuild;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
@@ -39,8 +48,8 @@ use remora_proto::{NodeId, Repeated};
 
 pub(crate) use rebuild::{Row, ranked, rebuild, repair};
 
-use super::SchemeReport;
 use super::placement::Placement;
+use super::{Departure, SchemeReport};
 use crate::error::RuntimeError;
 
 /// First pause before a position whose rebuild failed is tried again.
@@ -172,6 +181,9 @@ pub(crate) struct Recovery {
     pub(crate) stats: Arc<RecoveryStats>,
     d: Arc<Driver>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Per draining node, its positions that wait for their group to be
+    /// within parity again (logged when the count changes).
+    waiting_drains: Mutex<HashMap<NodeId, usize>>,
 }
 
 /// The code a scheme's stripes use, and its name for logs.
@@ -183,29 +195,50 @@ struct Code {
 }
 
 impl Recovery {
-    /// Memory node `node` died: marks its positions in `place` failed and
-    /// queues each for `rebuild(lost)` (RS(k, m) stripes), which returns
-    /// the bytes it rebuilt. Also wakes every rebuild waiting to retry (a
-    /// death changes which survivors there are).
-    pub(crate) fn node_failed<F>(
+    /// Memory node `node` died or is draining (`why`): marks its positions
+    /// in `place` failed (a draining node's only where parity covers the
+    /// group) and queues each for `rebuild(lost)` (RS(k, m) stripes), which
+    /// returns the bytes it rebuilt. Also wakes every rebuild waiting to
+    /// retry (a departure changes which survivors there are).
+    pub(crate) fn node_left<F>(
         &self,
         scheme: &'static str,
         (k, m): (usize, usize),
         place: &Placement,
-        node: NodeId,
+        (node, why): (NodeId, Departure),
         rebuild: F,
-    ) where
+    ) -> bool
+    where
         F: Fn(&Lost) -> Result<u64, RuntimeError> + Send + Sync + 'static,
     {
-        let affected = place.fail_node(node);
+        let (affected, left) = match why {
+            Departure::Died => (place.fail_node(node), 0),
+            Departure::Draining => place.fail_node_within(node, m),
+        };
+        let told = match why {
+            Departure::Draining => lock(&self.waiting_drains).insert(node, left),
+            Departure::Died => lock(&self.waiting_drains).remove(&node),
+        };
+        if left > 0 && told != Some(left) {
+            tracing::warn!(
+                "{scheme}: {node} is draining, but {left} of its stripe-group positions are in groups that \
+                 lost {m} positions already: they stay on it until those groups are rebuilt"
+            );
+        }
         let idle: Vec<usize> = {
             let mut q = lock(&self.d.q);
             q.epoch += 1;
             if !affected.is_empty() {
-                tracing::warn!(
-                    "{scheme}: {node} died; rebuilding {} stripe-group positions",
-                    affected.len()
-                );
+                match why {
+                    Departure::Died => tracing::warn!(
+                        "{scheme}: {node} died; rebuilding {} stripe-group positions",
+                        affected.len()
+                    ),
+                    Departure::Draining => tracing::info!(
+                        "{scheme}: {node} is draining; moving {} stripe-group positions to other nodes",
+                        affected.len()
+                    ),
+                }
                 let mut settle = HashSet::new();
                 for &(g, pos) in &affected {
                     q.next_seq += 1;
@@ -224,7 +257,7 @@ impl Recovery {
         };
         self.d.changed.notify_all();
         if idle.is_empty() || self.d.stop.load(Ordering::Acquire) {
-            return;
+            return left > 0;
         }
         let rebuild: Arc<RebuildFn> = Arc::new(rebuild);
         let code = Code { scheme, k, m };
@@ -246,6 +279,7 @@ impl Recovery {
                 }
             }
         }
+        left > 0
     }
 
     /// Stops retrying and waits for every recovery thread.
