@@ -33,6 +33,19 @@ impl Slot {
         None
     }
 
+    /// The word, loaded (`Acquire`) once `L` is clear: spins while a
+    /// thread holds the lock.
+    #[inline]
+    pub(super) fn load_unlocked(&self) -> u64 {
+        loop {
+            let w = self.word.load(Ordering::Acquire);
+            if w & LOCK == 0 {
+                return w;
+            }
+            spin_yield();
+        }
+    }
+
     /// The read/write barrier on the word `w` just loaded: raises hotness
     /// (and dirty on a write) only if not already set, so a hot object costs
     /// no atomic write per access.
@@ -54,11 +67,7 @@ impl Slot {
     #[inline]
     pub(crate) fn slow_path(&self, write: bool, on_access: impl Fn() -> u8, mut used: impl FnMut(usize)) -> Slow {
         loop {
-            let w = self.word.load(Ordering::Acquire);
-            if w & LOCK != 0 {
-                spin_yield();
-                continue;
-            }
+            let w = self.load_unlocked();
             if w & PRESENT == 0 {
                 return Slow::Far(w);
             }

@@ -3,8 +3,7 @@
 //! the far page map and (for a far object with drop glue) the swap-in; the
 //! loom models run the same functions.
 
-use super::{LOCK, PRESENT, Slot};
-use crate::loom::{Ordering, spin_yield};
+use super::{PRESENT, Slot};
 
 /// How [`Slot::lock_for_free`] ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,11 +24,7 @@ impl Slot {
     #[inline]
     pub(crate) fn lock_for_free(&self) -> Freeing {
         loop {
-            let w = self.word.load(Ordering::Acquire);
-            if w & LOCK != 0 {
-                spin_yield();
-                continue;
-            }
+            let w = self.load_unlocked();
             if w & PRESENT == 0 {
                 return Freeing::Far(w);
             }
