@@ -78,7 +78,7 @@ impl PauseGate {
     }
 
     /// Whether the gate is closed.
-    #[cfg(any(test, loom))]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn is_paused(&self) -> bool {
         self.paused.load(Ordering::SeqCst)
     }

@@ -126,7 +126,7 @@
 //! - I6: a word carries at most one of `E` and `M`, and a span is pinned by
 //!   at most one background thread (eviction or filtering) at a time.
 
-#[cfg(any(test, loom))]
+#[cfg(test)]
 use crate::loom::spin_yield;
 use crate::loom::{AtomicU64, Ordering};
 
@@ -236,7 +236,7 @@ pub(crate) struct Slot {
 
 impl Slot {
     /// A slot holding `word`.
-    #[cfg(any(test, loom))]
+    #[cfg(test)]
     pub(crate) fn new(word: u64) -> Self {
         Self {
             word: AtomicU64::new(word),
@@ -245,7 +245,7 @@ impl Slot {
     }
 
     /// Spins until it holds `L`; returns the word as it was (without `L`).
-    #[cfg(any(test, loom))]
+    #[cfg(test)]
     pub(crate) fn lock(&self) -> u64 {
         loop {
             let w = self.word.load(Ordering::Acquire);

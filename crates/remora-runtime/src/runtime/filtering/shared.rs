@@ -82,7 +82,9 @@ impl Filtering {
 
     /// Pauses (`true`) or resumes filtering rounds. Pausing waits for the
     /// round in flight unless `in_scope`: a round's grace period would
-    /// wait for the caller's scope.
+    /// wait for the caller's scope. (Only `Runtime::pause_background`,
+    /// behind `internals`, pauses filtering.)
+    #[cfg(feature = "internals")]
     pub(in crate::runtime) fn pause(&self, paused: bool, in_scope: bool) {
         if !paused {
             self.gate.resume();
