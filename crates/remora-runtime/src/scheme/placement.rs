@@ -676,9 +676,10 @@ impl Placement {
     }
 
     /// Marks the positions on `node` failed in each group that has fewer
-    /// than `tolerated` failed positions already (a draining node's data is
-    /// read around and rebuilt elsewhere only while parity covers it);
-    /// returns them, and how many positions on `node` were left alone.
+    /// than `tolerated` failed positions already (a draining node's data
+    /// is read around and rebuilt elsewhere only while the group keeps
+    /// enough to read); returns them, and how many positions on `node`
+    /// were left alone.
     pub(crate) fn fail_node_within(&self, node: NodeId, tolerated: usize) -> (Vec<(usize, usize)>, usize) {
         let mut st = lock(&self.st);
         let (mut v, mut left) = (Vec::new(), 0);

@@ -31,10 +31,12 @@
 //! is draining, its positions are failed and rebuilt elsewhere exactly as
 //! if it had died (reads go around it meanwhile, nothing new is written to
 //! it), and each old region is given back once its position is rebound, so
-//! the node can leave with nothing lost. Only positions whose group keeps
-//! within parity are failed ([`Placement::fail_node_within`]): a group that
-//! has lost m positions already keeps reading the draining node, whose
-//! position waits until the node drains again.
+//! the node can leave with nothing lost. A draining position is failed only
+//! where its group then has at most m − 1 failed positions (one, with
+//! m = 1; [`Placement::fail_node_within`]): a failed position is not read,
+//! so a member that dies while it moves must still leave k to read. The
+//! rest stay on the node, which keeps serving them, until their groups are
+//! rebuilt; the runtime asks again every second.
 
 mod rebuild;
 
@@ -213,7 +215,7 @@ impl Recovery {
     {
         let (affected, left) = match why {
             Departure::Died => (place.fail_node(node), 0),
-            Departure::Draining => place.fail_node_within(node, m),
+            Departure::Draining => place.fail_node_within(node, drain_room(m)),
         };
         let told = match why {
             Departure::Draining => lock(&self.waiting_drains).insert(node, left),
@@ -221,13 +223,17 @@ impl Recovery {
         };
         if left > 0 && told != Some(left) {
             tracing::warn!(
-                "{scheme}: {node} is draining, but {left} of its stripe-group positions are in groups that \
-                 lost {m} positions already: they stay on it until those groups are rebuilt"
+                "{scheme}: {node} is draining, but {left} of its stripe-group positions are in groups with \
+                 failed positions: they stay on it until those groups are rebuilt"
             );
         }
         let idle: Vec<usize> = {
             let mut q = lock(&self.d.q);
-            q.epoch += 1;
+            // A death changes who survives; a drain's second look that
+            // moved nothing changes nothing (it comes every second).
+            if why == Departure::Died || !affected.is_empty() {
+                q.epoch += 1;
+            }
             if !affected.is_empty() {
                 match why {
                     Departure::Died => tracing::warn!(
@@ -368,6 +374,14 @@ fn work(d: &Driver, stats: &RecoveryStats, g: usize, code: Code, rebuild: &Rebui
             .wait_timeout_while(q, backoff, |q| q.epoch == epoch && !d.stop.load(Ordering::Acquire));
         backoff = (backoff * 2).min(BACKOFF_MAX);
     }
+}
+
+/// How many failed positions a draining node's position may bring its
+/// group to: m − 1, so that a member dying while it moves still leaves k
+/// to read (the draining position counts as failed, though its node still
+/// holds it); with m = 1, one (a move would otherwise never start).
+fn drain_room(m: usize) -> usize {
+    m.saturating_sub(1).max(1)
 }
 
 /// Position `pos` of group `g`, queued as failure `seq`, is rebuilt or lost.
